@@ -1,0 +1,50 @@
+# gpuledger — the two commands that matter: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export GPULEDGER_CACHE ?= $(HOME)/.cache/gpuledger
+export K8S_VERSION ?= 1.32.4
+export KUBE_APISERVER ?= $(GPULEDGER_CACHE)/kube-apiserver-v$(K8S_VERSION)
+
+.PHONY: all venv apiserver test test-fast lint demo bench simulate clean
+
+all: test
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# kube-apiserver built from the k8s.io/kubernetes Go module, cached outside the repo by version
+$(KUBE_APISERVER):
+	bash tests/controlplane/build_kube_apiserver.sh
+
+apiserver: $(KUBE_APISERVER)
+
+lint: venv
+	$(VENV)/bin/lint-imports
+
+# the whole suite: unit, property, real TLS + real Ray, and end to end against kube-apiserver + etcd
+test: venv apiserver
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# everything that needs no control plane
+test-fast: venv
+	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)
+
+# local control plane (or the current kubeconfig with DEMO_KUBECONFIG=current), webhook + local Ray, sample workloads
+demo: venv apiserver
+	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
+
+bench: venv
+	$(PY) benchmarks/run_all.py
+
+simulate: venv
+	$(VENV)/bin/gpuledger simulate --trace ../shared/traces/openb --workload default --seeds 10
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

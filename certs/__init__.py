@@ -1,0 +1,1 @@
+"""gpuledger certificates: CA and serving certificate generation and rotation."""

@@ -1,0 +1,1 @@
+"""gpuledger admission webhook: HTTP, TLS, AdmissionReview and JSON patches around the ledger."""

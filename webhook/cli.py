@@ -1,0 +1,38 @@
+"""`gpuledger` command line: one dispatcher; each subcommand's parser lives with the code it drives."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help); each module exposes `main(argv: list[str]) -> int`
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("webhook.serve", "run the admission webhook backed by the Ray-held GPU ledger"),
+    "explain": ("webhook.explain", "run the real mutating path for pods against a cluster file, offline"),
+    "simulate": ("allocator.simulator", "replay a GPU-cluster trace through the allocator core"),
+    "certs": ("certs.cli", "generate or rotate the webhook's CA and serving certificate"),
+    "demo": ("tests.controlplane.demo", "start a local control plane + webhook and place sample workloads"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: gpuledger <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"gpuledger: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
