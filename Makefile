@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 export GPULEDGER_CACHE ?= $(HOME)/.cache/gpuledger
 export K8S_VERSION ?= 1.32.4
 export KUBE_APISERVER ?= $(GPULEDGER_CACHE)/kube-apiserver-v$(K8S_VERSION)
+export KUBE_CONTROLLER_MANAGER ?= $(GPULEDGER_CACHE)/kube-controller-manager-v$(K8S_VERSION)
 
 .PHONY: all venv apiserver test test-fast lint demo bench simulate clean
 
@@ -19,11 +20,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# kube-apiserver built from the k8s.io/kubernetes Go module, cached outside the repo by version
-$(KUBE_APISERVER):
+# kube-apiserver and kube-controller-manager built from the k8s.io/kubernetes Go module, cached outside the repo
+$(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER):
 	bash tests/controlplane/build_kube_apiserver.sh
 
-apiserver: $(KUBE_APISERVER)
+apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER)
 
 lint: venv
 	$(VENV)/bin/lint-imports

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Build kube-apiserver from the k8s.io/kubernetes Go module and cache it outside the repo.
+# Build kube-apiserver and kube-controller-manager from the k8s.io/kubernetes Go module; cache them outside the repo.
 # The staging modules (k8s.io/api, apimachinery, ...) are required at v0.0.0 in kubernetes' go.mod
 # and need `replace` directives to the matching v0.MINOR.PATCH tags.
+# The controller-manager runs only the workload controllers (job, statefulset, deployment, ...) in the tests;
+# it shares nearly every package with the apiserver, so its build mostly hits Go's build cache.
 set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-1.32.4}"
 CACHE="${GPULEDGER_CACHE:-$HOME/.cache/gpuledger}"
-OUT="$CACHE/kube-apiserver-v$K8S_VERSION"
-if [ -x "$OUT" ]; then echo "$OUT"; exit 0; fi
+COMPONENTS="${COMPONENTS:-kube-apiserver kube-controller-manager}"
+missing=()
+for c in $COMPONENTS; do [ -x "$CACHE/$c-v$K8S_VERSION" ] || missing+=("$c"); done
+if [ "${#missing[@]}" -eq 0 ]; then for c in $COMPONENTS; do echo "$CACHE/$c-v$K8S_VERSION"; done; exit 0; fi
 mkdir -p "$CACHE"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -27,6 +31,13 @@ print(")")
 PY
 echo "require k8s.io/kubernetes v$K8S_VERSION" >> go.mod
 go mod download k8s.io/kubernetes >/dev/null
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo $K8S_VERSION | cut -d. -f2)" -o "$OUT.tmp" k8s.io/kubernetes/cmd/kube-apiserver 2>build.log || { cat build.log >&2; exit 1; }
-mv "$OUT.tmp" "$OUT"
-echo "$OUT"
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
+for c in "${missing[@]}"; do
+  out="$CACHE/$c-v$K8S_VERSION"
+  start=$SECONDS
+  CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "k8s.io/kubernetes/cmd/$c" 2>build.log \
+    || { cat build.log >&2; exit 1; }
+  mv "$out.tmp" "$out"
+  echo "built $c in $((SECONDS - start))s" >&2
+done
+for c in $COMPONENTS; do echo "$CACHE/$c-v$K8S_VERSION"; done
