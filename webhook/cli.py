@@ -10,6 +10,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("webhook.serve", "run the admission webhook backed by the Ray-held GPU ledger"),
     "explain": ("webhook.explain", "run the real mutating path for pods against a cluster file, offline"),
     "simulate": ("allocator.simulator", "replay a GPU-cluster trace through the allocator core"),
+    "node-agent": ("allocator.node_agent", "publish this node's GPUs (NVML) as agentaflow.gpu/* labels and annotations"),
     "certs": ("certs.cli", "generate or rotate the webhook's CA and serving certificate"),
     "demo": ("tests.controlplane.demo", "start a local control plane + webhook and place sample workloads"),
 }

@@ -1,0 +1,154 @@
+"""What a node's GPUs look like right now: NVML on a real node, a fake behind the same interface elsewhere.
+
+The fake exists only because most machines that run the tests have no GPU; it reports what a spec says,
+through the same `GpuProbe` protocol the NVML probe answers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    healthy: bool
+    utilization_pct: int = 0
+    memory_used_mib: int = 0
+    reason: str = ""  # why a device is unhealthy
+
+    def as_annotation_entry(self) -> dict:
+        """The `agentaflow.gpu/devices` entry the allocator core reads (index, uuid, product, memoryMiB, healthy)."""
+        entry = {
+            "index": self.index,
+            "uuid": self.uuid,
+            "product": self.product,
+            "memoryMiB": self.memory_mib,
+            "healthy": self.healthy,
+            "utilization": self.utilization_pct,
+        }
+        if self.reason:
+            entry["reason"] = self.reason
+        return entry
+
+
+class ProbeError(RuntimeError):
+    """The probe cannot read the GPUs at all (no driver, no library)."""
+
+
+class GpuProbe(Protocol):
+    def devices(self) -> list[DeviceReport]: ...
+
+    def close(self) -> None: ...
+
+
+class NvmlProbe:
+    """Reads devices through NVML (pynvml, shipped as nvidia-ml-py)."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise ProbeError(f"NVML is not available on this machine: {exc}") from exc
+
+    def devices(self) -> list[DeviceReport]:
+        nvml = self._nvml
+        reports = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            product = _text(nvml.nvmlDeviceGetName(handle))
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            healthy, reason, utilization = True, "", 0
+            try:
+                utilization = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except nvml.NVMLError as exc:  # a device that cannot report utilization is suspect
+                healthy, reason = False, f"utilization query failed: {exc}"
+            try:
+                if nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle):
+                    healthy, reason = False, "retired memory pages pending a reset"
+            except nvml.NVMLError_NotSupported:
+                pass
+            except nvml.NVMLError as exc:
+                healthy, reason = False, f"page-retirement query failed: {exc}"
+            reports.append(
+                DeviceReport(
+                    index=index,
+                    uuid=uuid,
+                    product=product,
+                    memory_mib=int(memory.total) // (1024 * 1024),
+                    memory_used_mib=int(memory.used) // (1024 * 1024),
+                    healthy=healthy,
+                    utilization_pct=utilization,
+                    reason=reason,
+                )
+            )
+        return reports
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+class FakeProbe:
+    """Reports the devices a spec describes: for nodes and tests without a GPU."""
+
+    def __init__(self, reports: list[DeviceReport]):
+        self._reports = list(reports)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "FakeProbe":
+        """`COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J]`, e.g. `8xNVIDIA-H100-80GB-HBM3:81559,unhealthy=3`, or a JSON list."""
+        spec = spec.strip()
+        if spec.startswith("["):
+            return cls([DeviceReport(**entry) for entry in json.loads(spec)])
+        head, _, tail = spec.partition(",")
+        try:
+            count_text, _, rest = head.partition("x")
+            product, _, memory_text = rest.rpartition(":")
+            count, memory_mib = int(count_text), int(memory_text)
+        except ValueError as exc:
+            raise ValueError(
+                f"fake GPU spec {spec!r} is not COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J] "
+                f"(e.g. 8xNVIDIA-A100-SXM4-80GB:81920,unhealthy=3)"
+            ) from exc
+        unhealthy: set[int] = set()
+        if tail:
+            key, _, values = tail.partition("=")
+            if key.strip() != "unhealthy":
+                raise ValueError(f"fake GPU spec option {key!r} is unknown; accepted: unhealthy=I,J")
+            unhealthy = {int(v) for v in values.replace(",", " ").split()}
+        return cls(
+            [
+                DeviceReport(
+                    index=i,
+                    uuid=f"GPU-fake-{product.lower()}-{i:04d}",
+                    product=product,
+                    memory_mib=memory_mib,
+                    healthy=i not in unhealthy,
+                    reason="marked unhealthy by the fake spec" if i in unhealthy else "",
+                )
+                for i in range(count)
+            ]
+        )
+
+    def devices(self) -> list[DeviceReport]:
+        return list(self._reports)
+
+    def close(self) -> None:
+        pass
+
+
+def report_dicts(reports: list[DeviceReport]) -> list[dict]:
+    return [asdict(r) for r in reports]
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
