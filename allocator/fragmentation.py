@@ -1,0 +1,217 @@
+"""GPU fragmentation of a node with respect to a target workload (Weng et al., "Beware of Fragmentation", ATC'23).
+
+A node's free GPU milli is a *fragment* for a pod shape when that pod could not use it: every free milli on
+the node if the pod cannot run there at all (too little CPU, not enough GPUs that fit, wrong GPU model, or a
+pod that asks for no GPU), otherwise the free milli of the GPUs too small for the pod's per-GPU ask. The
+node's fragmentation is the expectation of that over the target workload's pod shapes. FGD places each pod
+where this expectation grows least.
+
+Everything here is a pure function of per-device free milli, free CPU and the GPU model; the workload is an
+input (from a trace, or from the requests seen so far), never a global. `FragmentationMeter` memoises by node
+state: nodes of the same kind in the same state share one entry, which is what keeps FGD fast.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from allocator.model import MILLI_PER_GPU, Request
+
+
+def split_products(text: str | None) -> tuple[str, ...]:
+    """A product constraint `A|B` as ("A", "B"); None or empty = any product."""
+    if not text:
+        return ()
+    return tuple(p.strip() for p in text.split("|") if p.strip())
+
+
+def product_matches(node_product: str, products: Sequence[str]) -> bool:
+    """Any of `products` names the node's GPU (case-insensitive substring, as the ledger's filter does)."""
+    if not products:
+        return True
+    node = node_product.lower()
+    return any(p.lower() in node for p in products)
+
+
+@dataclass(frozen=True, order=True)
+class PodShape:
+    """What fragmentation looks at in a pod: CPU, GPU count, per-GPU milli and the allowed GPU models."""
+
+    cpu_milli: int = 0
+    gpus: int = 0  # GPUs the pod occupies (1 for a share)
+    milli: int = 0  # per GPU: 1000 for whole GPUs, 1..999 for a share, 0 for a pod without GPU
+    products: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, request: Request) -> "PodShape":
+        products = split_products(request.product)
+        if request.gpus > 0:
+            return cls(request.cpu_milli, request.gpus, MILLI_PER_GPU, products)
+        if request.gpu_milli > 0:
+            return cls(request.cpu_milli, 1, min(request.gpu_milli, MILLI_PER_GPU), products)
+        return cls(request.cpu_milli, 0, 0, ())
+
+    @property
+    def total_milli(self) -> int:
+        return self.gpus * self.milli
+
+
+@dataclass(frozen=True)
+class TargetWorkload:
+    """The pod shapes expected to arrive, with their probabilities (summing to 1)."""
+
+    shapes: tuple[tuple[PodShape, float], ...]
+
+    @classmethod
+    def from_shapes(cls, shapes: Iterable[PodShape], popularity: float = 0.95) -> "TargetWorkload":
+        """The most frequent shapes covering `popularity` of the pods, renormalised (the paper keeps 95%)."""
+        counts = Counter(shapes)
+        total = sum(counts.values())
+        if not total:
+            return cls(())
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        kept, covered = [], 0
+        for shape, count in ranked:
+            if covered >= popularity * total:
+                break
+            kept.append((shape, count))
+            covered += count
+        return cls(tuple((shape, count / covered) for shape, count in kept))
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[Request], popularity: float = 0.95) -> "TargetWorkload":
+        return cls.from_shapes((PodShape.of(r) for r in requests), popularity)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def node_fragmentation(cpu_free: int, gpu_free: Sequence[int], product: str, workload: TargetWorkload) -> float:
+    """Expected free GPU milli on the node that a pod drawn from `workload` could not use."""
+    total = sum(gpu_free)
+    if total <= 0:
+        return 0.0
+    frag = 0.0
+    for shape, probability in workload.shapes:
+        if shape.milli <= 0 or not product_matches(product, shape.products):
+            frag += probability * total  # a pod without GPU, or one barred from this model, uses none of it
+            continue
+        fitting = [g for g in gpu_free if g >= shape.milli]
+        if len(fitting) >= shape.gpus and cpu_free >= shape.cpu_milli:
+            frag += probability * (total - sum(fitting))  # only the GPUs too small for it are lost
+        else:
+            frag += probability * total
+    return frag
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a pod would go on one node and what that does to the node's fragmentation."""
+
+    increase: float  # fragmentation after minus before (milli-GPU); lower is better
+    devices: tuple[int, ...]  # device indices (the shared device, or the whole ones)
+
+
+@dataclass
+class FragmentationMeter:
+    """`node_fragmentation` for one workload, memoised by (model, free CPU, sorted free milli)."""
+
+    workload: TargetWorkload
+    _memo: dict = field(default_factory=dict, repr=False)
+    _plans: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_product: dict[str, tuple[float, tuple]] = {}
+
+    def _compiled(self, product: str) -> tuple[float, tuple]:
+        """(probability mass that always counts every free milli, the shapes that depend on the node)."""
+        compiled = self._by_product.get(product)
+        if compiled is None:
+            always, varying = 0.0, []
+            for shape, probability in self.workload.shapes:
+                if shape.milli <= 0 or not product_matches(product, shape.products):
+                    always += probability
+                else:
+                    varying.append((probability, shape.cpu_milli, shape.gpus, shape.milli))
+            compiled = self._by_product[product] = (always, tuple(varying))
+        return compiled
+
+    def fragmentation(self, cpu_free: int, gpu_free: Sequence[int], product: str) -> float:
+        key = (product, cpu_free, tuple(sorted(gpu_free, reverse=True)))
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self._compute(*key)
+        return value
+
+    def _compute(self, product: str, cpu_free: int, free_desc: tuple[int, ...]) -> float:
+        total = sum(free_desc)
+        if total <= 0:
+            return 0.0
+        always, varying = self._compiled(product)
+        frag = always * total
+        for probability, cpu, gpus, milli in varying:
+            # free_desc is sorted high to low: the first `gpus` entries decide whether enough GPUs fit
+            if cpu_free >= cpu and len(free_desc) >= gpus and free_desc[gpus - 1] >= milli:
+                frag += probability * sum(g for g in free_desc if g < milli)
+            else:
+                frag += probability * total
+        return frag
+
+    def best_choice(self, cpu_free: int, gpu_free: Sequence[int], product: str, shape: PodShape) -> Choice | None:
+        """The device choice on this node that raises fragmentation least; None if the pod does not fit.
+
+        A share goes on the fitting device whose choice leaves the least fragmentation (ties: the fullest
+        device, then the lowest index); whole GPUs take the lowest-indexed idle devices.
+        """
+        before = self.fragmentation(cpu_free, gpu_free, product)
+        cpu_after = cpu_free - shape.cpu_milli
+        if shape.milli <= 0:
+            return Choice(self.fragmentation(cpu_after, gpu_free, product) - before, ())
+        if shape.milli < MILLI_PER_GPU and shape.gpus == 1:
+            best: tuple[float, int, int] | None = None
+            tried: set[int] = set()
+            for index, free in enumerate(gpu_free):
+                if free < shape.milli or free in tried:
+                    continue
+                tried.add(free)  # devices with the same free milli are interchangeable
+                after = list(gpu_free)
+                after[index] = free - shape.milli
+                candidate = (self.fragmentation(cpu_after, after, product) - before, free, index)
+                if best is None or candidate < best:
+                    best = candidate
+            return None if best is None else Choice(best[0], (best[2],))
+        idle = [i for i, free in enumerate(gpu_free) if free >= MILLI_PER_GPU]
+        if len(idle) < shape.gpus:
+            return None
+        taken = idle[: shape.gpus]
+        after = list(gpu_free)
+        for index in taken:
+            after[index] = 0
+        return Choice(self.fragmentation(cpu_after, after, product) - before, tuple(taken))
+
+
+@dataclass
+class WorkloadTracker:
+    """The target workload learnt from the requests seen so far (for live admission, where no trace exists).
+
+    The workload is re-derived every `refresh_every` requests so that the meter's memo stays useful; the
+    result depends only on the sequence of requests, so it is deterministic.
+    """
+
+    popularity: float = 0.95
+    refresh_every: int = 256
+    counts: Counter = field(default_factory=Counter)
+    _seen_at_refresh: int = 0
+    _meter: FragmentationMeter | None = None
+
+    def observe(self, request: Request) -> None:
+        self.counts[PodShape.of(request)] += 1
+
+    def meter(self) -> FragmentationMeter:
+        seen = sum(self.counts.values())
+        if self._meter is None or seen - self._seen_at_refresh >= self.refresh_every:
+            self._meter = FragmentationMeter(TargetWorkload.from_shapes(self.counts.elements(), self.popularity))
+            self._seen_at_refresh = seen
+        return self._meter
