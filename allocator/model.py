@@ -153,6 +153,17 @@ class DeviceShare:
 
 
 @dataclass(frozen=True)
+class GroupSlot:
+    """One pod's place in a group plan: slot number, node and exclusive devices."""
+
+    slot: int
+    node: str
+    devices: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+    shares: tuple[DeviceShare, ...] = ()
+
+
+@dataclass(frozen=True)
 class Placement:
     """A reservation's answer: where the pod goes and on which devices."""
 
@@ -168,6 +179,10 @@ class Placement:
     strategy: str = ""
     score: float = 0.0
     tolerated_taints: tuple[Taint, ...] = ()  # taints on the node the webhook must tolerate for the pod
+    # groups only: every slot of the group (so a rebuild restores unclaimed slots) and the time at which
+    # slots no pod has claimed are released
+    group_plan: tuple[GroupSlot, ...] = ()
+    group_deadline: float | None = None
 
 
 class ReservationState(str, Enum):

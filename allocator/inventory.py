@@ -1,0 +1,311 @@
+"""Mutable free state of every node, and the index that finds a node without scanning them all.
+
+A `NodeState` keeps counters (free cpu, memory, per-device free milli-GPU and memory, whole-free devices)
+that change in O(devices) per placement. `ClusterIndex` keeps nodes in buckets by whole-free GPU count,
+globally and per leaf, each bucket a name-sorted list, so strategies that prefer fewer/more free GPUs
+walk buckets in score order and stop at the first node that fits.
+Strategies read `NodeState` as a view; only the ledger mutates it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+
+from allocator.model import MILLI_PER_GPU, DeviceShare, NodeInfo
+
+LeafKey = tuple[str, str]  # (spine, leaf)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one holder (a reservation, an unclaimed group slot, a pod gpuledger did not place) uses on a node."""
+
+    id: str
+    node: str
+    devices: tuple[int, ...] = ()  # exclusive
+    shares: tuple[DeviceShare, ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    unknown_gpus: int = 0  # whole GPUs of unknown identity (pods that never went through gpuledger)
+
+
+class NodeState:
+    """Free state of one node. Read-only for strategies:
+
+    `info` (NodeInfo), `name`, `leaf_key` (spine, leaf), `placeable`, `cpu_free`, `mem_free`,
+    `dev_index[p]` (physical index of device position p), `dev_healthy[p]`, `dev_free_milli[p]`,
+    `dev_free_mem[p]`, `dev_mem_total[p]`, `dev_owner[p]` (exclusive holder id or None), `dev_nshares[p]`,
+    `unknown_gpus`, `whole_free` (devices a whole-GPU request may take), `free_milli` (free milli-GPU over
+    healthy devices, unknown whole GPUs deducted), `total_milli`.
+    """
+
+    __slots__ = (
+        "info",
+        "name",
+        "leaf_key",
+        "placeable",
+        "cpu_free",
+        "mem_free",
+        "dev_index",
+        "pos",
+        "dev_healthy",
+        "dev_free_milli",
+        "dev_free_mem",
+        "dev_mem_total",
+        "dev_owner",
+        "dev_nshares",
+        "dev_shares",
+        "unknown_gpus",
+        "fully_free",
+        "free_milli_raw",
+        "total_milli",
+        "holders",
+    )
+
+    def __init__(self, info: NodeInfo):
+        self.info = info
+        self.name = info.name
+        self.leaf_key: LeafKey = (info.spine, info.leaf)
+        self.placeable = info.ready and not info.unschedulable and info.gpu_schedulable
+        self.cpu_free = info.cpu_milli
+        self.mem_free = info.memory_mib
+        devs = sorted(info.devices, key=lambda d: d.index)
+        self.dev_index = [d.index for d in devs]
+        self.pos = {d.index: p for p, d in enumerate(devs)}
+        self.dev_healthy = [d.healthy for d in devs]
+        self.dev_mem_total = [d.memory_mib for d in devs]
+        self.dev_free_milli = [MILLI_PER_GPU] * len(devs)
+        self.dev_free_mem = list(self.dev_mem_total)
+        self.dev_owner: list[str | None] = [None] * len(devs)
+        self.dev_nshares = [0] * len(devs)
+        self.dev_shares: list[dict[str, DeviceShare] | None] = [None] * len(devs)
+        self.unknown_gpus = 0
+        self.fully_free = sum(self.dev_healthy)
+        self.total_milli = self.fully_free * MILLI_PER_GPU
+        self.free_milli_raw = self.total_milli
+        self.holders: dict[str, Holding] = {}
+
+    # ------------------------------------------------------------------ views
+    @property
+    def whole_free(self) -> int:
+        free = self.fully_free - self.unknown_gpus
+        return free if free > 0 else 0
+
+    @property
+    def free_milli(self) -> int:
+        free = self.free_milli_raw - self.unknown_gpus * MILLI_PER_GPU
+        return free if free > 0 else 0
+
+    def is_fully_free(self, p: int) -> bool:
+        return self.dev_healthy[p] and self.dev_owner[p] is None and self.dev_nshares[p] == 0
+
+    def whole_free_devices(self) -> list[int]:
+        """Physical indices of healthy devices nobody holds (unknown-identity GPUs not deducted)."""
+        return [self.dev_index[p] for p in range(len(self.dev_index)) if self.is_fully_free(p)]
+
+    def utilization(self) -> float:
+        if not self.total_milli:
+            return 1.0
+        return 1.0 - self.free_milli / self.total_milli
+
+    # ------------------------------------------------------------------ mutation (ledger only)
+    def _device_changed(self, p: int, was_free: bool) -> None:
+        now_free = self.is_fully_free(p)
+        if was_free != now_free:
+            self.fully_free += 1 if now_free else -1
+
+    def apply(self, h: Holding) -> None:
+        self.holders[h.id] = h
+        self.cpu_free -= h.cpu_milli
+        self.mem_free -= h.memory_mib
+        self.unknown_gpus += h.unknown_gpus
+        for d in h.devices:
+            p = self.pos.get(d)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            self.dev_owner[p] = h.id
+            self.dev_free_milli[p] -= MILLI_PER_GPU
+            self.dev_free_mem[p] -= self.dev_mem_total[p]
+            if self.dev_healthy[p]:
+                self.free_milli_raw -= MILLI_PER_GPU
+            self._device_changed(p, was)
+        for s in h.shares:
+            p = self.pos.get(s.device)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            shares = self.dev_shares[p]
+            if shares is None:
+                shares = self.dev_shares[p] = {}
+            shares[h.id] = s
+            self.dev_nshares[p] += 1
+            self.dev_free_milli[p] -= s.milli
+            self.dev_free_mem[p] -= s.memory_mib
+            if self.dev_healthy[p]:
+                self.free_milli_raw -= s.milli
+            self._device_changed(p, was)
+
+    def remove(self, hid: str) -> Holding | None:
+        h = self.holders.pop(hid, None)
+        if h is None:
+            return None
+        self.cpu_free += h.cpu_milli
+        self.mem_free += h.memory_mib
+        self.unknown_gpus -= h.unknown_gpus
+        for d in h.devices:
+            p = self.pos.get(d)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            if self.dev_owner[p] == hid:
+                self.dev_owner[p] = None
+            self.dev_free_milli[p] += MILLI_PER_GPU
+            self.dev_free_mem[p] += self.dev_mem_total[p]
+            if self.dev_healthy[p]:
+                self.free_milli_raw += MILLI_PER_GPU
+            self._device_changed(p, was)
+        for s in h.shares:
+            p = self.pos.get(s.device)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            shares = self.dev_shares[p]
+            if shares is not None:
+                shares.pop(hid, None)
+            self.dev_nshares[p] -= 1
+            self.dev_free_milli[p] += s.milli
+            self.dev_free_mem[p] += s.memory_mib
+            if self.dev_healthy[p]:
+                self.free_milli_raw += s.milli
+            self._device_changed(p, was)
+        return h
+
+    def conflicts(self, devices: tuple[int, ...], shares: tuple[DeviceShare, ...]) -> set[str]:
+        """Holders that stand in the way of holding these devices/shares (empty = it fits on the devices)."""
+        out: set[str] = set()
+        for d in devices:
+            p = self.pos.get(d)
+            if p is None:
+                continue
+            if self.dev_owner[p] is not None:
+                out.add(self.dev_owner[p])
+            if self.dev_shares[p]:
+                out.update(self.dev_shares[p])
+        for s in shares:
+            p = self.pos.get(s.device)
+            if p is None:
+                continue
+            if self.dev_owner[p] is not None:
+                out.add(self.dev_owner[p])
+            elif self.dev_free_milli[p] < s.milli or (self.dev_mem_total[p] and self.dev_free_mem[p] < s.memory_mib):
+                out.update(self.dev_shares[p] or ())
+        return out
+
+
+class _Buckets:
+    """Name-sorted lists of node names keyed by whole-free GPU count."""
+
+    __slots__ = ("by_free", "total_whole", "total_milli", "free_milli", "count")
+
+    def __init__(self) -> None:
+        self.by_free: dict[int, list[str]] = {}
+        self.total_whole = 0  # sum of whole_free
+        self.total_milli = 0
+        self.free_milli = 0
+        self.count = 0
+
+    def add(self, name: str, k: int) -> None:
+        bucket = self.by_free.get(k)
+        if bucket is None:
+            bucket = self.by_free[k] = []
+        insort(bucket, name)
+
+    def discard(self, name: str, k: int) -> None:
+        bucket = self.by_free.get(k)
+        if bucket:
+            i = bisect_left(bucket, name)
+            if i < len(bucket) and bucket[i] == name:
+                del bucket[i]
+
+    def keys_from(self, need: int, descending: bool = False) -> list[int]:
+        keys = [k for k, b in self.by_free.items() if k >= need and b]
+        keys.sort(reverse=descending)
+        return keys
+
+
+class ClusterIndex:
+    """Placeable nodes bucketed by whole-free GPUs, globally and per leaf; per-leaf free totals."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.all = _Buckets()
+        self.leaves: dict[LeafKey, _Buckets] = {}
+        self._key: dict[str, int] = {}  # name -> bucket key it is filed under (placeable nodes only)
+        self._sorted_names: list[str] | None = None
+
+    def sorted_names(self) -> list[str]:
+        if self._sorted_names is None:
+            self._sorted_names = sorted(self.nodes)
+        return self._sorted_names
+
+    def leaf(self, key: LeafKey) -> _Buckets:
+        b = self.leaves.get(key)
+        if b is None:
+            b = self.leaves[key] = _Buckets()
+        return b
+
+    def add(self, node: NodeState) -> None:
+        self.nodes[node.name] = node
+        self._sorted_names = None
+        self.leaf(node.leaf_key)
+        if node.placeable:
+            self._file(node)
+
+    def remove(self, name: str) -> NodeState | None:
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return None
+        self._sorted_names = None
+        self._unfile(node)
+        return node
+
+    def _file(self, node: NodeState) -> None:
+        k = node.whole_free
+        self._key[node.name] = k
+        for b in (self.all, self.leaves[node.leaf_key]):
+            b.add(node.name, k)
+            b.total_whole += k
+            b.total_milli += node.total_milli
+            b.free_milli += node.free_milli
+            b.count += 1
+
+    def _unfile(self, node: NodeState) -> None:
+        k = self._key.pop(node.name, None)
+        if k is None:
+            return
+        for b in (self.all, self.leaves[node.leaf_key]):
+            b.discard(node.name, k)
+            b.total_whole -= k
+            b.total_milli -= node.total_milli
+            b.free_milli -= node.free_milli
+            b.count -= 1
+
+    def change(self, node: NodeState, mutate) -> None:
+        """Run `mutate()` on a node and keep the buckets and leaf totals true."""
+        if node.name not in self._key:
+            mutate()
+            return
+        k_old = self._key[node.name]
+        milli_old = node.free_milli
+        mutate()
+        k_new = node.whole_free
+        milli_new = node.free_milli
+        for b in (self.all, self.leaves[node.leaf_key]):
+            if k_new != k_old:
+                b.discard(node.name, k_old)
+                b.add(node.name, k_new)
+                b.total_whole += k_new - k_old
+            b.free_milli += milli_new - milli_old
+        self._key[node.name] = k_new

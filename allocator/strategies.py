@@ -1,0 +1,460 @@
+"""Placement strategies: a registry of per-node scorers, each with an optional best-first candidate walk.
+
+The ledger filters nodes (readiness, taints, selectors, product, resources), asks the strategy to choose
+devices on each feasible node, and keeps the node with the highest `score`, ties broken by the lowest
+node name. A strategy whose order follows the whole-free-GPU buckets also provides `candidates`, a walk
+in exactly that order, so the ledger stops at the first node that fits instead of scanning every node.
+See docs/allocator.md for each strategy's rule.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import zlib
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+from allocator.model import MILLI_PER_GPU, DeviceShare, Reason, Request
+
+if TYPE_CHECKING:
+    from allocator.inventory import ClusterIndex, LeafKey, NodeState
+
+DEFAULT_BALANCED_WEIGHTS = {
+    "resourceAvailability": 0.4,
+    "topologyAlignment": 0.3,
+    "domainUtilization": 0.2,
+    "historicalPerformance": 0.1,
+}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Devices a request would take on one node: exclusive indices, or shares of devices."""
+
+    devices: tuple[int, ...] = ()
+    shares: tuple[DeviceShare, ...] = ()
+
+
+@dataclass
+class ScoreContext:
+    """What a strategy may know beyond one node. Read-only for strategies."""
+
+    index: "ClusterIndex"  # every node's NodeState (index.nodes), buckets and per-leaf totals
+    seed: int = 0
+    request_id: str = ""
+    rr_cursor: str = ""  # round_robin: the node the previous round-robin placement went to
+    priority_headroom: float = 0.1
+    balanced_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_BALANCED_WEIGHTS))
+    performance: Mapping[str, float] = field(default_factory=dict)  # node -> historical score in [0, 1]
+    extra: Mapping[str, Any] = field(default_factory=dict)  # free-form inputs for plug-in strategies
+
+    def leaf_utilization(self, leaf: "LeafKey") -> float:
+        b = self.index.leaves.get(leaf)
+        if b is None or not b.total_milli:
+            return 1.0
+        return 1.0 - b.free_milli / b.total_milli
+
+    @property
+    def cluster_total_milli(self) -> int:
+        return self.index.all.total_milli
+
+    @property
+    def cluster_free_milli(self) -> int:
+        return self.index.all.free_milli
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+
+def product_matches(wanted: str | None, *offered: str) -> bool:
+    """Case-insensitive substring match of the wanted product against any offered name."""
+    if not wanted:
+        return True
+    w = wanted.lower()
+    return any(o and w in o.lower() for o in offered)
+
+
+def device_ok(node: "NodeState", p: int, request: Request) -> bool:
+    """Static suitability of device position p for the request (health, product, memory size)."""
+    if not node.dev_healthy[p]:
+        return False
+    if request.product:
+        dev_product = node.info.devices[p].product if p < len(node.info.devices) else ""
+        if dev_product and not product_matches(request.product, dev_product):
+            return False
+    if request.gpu_memory_mib and node.dev_mem_total[p] and node.dev_mem_total[p] < request.gpu_memory_mib:
+        return False
+    return True
+
+
+def choose_whole_devices(node: "NodeState", request: Request) -> tuple[int, ...] | None:
+    """`request.gpus` free devices: the shortest contiguous run of free indices that holds them (fewest
+    NVLink neighbours broken), else the lowest free indices."""
+    n = request.gpus
+    if node.whole_free < n:
+        return None
+    free = [node.dev_index[p] for p in range(len(node.dev_index)) if node.is_fully_free(p) and device_ok(node, p, request)]
+    if len(free) < n:
+        return None
+    if n == 1:
+        return (free[0],)
+    best: list[int] | None = None
+    run: list[int] = []
+    for idx in free + [None]:  # type: ignore[list-item]
+        if run and idx is not None and idx == run[-1] + 1:
+            run.append(idx)
+            continue
+        if len(run) >= n and (best is None or len(run) < len(best)):
+            best = run
+        run = [idx] if idx is not None else []
+    return tuple((best or free)[:n])
+
+
+def choose_share_device(node: "NodeState", request: Request) -> DeviceShare | None:
+    """The device with the least free milli-GPU that still holds the share (best fit); a device nobody
+    uses is taken only when the node has a whole GPU to spare; ties go to the lowest index."""
+    milli = request.gpu_milli
+    mem = request.gpu_memory_mib
+    best_p = -1
+    best_free = MILLI_PER_GPU + 1
+    can_open = node.whole_free > 0
+    for p in range(len(node.dev_index)):
+        if node.dev_owner[p] is not None or not node.dev_healthy[p]:
+            continue
+        free = node.dev_free_milli[p]
+        if free < milli or free >= best_free:
+            continue
+        if mem and node.dev_mem_total[p] and node.dev_free_mem[p] < mem:
+            continue
+        if node.dev_nshares[p] == 0 and not can_open:
+            continue
+        if not device_ok(node, p, request):
+            continue
+        best_p, best_free = p, free
+    if best_p < 0:
+        return None
+    return DeviceShare(device=node.dev_index[best_p], milli=milli, memory_mib=mem)
+
+
+def default_choose_devices(node: "NodeState", request: Request) -> Fit | None:
+    if request.gpus > 0:
+        devices = choose_whole_devices(node, request)
+        return None if devices is None else Fit(devices=devices)
+    if request.is_shared:
+        share = choose_share_device(node, request)
+        return None if share is None else Fit(shares=(share,))
+    return Fit()
+
+
+def _chosen_free(node: "NodeState", fit: Fit) -> int:
+    if not fit.shares:
+        return 0
+    return node.dev_free_milli[node.pos[fit.shares[0].device]]
+
+
+# ---------------------------------------------------------------------------------------------- strategies
+
+
+class Strategy:
+    """Base strategy. Subclasses override `score` (higher wins; ties go to the lowest node name) and may
+    override `choose_devices`, `admit` (a request-level gate) and `candidates` (best-first walk)."""
+
+    name = "base"
+
+    def choose_devices(self, node: "NodeState", request: Request, ctx: ScoreContext) -> Fit | None:
+        return default_choose_devices(node, request)
+
+    def score(self, node: "NodeState", request: Request, fit: Fit, ctx: ScoreContext) -> float:
+        return 0.0
+
+    def admit(self, request: Request, ctx: ScoreContext) -> Reason | None:
+        return None
+
+    def candidates(
+        self, request: Request, ctx: ScoreContext, leaves: list["LeafKey"] | None
+    ) -> Iterable["NodeState"] | None:
+        """Nodes in non-increasing score order, ties by name, covering every node that could fit; or None
+        to let the ledger scan every node."""
+        return None
+
+
+def bucket_walk(
+    index: "ClusterIndex", leaves: list["LeafKey"] | None, need: int, descending: bool
+) -> Iterator["NodeState"]:
+    """Placeable nodes with at least `need` whole-free GPUs, by whole-free count then name."""
+    nodes = index.nodes
+    if leaves is None:
+        by_free = index.all.by_free
+        for k in index.all.keys_from(need, descending):
+            for name in list(by_free[k]):
+                yield nodes[name]
+        return
+    groups = [index.leaves[leaf] for leaf in leaves if leaf in index.leaves]
+    keys = sorted({k for g in groups for k, b in g.by_free.items() if k >= need and b}, reverse=descending)
+    for k in keys:
+        lists = [g.by_free[k] for g in groups if g.by_free.get(k)]
+        merged = lists[0] if len(lists) == 1 else list(heapq.merge(*lists))
+        for name in list(merged):
+            yield nodes[name]
+
+
+def leaf_walk(
+    index: "ClusterIndex",
+    leaves: list["LeafKey"] | None,
+    need: int,
+    leaf_descending: bool,
+    node_descending: bool,
+) -> Iterator["NodeState"]:
+    """Leaves ordered by their whole-free total (equal totals merged by node name), nodes by bucket."""
+    if leaves is None:
+        leaves = list(index.leaves)
+    by_total: dict[int, list["LeafKey"]] = {}
+    for leaf in leaves:
+        b = index.leaves.get(leaf)
+        if b is not None and b.count:
+            by_total.setdefault(b.total_whole, []).append(leaf)
+    for total in sorted(by_total, reverse=leaf_descending):
+        yield from bucket_walk(index, by_total[total], need, node_descending)
+
+
+class BestFit(Strategy):
+    """Fewest free whole GPUs that still fit (pack); for shares, the fullest device that holds it."""
+
+    name = "best_fit"
+
+    def score(self, node, request, fit, ctx):
+        if request.gpus > 0:
+            return -float(node.whole_free)
+        if fit.shares:
+            free = _chosen_free(node, fit)
+            return -(free + (node.whole_free / 100.0 if free >= MILLI_PER_GPU else 0.0))
+        return -float(node.cpu_free)
+
+    def candidates(self, request, ctx, leaves):
+        if request.gpus > 0:
+            return bucket_walk(ctx.index, leaves, request.gpus, descending=False)
+        return None
+
+
+class LeastUtilized(Strategy):
+    """Most free whole GPUs (for shares: most free milli-GPU on the node) — spreads load."""
+
+    name = "least_utilized"
+
+    def score(self, node, request, fit, ctx):
+        if request.gpus > 0:
+            return float(node.whole_free)
+        return float(node.free_milli)
+
+    def candidates(self, request, ctx, leaves):
+        if request.gpus > 0:
+            return bucket_walk(ctx.index, leaves, request.gpus, descending=True)
+        return None
+
+
+class Consolidated(Strategy):
+    """Pack: the leaf with the least free capacity first, then the fullest node in it."""
+
+    name = "consolidated"
+
+    def score(self, node, request, fit, ctx):
+        leaf = ctx.index.leaves[node.leaf_key]
+        if request.gpus > 0:
+            return -float(leaf.total_whole * 1024 + node.whole_free)
+        return -(leaf.free_milli * 10000.0 + node.free_milli)
+
+    def candidates(self, request, ctx, leaves):
+        if request.gpus > 0:
+            return leaf_walk(ctx.index, leaves, request.gpus, leaf_descending=False, node_descending=False)
+        return None
+
+
+class Distributed(Strategy):
+    """Spread: the leaf with the most free capacity first, then the emptiest node in it."""
+
+    name = "distributed"
+
+    def score(self, node, request, fit, ctx):
+        leaf = ctx.index.leaves[node.leaf_key]
+        if request.gpus > 0:
+            return float(leaf.total_whole * 1024 + node.whole_free)
+        return leaf.free_milli * 10000.0 + node.free_milli
+
+    def candidates(self, request, ctx, leaves):
+        if request.gpus > 0:
+            return leaf_walk(ctx.index, leaves, request.gpus, leaf_descending=True, node_descending=True)
+        return None
+
+
+class RoundRobin(Strategy):
+    """The next node by name after the one the previous round-robin placement took (wrapping)."""
+
+    name = "round_robin"
+
+    def _ring(self, ctx):
+        names = ctx.index.sorted_names()
+        return names, bisect_right(names, ctx.rr_cursor) if ctx.rr_cursor else 0
+
+    def score(self, node, request, fit, ctx):
+        names, start = self._ring(ctx)
+        rank = bisect_right(names, node.name) - 1
+        return -float((rank - start) % max(1, len(names)))
+
+    def candidates(self, request, ctx, leaves):
+        names, start = self._ring(ctx)
+        wanted = None if leaves is None else set(leaves)
+        nodes = ctx.index.nodes
+
+        def walk():
+            for name in names[start:] + names[:start]:
+                node = nodes[name]
+                if wanted is None or node.leaf_key in wanted:
+                    yield node
+
+        return walk()
+
+
+class Priority(BestFit):
+    """Best fit, but a request below priority 1 may not take GPU capacity that would leave less than
+    `priority_headroom` of the cluster's GPU capacity free; that headroom is for priority >= 1."""
+
+    name = "priority"
+
+    def admit(self, request, ctx):
+        if request.priority >= 1:
+            return None
+        need = request.gpus * MILLI_PER_GPU if request.gpus else request.gpu_milli
+        keep = ctx.priority_headroom * ctx.cluster_total_milli
+        if ctx.cluster_free_milli - need < keep:
+            return Reason.PRIORITY_HEADROOM
+        return None
+
+
+class RandomChoice(Strategy):
+    """A pseudo-random node, stable for a given (seed, request id)."""
+
+    name = "random"
+
+    def score(self, node, request, fit, ctx):
+        return float(zlib.crc32(f"{ctx.seed}:{ctx.request_id}:{node.name}".encode()))
+
+
+class CostOptimized(BestFit):
+    """Nodes labelled gpu-orchestrator/cheap-node=true first, best fit among equals."""
+
+    name = "cost_optimized"
+
+    def score(self, node, request, fit, ctx):
+        return (1e9 if node.info.cheap else 0.0) + super().score(node, request, fit, ctx)
+
+    def candidates(self, request, ctx, leaves):
+        return None
+
+
+class Balanced(Strategy):
+    """Weighted sum of resource availability, topology alignment, leaf (domain) utilization and history."""
+
+    name = "balanced"
+
+    def score(self, node, request, fit, ctx):
+        w = ctx.balanced_weights
+        taken = request.gpus * MILLI_PER_GPU + sum(s.milli for s in fit.shares)
+        availability = (node.free_milli - taken) / node.total_milli if node.total_milli else 0.0
+        domain = request.preferred_domain
+        if domain and domain not in ("leaf", "spine"):
+            alignment = 1.0 if node.info.leaf == domain else 0.75 if node.info.spine == domain else 0.0
+        else:
+            devs = sorted(fit.devices)
+            alignment = 1.0 if not devs or devs[-1] - devs[0] == len(devs) - 1 else 0.5
+        domain_free = 1.0 - ctx.leaf_utilization(node.leaf_key)
+        history = min(1.0, max(0.0, float(ctx.performance.get(node.name, 1.0))))
+        return (
+            w.get("resourceAvailability", 0.0) * availability
+            + w.get("topologyAlignment", 0.0) * alignment
+            + w.get("domainUtilization", 0.0) * domain_free
+            + w.get("historicalPerformance", 0.0) * history
+        )
+
+
+class Explicit(BestFit):
+    """The `gpu-scheduling-map`: a request with `pinned` goes exactly there; without one, best fit."""
+
+    name = "explicit"
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+_FACTORIES: dict[str, Callable[[], Strategy]] = {}
+_ALIASES: dict[str, str] = {}  # normalised alias -> canonical name
+_INSTANCES: dict[str, Strategy] = {}
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("-", "").replace("_", "").replace(" ", "")
+
+
+def register(name: str, factory: Callable[[], Strategy], aliases: Iterable[str] = ()) -> None:
+    """Make a strategy available under `name` (and aliases; matching ignores case, '-' and '_')."""
+    _FACTORIES[name] = factory
+    _INSTANCES.pop(name, None)
+    for alias in (name, *aliases):
+        _ALIASES[_norm(alias)] = name
+
+
+def strategy_names() -> list[str]:
+    """Canonical names of every registered strategy."""
+    return sorted(_FACTORIES)
+
+
+def accepted_names() -> list[str]:
+    """Every spelling `get_strategy` accepts: canonical names and aliases (normalised)."""
+    return sorted(set(_ALIASES) | set(_FACTORIES))
+
+
+def canonical_name(name: str) -> str:
+    """The registered name for any accepted spelling; ValueError listing the accepted names otherwise."""
+    canonical = _ALIASES.get(_norm(str(name)))
+    if canonical is None:
+        raise ValueError(
+            f"unknown placement strategy {name!r}; accepted: {', '.join(strategy_names())} "
+            f"(aliases: leastLoaded, least_loaded, bestFit, roundRobin, costOptimized, binpack, spread; "
+            f"case, '-' and '_' are ignored)"
+        )
+    return canonical
+
+
+def get_strategy(name: str) -> Strategy:
+    canonical = canonical_name(name)
+    inst = _INSTANCES.get(canonical)
+    if inst is None:
+        inst = _INSTANCES[canonical] = _FACTORIES[canonical]()
+    return inst
+
+
+def _import_optional(module: str) -> None:
+    """Import a core module that registers strategies on import, if it exists yet."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+
+
+def _register_builtin() -> None:
+    register("best_fit", BestFit, aliases=("bestfit", "binpack", "bin-pack"))
+    register("least_utilized", LeastUtilized, aliases=("leastLoaded", "least_loaded", "leastUtilized"))
+    register("round_robin", RoundRobin, aliases=("roundRobin",))
+    register("priority", Priority, aliases=("priority_based", "priorityBased"))
+    register("random", RandomChoice)
+    register("cost_optimized", CostOptimized, aliases=("costOptimized", "cost"))
+    register("consolidated", Consolidated, aliases=("pack", "packed", "consolidate"))
+    register("distributed", Distributed, aliases=("spread", "distribute"))
+    register("balanced", Balanced)
+    register("explicit", Explicit, aliases=("explicit_map", "gpu-scheduling-map", "map"))
+    # strategies defined in other core modules register themselves on import (one line each):
+    _import_optional("allocator.fragmentation")
+
+
+_register_builtin()
