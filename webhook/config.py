@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from allocator.ledger import LedgerConfig
 from allocator.model import BindingMode
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
@@ -58,6 +59,11 @@ class WebhookConfig:
         if self.hmac_key_file:
             return Path(self.hmac_key_file).read_bytes().rstrip(b"\r\n")
         return self.hmac_key.encode()
+
+    def ledger_config(self) -> LedgerConfig:
+        """The ledger's settings (used where this process creates the ledger: the first replica wins)."""
+        return LedgerConfig(default_strategy=self.default_strategy, reservation_ttl_s=self.reservation_ttl_s,
+                            placement_key=self.placement_key())
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "WebhookConfig":

@@ -146,7 +146,8 @@ def _add_node_affinity(spec: dict, node: str, key: str) -> None:
     for term in terms or [{}]:
         term = dict(term) if isinstance(term, dict) else {}
         reqs = term.get(field) if isinstance(term.get(field), list) else []
-        term[field] = [*reqs, requirement]
+        if requirement not in reqs:  # a reinvocation finds it already there
+            term[field] = [*reqs, requirement]
         new_terms.append(term)
     required["nodeSelectorTerms"] = new_terms
 

@@ -1,0 +1,182 @@
+"""One ledger and the source it is rebuilt from, behind batched methods: what the Ray actor holds.
+
+The Ray actor (allocator.actor) and the in-process client (webhook.ledger_client) both wrap this class, so
+the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from allocator.cluster_file import ExternalSource, reservation_ids, source_from_spec
+from allocator.ledger import Ledger, LedgerConfig
+from allocator.model import Denial, Explanation, PinnedDevices, Placement, ReservationState, Request
+
+
+@dataclass(frozen=True)
+class AdmitCall:
+    """One admission. `prior_id`: the id of a validly signed placement the pod already carries."""
+
+    request: Request
+    dry_run: bool = False
+    prior_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A live reservation as the validating webhook checks it."""
+
+    placement: Placement
+    confirmed: bool
+
+
+class LedgerService:
+    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, now: float = 0.0):
+        self.config = config
+        self.source = source_from_spec(source_spec)
+        self.ledger = Ledger(config)
+        self.synced = False
+        self.rebuilds = 0
+        # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
+        self._pending: dict[str, Request] = {}
+        self.rebuild_from_source(now)
+
+    # ---------------------------------------------------------------- sources
+    def rebuild_from_source(self, now: float) -> bool:
+        """Rebuild from the source's current objects; False for a source fed from outside (the API)."""
+        objects = self.source.objects()
+        if objects is None:
+            return False
+        self.resync(objects, now)
+        return True
+
+    def resync(self, objects: list[dict], now: float) -> dict:
+        """A full list replaces the ledger; reservations whose pod is not stored yet are kept."""
+        objects = list(objects)
+        stored = reservation_ids(objects)
+        fresh = Ledger.rebuild(objects, self.config, now)
+        kept = lost = 0
+        for rid, request in list(self._pending.items()):
+            if rid in stored:
+                del self._pending[rid]
+                continue
+            old = self.ledger.get(rid)
+            if old is None:
+                del self._pending[rid]
+                continue
+            if request.group is not None:
+                # a gang member is restored from its pod's annotation when the pod is stored (the plan travels
+                # on it); replaying the request would draw a new plan that disagrees with the annotation
+                del self._pending[rid]
+                continue
+            # the same devices again, if they are still free in the rebuilt ledger
+            result = fresh.reserve(replace(request, pinned=_pin(old)), now)
+            if isinstance(result, Placement):
+                kept += 1
+            else:
+                lost += 1
+                del self._pending[rid]
+        self.ledger = fresh
+        self.synced = True
+        self.rebuilds += 1
+        return {"kept": kept, "lost": lost, "objects": len(objects)}
+
+    # ---------------------------------------------------------------- admission
+    def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial]:
+        out: list[Placement | Denial] = []
+        for call in calls:
+            if not isinstance(call, AdmitCall):
+                call = AdmitCall(*call)
+            out.append(self._admit_one(call, now))
+        return out
+
+    def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial:
+        request = call.request
+        if call.prior_id and call.prior_id != request.id:
+            held = self._held(call.prior_id)
+            if held is not None and not held.confirmed:
+                # a reinvocation or retry of the same admission: the same answer, nothing new reserved
+                return held.placement
+        if call.dry_run:
+            return self.ledger.explain(request).result
+        result = self.ledger.reserve(request, now)
+        if isinstance(result, Placement):
+            self._pending[request.id] = request
+        return result
+
+    def _held(self, rid: str) -> Held | None:
+        placement = self.ledger.get(rid)
+        if placement is None:
+            return None
+        return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED)
+
+    def lookup(self, ids: Iterable[str]) -> list[Held | None]:
+        return [self._held(i) for i in ids]
+
+    def explain(self, request: Request) -> Explanation:
+        return self.ledger.explain(request)
+
+    # ---------------------------------------------------------------- lifecycle
+    def confirm(self, ids: Iterable[str], now: float) -> list[bool]:
+        done = [self.ledger.confirm(i, now) for i in ids]
+        for i in ids:
+            self._pending.pop(i, None)
+        return done
+
+    def release(self, ids: Iterable[str]) -> list[bool]:
+        ids = list(ids)
+        for i in ids:
+            self._pending.pop(i, None)
+        return [self.ledger.release(i) for i in ids]
+
+    def apply_events(self, events: Iterable[tuple[str, dict]], now: float) -> int:
+        n = 0
+        for event_type, obj in events:
+            if event_type == "DELETED":
+                self.ledger.delete_object(obj)
+            else:
+                self.ledger.apply_object(obj, now)
+            n += 1
+        return n
+
+    def expiry_candidates(self, now: float) -> list[str]:
+        return self.ledger.expiry_candidates(now)
+
+    def sweep(self, now: float) -> list[str]:
+        """For a source we can read: confirm what is stored, expire the rest. The API's sweep is the sync's."""
+        candidates = self.ledger.expiry_candidates(now)
+        if not candidates:
+            return []
+        objects = self.source.objects()
+        if objects is None:
+            return []
+        stored = reservation_ids(objects)
+        self.confirm([c for c in candidates if c in stored], now)
+        expired = self.ledger.expire(now)
+        for rid in expired:
+            self._pending.pop(rid, None)
+        return expired
+
+    # ---------------------------------------------------------------- reading
+    def status(self) -> dict[str, Any]:
+        return {
+            "ready": True,
+            "synced": self.synced,
+            "nodes": len(self.ledger.index.nodes),
+            "source": repr(self.source),
+            "external_source": isinstance(self.source, ExternalSource),
+            "rebuilds": self.rebuilds,
+            "pending": len(self._pending),
+        }
+
+    def stats(self):
+        return self.ledger.stats()
+
+    def snapshot(self) -> dict:
+        return self.ledger.snapshot()
+
+
+def _pin(placement: Placement) -> PinnedDevices:
+    devices = placement.devices or tuple(s.device for s in placement.shares)
+    return PinnedDevices(node=placement.node, devices=devices)

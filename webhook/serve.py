@@ -1,0 +1,130 @@
+"""`gpuledger serve`: the admission webhook over TLS, backed by the shared Ray ledger actor.
+
+Joins the Ray cluster at --ray-address (or starts a local Ray), gets or creates the ledger actor, and, with
+the Kubernetes API as the source, runs the cluster sync (allocator.sync) that keeps the ledger true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from webhook.config import VISIBILITY_MODES, WebhookConfig
+
+log = logging.getLogger("gpuledger.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuledger serve", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1 for development; the Deployment passes 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8443)
+    p.add_argument("--tls-cert", required=True, help="serving certificate (PEM); reloaded when it changes")
+    p.add_argument("--tls-key", required=True, help="its private key (PEM)")
+    p.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
+    p.add_argument("--tls-poll-interval", type=float, default=1.0,
+                   help="seconds between checks of the certificate files for a change")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--cluster", help="YAML of Nodes and Pods: an offline ledger source (no Kubernetes API)")
+    src.add_argument("--kubeconfig", help="kubeconfig for the API (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray in this process)")
+    p.add_argument("--ray-num-cpus", type=int, default=1, help="CPUs of the local Ray (no --ray-address)")
+    p.add_argument("--config", help="webhook config YAML (see docs/webhook.md)")
+    p.add_argument("--binding-mode", choices=("nodeName", "affinity", "both"))
+    p.add_argument("--visibility-mode", choices=VISIBILITY_MODES)
+    p.add_argument("--fail-open", action="store_true", default=None, help="admit unplaced when the ledger is down")
+    p.add_argument("--deadline", type=float, help="seconds: internal admission deadline")
+    p.add_argument("--hmac-key-file", help="placement signing key (a mounted Secret)")
+    p.add_argument("--no-sync", action="store_true",
+                   help="do not run the cluster sync here (another process feeds the ledger)")
+    p.add_argument("--log-level", default=os.environ.get("GPULEDGER_LOG_LEVEL", "INFO"))
+    return p
+
+
+def load_config(args: argparse.Namespace) -> WebhookConfig:
+    config = WebhookConfig.from_file(args.config) if args.config else WebhookConfig()
+    overrides = {"binding_mode": args.binding_mode, "visibility_mode": args.visibility_mode,
+                 "fail_open": args.fail_open, "deadline_s": args.deadline, "hmac_key_file": args.hmac_key_file}
+    values = {**config.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
+    return WebhookConfig(**values)
+
+
+def _kube_client(kubeconfig: str | None):
+    from kubernetes import client, config as kconfig
+
+    if kubeconfig:
+        return kconfig.new_client_from_config(config_file=kubeconfig)
+    try:
+        kconfig.load_incluster_config()
+        return client.ApiClient()
+    except kconfig.ConfigException:
+        return kconfig.new_client_from_config()
+
+
+async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event) -> None:
+    from webhook.app import create_app
+    from webhook.ledger_client import RayLedgerClient
+    from webhook.server import start_server
+    from webhook.tls import ReloadingTLS
+
+    tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
+    app = create_app(config, RayLedgerClient(handle), owners)
+    server = await start_server(app, args.host, args.port, tls)
+    log.info("gpuledger webhook listening on %s", server.url)
+    print(f"gpuledger webhook listening on {server.url}", flush=True)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args)
+        config.placement_key()  # a missing key file fails now, not at the first admission
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"gpuledger serve: {exc}", file=sys.stderr)
+        return 2
+    if not config.placement_key():
+        log.warning("no HMAC key configured: placement annotations are unsigned (development only)")
+
+    import ray
+
+    from allocator.actor import RAY_NAMESPACE, get_or_create_ledger, wait_ready
+    from allocator.cluster_file import load_objects
+    from webhook.owners import KubeOwners, StaticOwners
+
+    if args.ray_address:
+        ray.init(address=args.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
+    else:
+        ray.init(namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=args.ray_num_cpus, log_to_driver=False)
+    api_client = None
+    if args.cluster:
+        source = {"kind": "file", "path": os.path.abspath(args.cluster)}
+        owners = StaticOwners(load_objects(args.cluster))
+    else:
+        source = {"kind": "kubernetes"}
+        api_client = _kube_client(args.kubeconfig)
+        owners = KubeOwners(api_client, ttl_s=config.owner_cache_ttl_s, timeout_s=config.deadline_s)
+    handle = get_or_create_ledger(config.ledger_config(), source)
+    status = wait_ready(handle)
+    log.info("ledger actor ready: %s", status)
+    sync = None
+    if api_client is not None and not args.no_sync:
+        from allocator.sync import ClusterSync, RayLedgerTarget
+
+        sync = ClusterSync(api_client, RayLedgerTarget(handle)).start()
+    stop = asyncio.Event()
+    try:
+        asyncio.run(_run(args, config, handle, owners, stop))
+    finally:
+        if sync is not None:
+            sync.stop()
+    return 0
