@@ -1,0 +1,420 @@
+"""Keeps the GPU ledger true to the cluster: watches Nodes and Pods and forwards what changed, in batches.
+
+The API server is the durable truth and the ledger a cache of it, so this adapter decides nothing: it relays
+watch events (the ledger confirms, counts and releases), rebuilds the ledger from a full list whenever the
+stream can no longer be trusted (410 Gone, a broken watch, a ledger that restarted empty), and asks the API
+about expiring reservations before the ledger drops one whose pod was stored after all.
+
+The `kubernetes` watch client blocks, so each watch runs in its own thread; one forwarding thread owns every
+call to the ledger, which keeps those calls ordered and batched (one actor call per batch, not per event).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+log = logging.getLogger("gpuledger.sync")
+
+RESERVATION_LABEL = "gpuledger.io/reservation-id"
+NODE, POD = "Node", "Pod"
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class LedgerTarget(Protocol):
+    """What the sync needs of the ledger: the Ray actor's batched methods (docs/INTERFACES.md), called blocking."""
+
+    def apply_events(self, events: list[tuple[str, dict]]) -> Any: ...
+
+    def resync(self, objects: list[dict]) -> Any: ...
+
+    def expiry_candidates(self, now: float) -> list[str]: ...
+
+    def confirm(self, ids: list[str]) -> Any: ...
+
+    def release(self, ids: list[str]) -> Any: ...
+
+    def status(self) -> dict: ...
+
+
+class RayLedgerTarget:
+    """The named Ray actor behind the `LedgerTarget` methods; each call waits for its result."""
+
+    def __init__(self, handle, timeout_s: float = 60.0):
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def _call(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
+
+    def apply_events(self, events):
+        return self._call("apply_events", events)
+
+    def resync(self, objects):
+        return self._call("resync", objects)
+
+    def expiry_candidates(self, now):
+        return self._call("expiry_candidates", now)
+
+    def confirm(self, ids):
+        return self._call("confirm", ids)
+
+    def release(self, ids):
+        return self._call("release", ids)
+
+    def status(self):
+        return self._call("status")
+
+
+@dataclass
+class SyncConfig:
+    batch_max: int = 500  # events per ledger call
+    batch_linger_s: float = 0.02  # after the first event, how long to gather more into the same call
+    watch_timeout_s: int = 240  # server-side watch timeout; the watch resumes from its last resourceVersion
+    list_page_size: int = 500
+    expiry_interval_s: float = 5.0
+    status_interval_s: float = 2.0  # how often to ask whether the ledger restarted empty
+    retry_backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait after a failure
+    watch_retries: int = 5  # consecutive failures of one watch before a full resync
+    reservation_label: str = RESERVATION_LABEL
+
+
+@dataclass
+class SyncStats:
+    events_applied: int = 0
+    batches: int = 0
+    resyncs: int = 0
+    gone: int = 0  # 410s: the watch fell out of the API server's window
+    watch_errors: int = 0
+    target_errors: int = 0
+    expiry_confirmed: int = 0
+    expiry_released: int = 0
+    last_error: str = ""
+    resync_reasons: list[str] = field(default_factory=list)
+
+
+class _Gone(Exception):
+    """The API server no longer has the resourceVersion a watch resumes from."""
+
+
+def slim(obj: dict, kind: str | None = None) -> dict:
+    """Drop what the ledger never reads (managedFields are most of a pod's bytes) and fill in kind/apiVersion,
+    which list responses omit on their items."""
+    meta = obj.get("metadata") or {}
+    if "managedFields" in meta:
+        obj = dict(obj, metadata={k: v for k, v in meta.items() if k != "managedFields"})
+    if kind and "kind" not in obj:
+        obj = dict(obj, kind=kind, apiVersion="v1")
+    return obj
+
+
+def batches(items: list, size: int) -> Iterable[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class ClusterSync:
+    """Watch Nodes and Pods of every namespace into a `LedgerTarget`. `start()` runs it; `stop()` ends it."""
+
+    def __init__(
+        self,
+        api_client,
+        target: LedgerTarget,
+        config: SyncConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.target = target
+        self.config = config or SyncConfig()
+        self.clock = clock
+        self.stats = SyncStats()
+        self._events: queue.Queue = queue.Queue()
+        self._lock = threading.Condition()
+        self._generation = 0
+        self._resume_from: dict[str, str | None] = {NODE: None, POD: None}
+        self._responses: dict[str, Any] = {}
+        self._resync_needed: str | None = "initial list"
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "ClusterSync":
+        self._threads = [
+            threading.Thread(target=self._forward_loop, name="gpuledger-sync", daemon=True),
+            threading.Thread(target=self._watch_loop, args=(NODE,), name="gpuledger-watch-nodes", daemon=True),
+            threading.Thread(target=self._watch_loop, args=(POD,), name="gpuledger-watch-pods", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._events.put((-1, None))  # wakes the forwarding thread from its wait for events
+        with self._lock:
+            self._lock.notify_all()
+        for kind in (NODE, POD):
+            self._interrupt(kind)
+        for t in self._threads:
+            t.join(timeout)
+
+    def wait_synced(self, timeout: float = 30.0) -> bool:
+        """True once a full list has reached the ledger (after start, or after the last forced resync)."""
+        return self._synced.wait(timeout)
+
+    def request_resync(self, reason: str) -> None:
+        with self._lock:
+            if self._resync_needed is None:
+                self._resync_needed = reason
+            self._synced.clear()
+            self._lock.notify_all()
+
+    def __enter__(self) -> "ClusterSync":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ listing
+    def list_objects(self, kind: str) -> tuple[list[dict], str]:
+        """Every object of `kind`, page by page, as plain dicts, with the list's resourceVersion."""
+        fn = self.core.list_node if kind == NODE else self.core.list_pod_for_all_namespaces
+        items: list[dict] = []
+        token, version = None, ""
+        while True:
+            kwargs = {"limit": self.config.list_page_size, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            body = json.loads(fn(**kwargs).data)
+            items.extend(slim(obj, kind) for obj in body.get("items") or [])
+            meta = body.get("metadata") or {}
+            version = version or meta.get("resourceVersion", "")
+            token = meta.get("continue")
+            if not token:
+                return items, version
+
+    def resync(self, reason: str) -> None:
+        """Rebuild the ledger from a full list and resume both watches from that list's resourceVersions."""
+        with self._lock:
+            self._generation += 1
+            self._resume_from = {NODE: None, POD: None}
+        for kind in (NODE, POD):  # old streams stop at once instead of at their next event or timeout
+            self._interrupt(kind)
+        nodes, node_version = self.list_objects(NODE)
+        pods, pod_version = self.list_objects(POD)
+        self.target.resync(nodes + pods)
+        with self._lock:
+            self._resume_from = {NODE: node_version, POD: pod_version}
+            self._resync_needed = None
+            self._lock.notify_all()
+        self.stats.resyncs += 1
+        self.stats.resync_reasons.append(reason)
+        self._synced.set()
+        log.info("resynced %d nodes and %d pods (%s)", len(nodes), len(pods), reason)
+
+    # ------------------------------------------------------------------ expiry
+    def pods_carrying(self, ids: list[str]) -> set[str]:
+        """Which reservation ids a stored pod carries, asked of the API itself rather than the watch."""
+        label = self.config.reservation_label
+        found: set[str] = set()
+        as_label = [i for i in ids if len(i) <= 63 and _LABEL_VALUE.match(i)]
+        for chunk in batches(as_label, 50):
+            resp = self.core.list_pod_for_all_namespaces(
+                label_selector=f"{label} in ({','.join(chunk)})", _preload_content=False
+            )
+            for pod in json.loads(resp.data).get("items") or []:
+                found.add(((pod.get("metadata") or {}).get("labels") or {}).get(label, ""))
+        odd = set(ids) - set(as_label)
+        if odd:  # ids that cannot be label values are looked for in annotations
+            pods, _ = self.list_objects(POD)
+            for pod in pods:
+                value = ((pod.get("metadata") or {}).get("annotations") or {}).get(label)
+                if value in odd:
+                    found.add(value)
+        return found & set(ids)
+
+    def check_expiry(self, now: float) -> tuple[list[str], list[str]]:
+        """Confirm candidates a stored pod carries; release the rest. Returns (confirmed, released)."""
+        ids = list(self.target.expiry_candidates(now))
+        if not ids:
+            return [], []
+        stored = self.pods_carrying(ids)
+        confirmed = [i for i in ids if i in stored]
+        released = [i for i in ids if i not in stored]
+        if confirmed:
+            self.target.confirm(confirmed)
+        if released:
+            self.target.release(released)
+        self.stats.expiry_confirmed += len(confirmed)
+        self.stats.expiry_released += len(released)
+        if released:
+            log.info("released %d expired reservations with no stored pod", len(released))
+        return confirmed, released
+
+    # ------------------------------------------------------------------ threads
+    def _backoff(self, failures: int) -> float:
+        first, largest = self.config.retry_backoff_s
+        return min(largest, first * (2 ** min(failures, 10)))
+
+    def _forward_loop(self) -> None:
+        failures = 0
+        next_status = next_expiry = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    reason = self._resync_needed
+                if reason:
+                    self.resync(reason)
+                    next_status = time.monotonic() + self.config.status_interval_s
+                wait = max(0.0, min(next_status, next_expiry) - time.monotonic())
+                batch = self._next_batch(wait)
+                if batch:
+                    self.target.apply_events(batch)
+                    self.stats.events_applied += len(batch)
+                    self.stats.batches += 1
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + self.config.status_interval_s
+                    status = self.target.status() or {}
+                    if status.get("synced") is False:
+                        self.request_resync("ledger restarted empty")
+                if time.monotonic() >= next_expiry:
+                    next_expiry = time.monotonic() + self.config.expiry_interval_s
+                    self.check_expiry(self.clock())
+                failures = 0
+            except Exception as exc:  # the ledger (actor restarting) or the API is unavailable: rebuild after
+                if self._stop.is_set():
+                    return
+                failures += 1
+                self.stats.target_errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("sync: %s; full resync after %.1fs", self.stats.last_error, self._backoff(failures))
+                self.request_resync(f"error: {type(exc).__name__}")
+                self._stop.wait(self._backoff(failures))
+
+    def _next_batch(self, wait: float) -> list[tuple[str, dict]]:
+        """The next events of the current generation: waits up to `wait` for the first, lingers for more."""
+        batch: list[tuple[str, dict]] = []
+        deadline = None
+        while len(batch) < self.config.batch_max and not self._stop.is_set():
+            timeout = wait if deadline is None else deadline - time.monotonic()
+            try:
+                if timeout <= 0:
+                    generation, event = self._events.get_nowait()
+                else:
+                    generation, event = self._events.get(timeout=timeout)
+            except queue.Empty:
+                break
+            if generation != self._generation:
+                continue  # from a stream the last resync replaced: the list already covered it
+            batch.append(event)
+            if deadline is None:
+                deadline = time.monotonic() + self.config.batch_linger_s
+            with self._lock:
+                if self._resync_needed:
+                    break
+        return batch
+
+    def _interrupt(self, kind: str) -> None:
+        resp = self._responses.get(kind)
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # already closed
+                pass
+
+    def _watch_loop(self, kind: str) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            with self._lock:
+                while not self._stop.is_set() and (self._resume_from[kind] is None or self._resync_needed):
+                    self._lock.wait(1.0)
+                if self._stop.is_set():
+                    return
+                generation, version = self._generation, self._resume_from[kind]
+            try:
+                self._watch_once(kind, generation, version)
+                failures = 0
+            except _Gone:
+                self.stats.gone += 1
+                self._resync_from(generation, f"{kind} watch: 410 Gone")
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                with self._lock:
+                    replaced = generation != self._generation
+                if replaced:
+                    continue  # interrupted on purpose by a resync
+                # a broken connection resumes from the last resourceVersion (the API server answers 410 if
+                # it can no longer serve it); only a watch that keeps failing is replaced by a full list
+                failures += 1
+                self.stats.watch_errors += 1
+                self.stats.last_error = f"{kind} watch: {type(exc).__name__}: {exc}"
+                log.warning("%s (attempt %d)", self.stats.last_error, failures)
+                self._stop.wait(self._backoff(failures))
+                if failures >= self.config.watch_retries:
+                    failures = 0
+                    self._resync_from(generation, f"{kind} watch error: {type(exc).__name__}")
+
+    def _resync_from(self, generation: int, reason: str) -> None:
+        with self._lock:
+            if generation == self._generation:
+                self._resume_from[NODE] = self._resume_from[POD] = None
+        self.request_resync(reason)
+
+    def _watch_once(self, kind: str, generation: int, version: str) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        from kubernetes.client.exceptions import ApiException
+
+        fn = self.core.list_node if kind == NODE else self.core.list_pod_for_all_namespaces
+        timeout = self.config.watch_timeout_s
+        try:
+            resp = fn(
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                _preload_content=False,
+                _request_timeout=(10, timeout + 30),
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone(str(exc.reason)) from exc
+            raise
+        self._responses[kind] = resp  # stored before checking the flags, so stop() or a resync always finds it
+        try:
+            with self._lock:
+                if generation != self._generation or self._stop.is_set():
+                    return
+            for line in iter_resp_lines(resp):
+                if not line:
+                    continue
+                event = json.loads(line)
+                etype, obj = event.get("type"), event.get("object") or {}
+                if etype == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone(obj.get("message", ""))
+                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                new_version = (obj.get("metadata") or {}).get("resourceVersion")
+                if etype != "BOOKMARK":
+                    self._events.put((generation, (etype, slim(obj, kind))))
+                with self._lock:
+                    if generation != self._generation:
+                        return
+                    if new_version:
+                        self._resume_from[kind] = new_version
+                if self._stop.is_set():
+                    return
+        finally:
+            self._responses.pop(kind, None)
+            resp.release_conn()
