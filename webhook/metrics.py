@@ -55,8 +55,8 @@ class WebhookMetrics:
                                         "allocated share of a leaf's or spine's GPUs", ["level", "domain"], registry=r)
         self.domain_fragmentation = Gauge(
             "topology_domain_fragmentation_ratio",
-            "share of a domain's free GPU capacity that cannot serve a whole-GPU request of the domain's "
-            "common size", ["level", "domain"], registry=r)
+            "share of a domain's free milli-GPU outside whole free GPUs (usable by GPU shares only)",
+            ["level", "domain"], registry=r)
         self.gpu_allocation_ratio = Gauge("topology_gpu_allocation_ratio",
                                           "allocated milli-GPU / total milli-GPU across the cluster", registry=r)
         self.admission_duration = Histogram(
@@ -68,24 +68,19 @@ class WebhookMetrics:
                                         ["route"], registry=r)
 
     def update_from_stats(self, stats: Any) -> None:
-        """Copy the ledger's totals (a LedgerStats or its dict form) into the gauges."""
-        get = (lambda k, d=0: stats.get(k, d)) if isinstance(stats, dict) else (lambda k, d=0: getattr(stats, k, d))
-        total = get("gpus_total")
-        self.gpu_total.set(total)
-        self.gpu_available.set(get("gpus_free", get("gpus_available", 0)))
-        allocated_milli = get("gpu_milli_allocated", get("allocated_milli", 0))
-        ratio = (allocated_milli / (total * 1000)) if total else 0.0
-        ratio = get("allocation_ratio", ratio)
+        """Copy the ledger's totals (an allocator.ledger.LedgerStats) into the gauges."""
+        self.gpu_total.set(stats.gpus_total)
+        self.gpu_available.set(stats.whole_free)
+        ratio = stats.milli_allocated / stats.milli_total if stats.milli_total else 0.0
         self.gpu_utilization.set(ratio)
         self.gpu_allocation_ratio.set(ratio)
-        self.workloads_pending.set(get("reservations_pending", get("pending", 0)))
-        self.workloads_running.set(get("reservations_confirmed", get("confirmed", 0)))
-        for level, attr in (("leaf", "leaf_utilization"), ("spine", "spine_utilization")):
-            for domain, value in dict(get(attr, {}) or {}).items():
-                self.domain_utilization.labels(level, str(domain)).set(value)
-        for level, attr in (("leaf", "leaf_fragmentation"), ("spine", "spine_fragmentation")):
-            for domain, value in dict(get(attr, {}) or {}).items():
-                self.domain_fragmentation.labels(level, str(domain)).set(value)
+        self.workloads_pending.set(stats.reservations_pending)
+        self.workloads_running.set(stats.reservations_confirmed)
+        for level, domains in (("leaf", stats.leaves), ("spine", stats.spines)):
+            for d in domains:
+                name = (d.leaf if level == "leaf" else d.spine) or "(none)"
+                self.domain_utilization.labels(level, name).set(d.utilization)
+                self.domain_fragmentation.labels(level, name).set(d.fragmentation)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
