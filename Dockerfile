@@ -35,6 +35,6 @@ ENV PATH=/opt/gpuledger/bin:$PATH \
     HOME=/tmp \
     RAY_USAGE_STATS_ENABLED=0
 USER 65532:65532
-EXPOSE 8443 9090
+EXPOSE 8443
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["gpuledger", "--help"]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from certs import bundle, cli, pki, render
 from tests.test_certs_pki import _handshake
@@ -271,3 +272,48 @@ def test_dispatcher_routes_certs(tmp_path):
     assert main(["certs", "generate", "--out", str(tmp_path / "d"), "--no-kustomization"]) == 0
     assert main(["certs", "rotate", "--dir", str(tmp_path / "d")]) == 0
     assert os.path.exists(tmp_path / "d" / "tls.crt")
+
+
+def _served_certificate(server_ctx: ssl.SSLContext, trusted: bytes, host: str) -> bytes:
+    """DER of the certificate a real handshake presented, verified against `trusted`."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        except (ssl.SSLError, OSError):
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with client_trusting(trusted).wrap_socket(raw, server_hostname=host) as tls:
+                der = tls.getpeercert(binary_form=True)
+                tls.sendall(b"x")
+                return der
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+def test_the_webhooks_reloader_serves_the_rotated_certificate(tmp_path):
+    """rotate() with the webhook's own ReloadingTLS (webhook/tls.py): after one poll, new handshakes get the
+    renewed certificate, still trusted by the caBundle published before the rotation."""
+    tls_module = pytest.importorskip("webhook.tls")
+    now = datetime.now(timezone.utc)
+    out = generate(tmp_path, "--ip", "127.0.0.1", "--days", "3", now=now - timedelta(days=2, hours=1))
+    (published,) = patched_cabundles(out)
+    reloader = tls_module.ReloadingTLS(str(out / "tls.crt"), str(out / "tls.key"))
+    before = _served_certificate(reloader.context, published, "127.0.0.1")
+    assert bundle.rotate(out, now=now - timedelta(minutes=1)).serving_rotated
+    assert reloader.check() is True
+    after = _served_certificate(reloader.context, published, "127.0.0.1")
+    renewed = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    assert before != after and after == renewed.public_bytes(serialization.Encoding.DER)
+    assert reloader.check() is False  # nothing changed since

@@ -174,7 +174,9 @@ CRD_SCHEMAS: dict[tuple[str, str], dict] = {
             "?namespaceSelector": {"?matchNames": [str], "?any": bool},
             "endpoints": [
                 {"?port": str, "?path": str, "?scheme": {"http", "https"}, "?interval": GO_DURATION,
-                 "?scrapeTimeout": GO_DURATION, "?tlsConfig": dict}
+                 "?scrapeTimeout": GO_DURATION,
+                 "?tlsConfig": {"?serverName": str, "?insecureSkipVerify": bool,
+                                "?ca": {"?secret": {"name": str, "key": str}, "?configMap": {"name": str, "key": str}}}}
             ],
         },
     },
@@ -366,14 +368,35 @@ def test_webhook_deployment(path):
     config_map = one(docs, "ConfigMap", config_volume["configMap"]["name"])
     assert PurePosixPath(config_path).name in config_map["data"]
     yaml.safe_load(config_map["data"][PurePosixPath(config_path).name])
-    # the HMAC placement key from a Secret, as a file the env var points at
-    env = {e["name"]: e for e in container["env"]}
-    key_file = env["GPULEDGER_PLACEMENT_KEY_FILE"]["value"]
+    # the HMAC placement key from a Secret, as the file --hmac-key-file names
+    key_file = flag(argv, "--hmac-key-file")
     _, key_volume = mount_for(container, spec, key_file)
     assert key_volume["secret"]["secretName"] == "gpuledger-placement-key"
     assert PurePosixPath(key_file).name == "key"
-    # metrics port for Prometheus
-    assert named_ports["metrics"] == int(flag(argv, "--metrics-port"))
+    # reachable from outside the pod (serve binds 127.0.0.1 unless told otherwise)
+    assert flag(argv, "--host") == "0.0.0.0"
+    # one port: AdmissionReviews, probes and /metrics
+    assert list(named_ports) == ["https"]
+
+
+def test_serve_accepts_the_rendered_arguments():
+    """Every overlay's `gpuledger serve` argv parses with the real CLI parser, and the mounted config loads."""
+    serve = pytest.importorskip("webhook.serve")
+    config_module = pytest.importorskip("webhook.config")
+    for path in ALL:
+        docs = render(path)
+        argv = serve_argv(webhook_container(docs))
+        args = serve.build_parser().parse_args(argv[2:])
+        assert args.port == 8443 and args.hmac_key_file
+        config_path = flag(argv, "--config")
+        _, volume = mount_for(webhook_container(docs), webhook_deployment(docs)["spec"]["template"]["spec"], config_path)
+        text = one(docs, "ConfigMap", volume["configMap"]["name"])["data"][PurePosixPath(config_path).name]
+        config = config_module.WebhookConfig.from_mapping(yaml.safe_load(text))
+        # the webhook's own deadline leaves room inside the API server's timeout
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            assert config.deadline_s < one(docs, kind)["webhooks"][0]["timeoutSeconds"]
+        assert f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}" in config.privileged_usernames
+        assert config.fail_open is False
 
 
 def test_image_entrypoint_runs_the_webhook_args():
@@ -529,25 +552,20 @@ def ingress_peers(docs, pod_labels: dict, namespace_labels: dict | None = None):
 def test_network_policy_admits_only_the_apiserver_prometheus_and_ray(path):
     docs = render(path)
     pod_labels = webhook_deployment(docs)["spec"]["template"]["metadata"]["labels"]
-    container_ports = {p["name"]: p["containerPort"] for p in webhook_container(docs)["ports"]}
+    (https,) = [p["containerPort"] for p in webhook_container(docs)["ports"]]
     admitted = ingress_peers(docs, pod_labels)
-    # the API server (not selectable by label) may reach the serving port from anywhere
-    assert (container_ports["https"], None) in admitted
-    # metrics only from Prometheus in the monitoring namespace
-    metrics_peers = [peer for port, peer in admitted if port == container_ports["metrics"]]
-    assert metrics_peers and all(
-        peer is not None and selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": "monitoring"})
-        and "podSelector" in peer
-        for peer in metrics_peers
-    )
+    # the API server (not selectable by label) and Prometheus reach the one HTTPS port
+    assert (https, None) in admitted
     # anything admitted on every port comes from the Ray cluster or the other webhook pods, and only in prod
     ray_clusters = [rc["metadata"]["name"] for rc in objects(docs, "RayCluster")]
     for port, peer in admitted:
-        assert port in (container_ports["https"], container_ports["metrics"]) or (
+        assert port == https or (
             port is None and ray_clusters and peer is not None
             and (selects(peer["podSelector"], {"ray.io/cluster": ray_clusters[0]})
                  or selects(peer["podSelector"], pod_labels))
         ), (port, peer)
+    if not ray_clusters:
+        assert admitted == [(https, None)]
 
 
 def test_ray_and_redis_only_talk_to_each_other_and_the_webhook():
@@ -698,21 +716,21 @@ PROMQL_WORDS = {
 }
 
 
-def known_metrics() -> dict[str, str]:
-    """name -> type. From webhook/metrics.py's collectors if that module exists, else the agreed list."""
+def known_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (type, label names), from the webhook's own registry when webhook/metrics.py exists."""
     try:
         from prometheus_client.metrics import MetricWrapperBase
 
-        import webhook.metrics as module
+        from webhook.metrics import WebhookMetrics
     except ImportError:
-        return {name: "unknown" for name in EXPORTED_METRICS}
-    found: dict[str, str] = {}
-    for value in vars(module).values():
-        if isinstance(value, MetricWrapperBase):
-            for metric in value.describe():
-                name = metric.name + ("_total" if metric.type == "counter" else "")
-                found[name] = metric.type
-    return found or {name: "unknown" for name in EXPORTED_METRICS}
+        return {name: ("unknown", ()) for name in EXPORTED_METRICS}
+    found = {}
+    for collector in vars(WebhookMetrics()).values():
+        if isinstance(collector, MetricWrapperBase):
+            for family in collector.describe():
+                name = family.name + ("_total" if family.type == "counter" else "")
+                found[name] = (family.type, tuple(getattr(collector, "_labelnames", ())))
+    return found
 
 
 def metric_names(expr: str) -> set[str]:
@@ -731,18 +749,26 @@ def dashboard() -> dict:
 
 def test_dashboard_queries_only_exported_metrics_and_covers_them():
     metrics = known_metrics()
+    assert set(metrics) == EXPORTED_METRICS  # the agreed list and the webhook agree
     used: set[str] = set()
     exprs = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
     assert exprs
     for expr in exprs:
         names = metric_names(expr)
         assert names, expr
+        labels: set[str] = set()
         for name in names:
             base = next((name[: -len(s)] for s in HISTOGRAM_SUFFIXES if name.endswith(s) and name[: -len(s)] in metrics), name)
             assert base in metrics, f"{name!r} in {expr!r} is not an exported metric"
+            kind, label_names = metrics[base]
             if base != name:
-                assert metrics[base] in ("histogram", "unknown"), f"{name}: {base} is a {metrics[base]}"
+                assert kind in ("histogram", "unknown"), f"{name}: {base} is a {kind}"
+                labels.add("le")
+            labels.update(label_names)
             used.add(base)
+        for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            for label in filter(None, (g.strip() for g in grouping.split(","))):
+                assert label in labels or metrics[base][0] == "unknown", f"{label!r} is no label of {names} in {expr!r}"
     assert used == set(metrics), f"metrics with no panel: {sorted(set(metrics) - used)}"
 
 
@@ -764,6 +790,12 @@ def test_service_monitor_scrapes_the_metrics_port():
     port_names = {p["name"] for p in services[0]["spec"]["ports"]}
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+    # scraped over the webhook's TLS, verified with the CA from the Secret the pods serve from
+    assert endpoint["scheme"] == "https"
+    tls_volume = next(v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": tls_volume["secret"]["secretName"], "key": "ca.crt"}
+    service = services[0]["metadata"]
+    assert endpoint["tlsConfig"]["serverName"] in pki.service_dns_names(service["name"], service["namespace"])
     assert not objects(render(OVERLAYS["dev"]), "ServiceMonitor")  # dev needs no Prometheus operator
 
 
