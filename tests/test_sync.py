@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from allocator.sync import RESERVATION_LABEL, ClusterSync, SyncConfig, slim
+from tests.controlplane.cluster import WEBHOOK_USER
 from tests.controlplane.nodes import create_nodes, make_node, patch_node
 
 pytestmark = pytest.mark.e2e
@@ -100,7 +101,7 @@ def running(apiserver):
     """A started sync over a recording target; stopped after the test."""
     target = RecordingTarget()
     sync = ClusterSync(
-        apiserver.api_client(), target, SyncConfig(expiry_interval_s=3600, status_interval_s=0.2, retry_backoff_s=(0.05, 0.5))
+        apiserver.api_client(WEBHOOK_USER), target, SyncConfig(expiry_interval_s=3600, status_interval_s=0.2, retry_backoff_s=(0.05, 0.5))
     )
     sync.start()
     assert sync.wait_synced(30), sync.stats

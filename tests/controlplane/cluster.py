@@ -36,8 +36,21 @@ CACHE = Path(os.environ.get("GPULEDGER_CACHE", Path.home() / ".cache" / "gpuledg
 
 ADMIN = "admin"
 ALICE = "alice"
-WEBHOOK_NAMESPACE = "gpuledger-system"
-WEBHOOK_SERVICE_ACCOUNT = "gpuledger-webhook"
+REPO = Path(__file__).resolve().parents[2]
+RBAC_MANIFEST = REPO / "manifests" / "rbac.yaml"
+
+
+def _webhook_service_account() -> tuple[str, str]:
+    """The webhook's ServiceAccount as the project's own RBAC manifest binds it (so the tests use that RBAC)."""
+    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
+        if doc and doc.get("kind") == "ClusterRoleBinding":
+            for subject in doc.get("subjects") or []:
+                if subject.get("kind") == "ServiceAccount":
+                    return subject["namespace"], subject["name"]
+    raise ValueError(f"{RBAC_MANIFEST}: no ClusterRoleBinding to a ServiceAccount")
+
+
+WEBHOOK_NAMESPACE, WEBHOOK_SERVICE_ACCOUNT = _webhook_service_account()
 WEBHOOK_USER = f"system:serviceaccount:{WEBHOOK_NAMESPACE}:{WEBHOOK_SERVICE_ACCOUNT}"
 
 # user -> groups; tokens are generated per control plane
@@ -116,21 +129,13 @@ def _write_sa_keys(directory: Path) -> tuple[Path, Path]:
 
 
 def rbac_objects() -> list[dict]:
-    """The webhook's read access (the sync watches nodes and pods; admission reads owners) and alice's limits."""
-    webhook_role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "gpuledger-e2e-webhook"},
-        "rules": [
-            {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-            {
-                "apiGroups": ["apps"],
-                "resources": ["statefulsets", "replicasets", "deployments"],
-                "verbs": ["get", "list", "watch"],
-            },
-            {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
-        ],
-    }
+    """The webhook's namespace and the project's RBAC (manifests/rbac.yaml), and a limited role for alice.
+
+    The API server has no ServiceAccount token controller here: the webhook authenticates with a static token
+    whose user name is the ServiceAccount's, which RBAC subjects of kind ServiceAccount match.
+    """
+    project = [d for d in yaml.safe_load_all(RBAC_MANIFEST.read_text()) if d]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WEBHOOK_NAMESPACE}}
     user_role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -144,14 +149,7 @@ def rbac_objects() -> list[dict]:
             },
         ],
     }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "gpuledger-e2e-webhook"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuledger-e2e-webhook"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": WEBHOOK_USER}],
-    }
-    return [webhook_role, user_role, binding]
+    return [namespace, *project, user_role]
 
 
 @dataclass
@@ -297,7 +295,9 @@ class ControlPlane:
                 f"--service-account-key-file={sa_pub}",
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-cluster-ip-range=10.0.0.0/24",
-                "--disable-admission-plugins=ServiceAccount",
+                # ServiceAccount: no token controller runs. TaintNodesByCondition: it taints every new node
+                # not-ready, a taint only the node lifecycle controller (absent: no kubelets) would lift
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--enable-priority-and-fairness=false",
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
