@@ -377,6 +377,10 @@ def test_webhook_deployment(path):
     assert flag(argv, "--host") == "0.0.0.0"
     # one port: AdmissionReviews, probes and /metrics
     assert list(named_ports) == ["https"]
+    # rolling updates: keep serving while endpoints drop the pod, inside the grace period
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    seconds = int(re.search(r"sleep[\s\"',]+(\d+)", " ".join(pre_stop)).group(1))
+    assert 0 < seconds < spec["terminationGracePeriodSeconds"]
 
 
 def test_serve_accepts_the_rendered_arguments():
@@ -802,3 +806,31 @@ def test_service_monitor_scrapes_the_metrics_port():
 def test_metric_name_extraction():
     assert metric_names('histogram_quantile(0.99, sum by (le) (rate(a_b_bucket{x="y"}[5m])))') == {"a_b_bucket"}
     assert metric_names("sum(x_total) / on(leaf) group_left y_ratio offset 5m") == {"x_total", "y_ratio"}
+
+
+# ------------------------------------------------------------------------------------ docs/deployment.md
+def test_deployment_guide_names_what_exists():
+    """The guide's modes, object names and CLI flags are the real ones (drift fails here, not in an outage)."""
+    from certs import cli as certs_cli
+
+    text = (REPO / "docs" / "deployment.md").read_text()
+    config = pytest.importorskip("webhook.config")
+    model = pytest.importorskip("allocator.model")
+    for mode in config.VISIBILITY_MODES:
+        assert f"`{mode}`" in text
+    for mode in model.BindingMode:
+        assert f"`{mode.value}`" in text
+    docs = render(BASE)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config_obj = one(docs, kind)
+        assert f"{kind.lower()} {config_obj['metadata']['name']}" in text
+        assert config_obj["webhooks"][0]["name"] in text
+    subparsers = next(a for a in certs_cli._parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for action, parser in subparsers.choices.items():
+        known = {o for a in parser._actions for o in a.option_strings}
+        for line in re.findall(rf"gpuledger certs {action}[^\n`]*", text):
+            for option in re.findall(r"--[a-z-]+", line):
+                assert option in known, f"{option} in {line!r}"
+    assert "gpuledger.io/admission=enabled" in text
+    selector = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"]["matchLabels"]
+    assert selector == {"gpuledger.io/admission": "enabled"}
