@@ -834,3 +834,30 @@ def test_deployment_guide_names_what_exists():
     assert "gpuledger.io/admission=enabled" in text
     selector = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"]["matchLabels"]
     assert selector == {"gpuledger.io/admission": "enabled"}
+
+
+def test_ray_commands_use_options_the_installed_ray_accepts():
+    """`ray start`/`ray stop` lines and rayStartParams checked against the Ray CLI the image installs (same
+    version as the venv: see test_ray_version_matches_the_image), and the shell script parses."""
+    scripts = pytest.importorskip("ray.scripts.scripts")
+    start_opts = {o for p in scripts.start.params for o in p.opts}
+    stop_opts = {o for p in scripts.stop.params for o in p.opts}
+    docs = render(OVERLAYS["prod"])
+    container = webhook_container(docs)
+    script = container_argv(container)[2]
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    lines = shell_lines(container) + [shlex.split(part) for part in re.split(r"[;&|]+", pre_stop.split("-c", 1)[1])]
+    checked = 0
+    for tokens in lines:
+        if tokens[:2] in (["ray", "start"], ["ray", "stop"]):
+            known = start_opts if tokens[1] == "start" else stop_opts
+            for token in tokens[2:]:
+                if token.startswith("-"):
+                    assert token.split("=", 1)[0] in known, f"ray {tokens[1]}: unknown option {token}"
+            checked += 1
+    assert checked == 2
+    rc = one(docs, "RayCluster")["spec"]
+    for group in [rc["headGroupSpec"], *rc["workerGroupSpecs"]]:
+        for key in group["rayStartParams"]:
+            assert f"--{key}" in start_opts, key
