@@ -39,4 +39,7 @@ def namespace(apiserver, request):
     name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
     name = "".join(c if c.isalnum() or c == "-" else "-" for c in name)
     apiserver.create_namespace(name)
-    return name
+    yield name
+    # the namespace controller deletes its objects; pods bound by nodeName need force (no kubelet confirms)
+    apiserver.force_delete("pods", namespace=name)
+    apiserver.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

@@ -134,7 +134,15 @@ def rbac_objects() -> list[dict]:
     The API server has no ServiceAccount token controller here: the webhook authenticates with a static token
     whose user name is the ServiceAccount's, which RBAC subjects of kind ServiceAccount match.
     """
-    project = [d for d in yaml.safe_load_all(RBAC_MANIFEST.read_text()) if d]
+    # the project's rules under names of our own, so tests that install and remove the manifest's RBAC
+    # (tests/test_manifests_e2e.py) leave the harness's webhook identity alone
+    project = []
+    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
+        if doc and doc.get("kind") in ("ClusterRole", "ClusterRoleBinding"):
+            doc = dict(doc, metadata={"name": "gpuledger-e2e-harness"})
+            if doc["kind"] == "ClusterRoleBinding":
+                doc["roleRef"] = dict(doc["roleRef"], name="gpuledger-e2e-harness")
+            project.append(doc)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WEBHOOK_NAMESPACE}}
     user_role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -428,6 +436,8 @@ class ControlPlane:
             args += ["-n", namespace]
         if selector:
             args += ["-l", selector]
+        elif not names:
+            args.append("--all")
         self.kubectl(*args)
 
     def pods(self, namespace: str | None = None, selector: str | None = None) -> list[dict]:
