@@ -24,6 +24,14 @@ class AdmitCall:
 
 
 @dataclass(frozen=True)
+class Unavailable:
+    """The ledger cannot decide yet (restarted, inventory not synced): the webhook's fail-open/closed rule
+    applies. Deciding on a half-known cluster could hand out GPUs that stored pods hold."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Held:
     """A live reservation as the validating webhook checks it."""
 
@@ -83,8 +91,14 @@ class LedgerService:
         return {"kept": kept, "lost": lost, "objects": len(objects)}
 
     # ---------------------------------------------------------------- admission
-    def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial]:
-        out: list[Placement | Denial] = []
+    def _unsynced(self) -> Unavailable:
+        return Unavailable(f"the GPU ledger has not synced its inventory from {self.source!r} yet "
+                           "(it just started or restarted)")
+
+    def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial | Unavailable]:
+        if not self.synced:
+            return [self._unsynced() for _ in calls]
+        out: list[Placement | Denial | Unavailable] = []
         for call in calls:
             if not isinstance(call, AdmitCall):
                 call = AdmitCall(*call)
@@ -111,7 +125,9 @@ class LedgerService:
             return None
         return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED)
 
-    def lookup(self, ids: Iterable[str]) -> list[Held | None]:
+    def lookup(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
+        if not self.synced:
+            return [self._unsynced() for _ in ids]
         return [self._held(i) for i in ids]
 
     def explain(self, request: Request) -> Explanation:

@@ -363,3 +363,19 @@ def test_clock_is_an_input():
     clock.now += 31
     assert svc.sweep(clock.now) == [d.reservation_id]  # TTL 30s, nothing stored: released
     assert run(h.mutate(review(gpu_pod(8)))).allowed
+
+
+def test_unsynced_ledger_is_unavailable_not_a_decision():
+    from allocator.ledger_service import LedgerService
+    from webhook.ledger_client import InProcessLedgerClient
+
+    nodes = cluster(1, 8)
+    svc = LedgerService(config().ledger_config(), {"kind": "kubernetes"})
+    svc.apply_events([("ADDED", nodes[0])], 1000.0)  # a watch event before the full list: pods still unknown
+    h = AdmissionHandler(config(), InProcessLedgerClient(svc, Clock()))
+    d = run(h.mutate(review(gpu_pod(1))))
+    assert not d.allowed and d.code == 503 and "not synced" in d.message
+    opened = AdmissionHandler(config(fail_open=True), InProcessLedgerClient(svc, Clock()))
+    assert run(opened.mutate(review(gpu_pod(1)))).allowed
+    svc.resync(nodes, 1000.0)
+    assert run(h.mutate(review(gpu_pod(1)))).allowed

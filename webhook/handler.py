@@ -11,7 +11,7 @@ import uuid
 from typing import Callable
 
 from allocator.kube import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement, encode_placement
-from allocator.ledger_service import AdmitCall
+from allocator.ledger_service import AdmitCall, Unavailable
 from allocator.model import Denial, Placement
 from allocator.pod_request import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
 from webhook.admission import Decision, Review
@@ -137,6 +137,8 @@ class AdmissionHandler:
         finally:
             self.metrics.scheduler_latency.labels(strategy).observe(time.perf_counter() - started)
 
+        if isinstance(result, Unavailable):
+            return self._unavailable(pod, work, warnings, result.message)
         if isinstance(result, Denial):
             self.metrics.placement_decisions.labels(strategy, "denied").inc()
             return Decision(False, code=403, reason="Forbidden", outcome="denied",
@@ -222,6 +224,8 @@ class AdmissionHandler:
             return self._unavailable(pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s")
         except LedgerUnavailable as exc:
             return self._unavailable(pod, pod, [], f"the GPU ledger is unavailable ({exc})")
+        if isinstance(held, Unavailable):
+            return self._unavailable(pod, pod, [], held.message)
         if held is None:
             return _forbidden(f"{who}: placement {placement.id!r} matches no live reservation "
                               "(expired, released or never made)")

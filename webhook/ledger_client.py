@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import Any, Callable, Protocol
 
-from allocator.ledger_service import AdmitCall, Held, LedgerService
+from allocator.ledger_service import AdmitCall, Held, LedgerService, Unavailable
 from allocator.model import Denial, Explanation, Placement, Request
 from webhook.batcher import Batcher
 
@@ -20,9 +20,11 @@ class LedgerUnavailable(RuntimeError):
 
 
 class LedgerClient(Protocol):
-    async def admit(self, call: AdmitCall) -> Placement | Denial: ...
+    """`Unavailable` answers mean the ledger cannot decide yet (not synced); errors raise LedgerUnavailable."""
 
-    async def lookup(self, reservation_id: str) -> Held | None: ...
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable: ...
+
+    async def lookup(self, reservation_id: str) -> Held | None | Unavailable: ...
 
     async def status(self) -> dict[str, Any]: ...
 
