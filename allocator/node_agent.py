@@ -93,7 +93,7 @@ def make_probe(fake_spec: str | None) -> GpuProbe:
     return FakeProbe.from_spec(fake_spec) if fake_spec else NvmlProbe()
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuledger node-agent", description=__doc__)
     parser.add_argument("--node", required=True, help="this node's name (the DaemonSet passes spec.nodeName)")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between publications")
@@ -101,7 +101,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     parser.add_argument("--fake", metavar="SPEC", help="report fake GPUs instead of NVML, e.g. 8xA100:81920,unhealthy=3")
     parser.add_argument("--print", action="store_true", help="print the patch instead of sending it")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         probe = make_probe(args.fake)

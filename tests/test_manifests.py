@@ -125,7 +125,8 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 def all_pod_specs(docs) -> list[tuple[str, dict]]:
-    specs = [(f"Deployment/{d['metadata']['name']}", d["spec"]["template"]["spec"]) for d in objects(docs, "Deployment")]
+    specs = [(f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
+             for d in objects(docs, "Deployment") + objects(docs, "DaemonSet")]
     for rc in objects(docs, "RayCluster"):
         specs.append((f"RayCluster/{rc['metadata']['name']}/head", rc["spec"]["headGroupSpec"]["template"]["spec"]))
         for group in rc["spec"].get("workerGroupSpecs", []):
@@ -330,7 +331,8 @@ def test_webhook_deployment(path):
     pod = deployment["spec"]["template"]
     spec, labels = pod["spec"], pod["metadata"]["labels"]
     assert selects(deployment["spec"]["selector"], labels)
-    assert spec["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == SERVICE_ACCOUNT
+    assert spec["serviceAccountName"] == SERVICE_ACCOUNT
+    assert one(docs, "ServiceAccount", SERVICE_ACCOUNT)
 
     # one replica per node
     terms = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
