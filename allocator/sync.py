@@ -73,6 +73,38 @@ class RayLedgerTarget:
         return self._call("status")
 
 
+class LocalLedgerTarget:
+    """A `LedgerService` in this process (no Ray): the same methods, with `now` from `clock`."""
+
+    def __init__(self, service, clock: Callable[[], float] = time.time):
+        self.service, self.clock = service, clock
+        self._lock = threading.Lock()  # the sync's thread and a caller's may share the service
+
+    def apply_events(self, events):
+        with self._lock:
+            return self.service.apply_events(events, self.clock())
+
+    def resync(self, objects):
+        with self._lock:
+            return self.service.resync(objects, self.clock())
+
+    def expiry_candidates(self, now):
+        with self._lock:
+            return self.service.expiry_candidates(now)
+
+    def confirm(self, ids):
+        with self._lock:
+            return self.service.confirm(ids, self.clock())
+
+    def release(self, ids):
+        with self._lock:
+            return self.service.release(ids)
+
+    def status(self):
+        with self._lock:
+            return self.service.status()
+
+
 @dataclass
 class SyncConfig:
     batch_max: int = 500  # events per ledger call
