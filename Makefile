@@ -37,9 +37,10 @@ test: venv apiserver
 test-fast: venv
 	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)
 
-# local control plane (or the current kubeconfig with DEMO_KUBECONFIG=current), webhook + local Ray, sample workloads
-demo: venv apiserver
-	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
+# local control plane (or the current kubeconfig with DEMO_ARGS=--use-current-kubeconfig), webhook + local Ray,
+# sample workloads. The demo lives with the test control plane (tests/controlplane/demo.py): repo root on the path.
+demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,apiserver)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VENV)/bin/gpuledger demo $(DEMO_ARGS)
 
 bench: venv
 	$(PY) benchmarks/run_all.py

@@ -106,9 +106,9 @@ def missing_binaries(with_controllers: bool = True) -> list[str]:
     return [str(binary_path(p)) for p in parts if not binary_path(p).exists()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -160,8 +160,90 @@ def rbac_objects() -> list[dict]:
     return [namespace, *project, user_role]
 
 
+class KubeClient:
+    """kubectl and the python client for one cluster; `kubeconfig_for(user)` says whose credentials to use."""
+
+    kubeconfig: str = ""
+
+    def kubeconfig_for(self, user: str | None) -> str:
+        return self.kubeconfig
+
+    def kubectl(
+        self,
+        *args: str,
+        as_user: str | None = None,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess:
+        argv = ["kubectl", f"--kubeconfig={self.kubeconfig_for(as_user)}", *args]
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise KubectlError(args, proc)
+        return proc
+
+    def apply(self, objects: list[dict] | dict, as_user: str | None = None, check: bool = True):
+        items = objects if isinstance(objects, list) else [objects]
+        text = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
+        return self.kubectl("apply", "-f", "-", as_user=as_user, input=text, check=check)
+
+    def get_json(self, *args: str, as_user: str | None = None) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json", as_user=as_user).stdout)
+
+    def api_client(self, user: str = ADMIN):
+        """A `kubernetes` python client for one user (imported lazily: the harness itself needs only kubectl)."""
+        from kubernetes import client, config
+
+        return config.new_client_from_config(config_file=self.kubeconfig_for(user))
+
+    # ------------------------------------------------------------------ helpers for tests
+    def create_namespace(self, name: str, admission: bool = True, users: Sequence[str] = (ALICE,)) -> str:
+        labels = {"gpuledger.io/admission": "enabled"} if admission else {}
+        objs: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}]
+        for user in users:
+            objs.append(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": f"gpuledger-e2e-{user}", "namespace": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuledger-e2e-user"},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+                }
+            )
+        self.apply(objs)
+        return name
+
+    def force_delete(self, kind: str, *names: str, namespace: str | None = None, selector: str | None = None) -> None:
+        """Delete at once: with no kubelet, a pod bound to a node would wait in Terminating forever."""
+        args = ["delete", kind, *names, "--grace-period=0", "--force", "--ignore-not-found", "--wait=false"]
+        if namespace:
+            args += ["-n", namespace]
+        if selector:
+            args += ["-l", selector]
+        elif not names:
+            args.append("--all")
+        self.kubectl(*args)
+
+    def pods(self, namespace: str | None = None, selector: str | None = None) -> list[dict]:
+        args = ["pods"] + (["-n", namespace] if namespace else ["-A"])
+        if selector:
+            args += ["-l", selector]
+        return self.get_json(*args)["items"]
+
+    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+        """Poll the API (not a clock): return predicate's first truthy value or fail naming what was awaited."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
 @dataclass
-class ControlPlane:
+class ControlPlane(KubeClient):
     """etcd + kube-apiserver (+ kube-controller-manager) bound to 127.0.0.1 in a temporary directory."""
 
     with_controllers: bool = True
@@ -384,75 +466,11 @@ class ControlPlane:
     def kubeconfig_for(self, user: str | None) -> str:
         return self.kubeconfig if user in (None, ADMIN) else self.kubeconfigs[user]
 
-    def kubectl(
-        self,
-        *args: str,
-        as_user: str | None = None,
-        input: str | None = None,
-        check: bool = True,
-        timeout: float = 60,
-    ) -> subprocess.CompletedProcess:
-        argv = ["kubectl", f"--kubeconfig={self.kubeconfig_for(as_user)}", *args]
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise KubectlError(args, proc)
-        return proc
 
-    def apply(self, objects: list[dict] | dict, as_user: str | None = None, check: bool = True):
-        items = objects if isinstance(objects, list) else [objects]
-        text = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
-        return self.kubectl("apply", "-f", "-", as_user=as_user, input=text, check=check)
+class ExistingCluster(KubeClient):
+    """A cluster someone else runs (the current kubeconfig): one identity for everything."""
 
-    def get_json(self, *args: str, as_user: str | None = None) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json", as_user=as_user).stdout)
-
-    def api_client(self, user: str = ADMIN):
-        """A `kubernetes` python client for one user (imported lazily: the harness itself needs only kubectl)."""
-        from kubernetes import client, config
-
-        return config.new_client_from_config(config_file=self.kubeconfig_for(user))
-
-    # ------------------------------------------------------------------ helpers for tests
-    def create_namespace(self, name: str, admission: bool = True, users: Sequence[str] = (ALICE,)) -> str:
-        labels = {"gpuledger.io/admission": "enabled"} if admission else {}
-        objs: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}]
-        for user in users:
-            objs.append(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "RoleBinding",
-                    "metadata": {"name": f"gpuledger-e2e-{user}", "namespace": name},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuledger-e2e-user"},
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-                }
-            )
-        self.apply(objs)
-        return name
-
-    def force_delete(self, kind: str, *names: str, namespace: str | None = None, selector: str | None = None) -> None:
-        """Delete at once: with no kubelet, a pod bound to a node would wait in Terminating forever."""
-        args = ["delete", kind, *names, "--grace-period=0", "--force", "--ignore-not-found", "--wait=false"]
-        if namespace:
-            args += ["-n", namespace]
-        if selector:
-            args += ["-l", selector]
-        elif not names:
-            args.append("--all")
-        self.kubectl(*args)
-
-    def pods(self, namespace: str | None = None, selector: str | None = None) -> list[dict]:
-        args = ["pods"] + (["-n", namespace] if namespace else ["-A"])
-        if selector:
-            args += ["-l", selector]
-        return self.get_json(*args)["items"]
-
-    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
-        """Poll the API (not a clock): return predicate's first truthy value or fail naming what was awaited."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(interval)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+    def __init__(self, kubeconfig: str | None = None):
+        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(
+            Path.home() / ".kube" / "config"
+        )

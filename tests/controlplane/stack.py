@@ -42,6 +42,7 @@ class Stack:
     sync_config: SyncConfig = field(default_factory=lambda: SyncConfig(expiry_interval_s=2.0, status_interval_s=0.5))
     actor_name: str = field(default_factory=lambda: f"gpu-ledger-{uuid.uuid4().hex[:6]}")
     ray_namespace: str = "gpuledger-e2e"
+    webhook_host: str = "127.0.0.1"  # where the API server reaches the webhook (it listens there too)
 
     def start(self) -> "Stack":
         import ray
@@ -51,11 +52,12 @@ class Stack:
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuledger-webhook-"))
         self.ca = pki.make_ca("gpuledger-e2e-webhook-ca")
         self.tls_paths = pki.write_bundle(
-            self.workdir, self.ca, pki.make_serving_cert(self.ca, ["localhost"], ["127.0.0.1"])
+            self.workdir, self.ca, pki.make_serving_cert(self.ca, *_sans(self.webhook_host))
         )
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
-            ray.init(namespace=self.ray_namespace, include_dashboard=False, num_cpus=1, log_to_driver=False)
+            ray.init(namespace=self.ray_namespace, include_dashboard=False, num_cpus=1, log_to_driver=False,
+                     logging_level=logging.ERROR)
         self.handle = get_or_create_ledger(
             self.config.ledger_config(), {"kind": "kubernetes"}, name=self.actor_name, namespace=self.ray_namespace
         )
@@ -64,7 +66,7 @@ class Stack:
         self.sync = ClusterSync(self.api_client, RayLedgerTarget(self.handle), self.sync_config).start()
         if not self.sync.wait_synced(60):
             raise RuntimeError(f"cluster sync did not finish its first list: {self.sync.stats}")
-        self.port = free_port()
+        self.port = free_port(self.webhook_host)
         self.server = None
         self.start_webhook()
         self.register()
@@ -86,6 +88,7 @@ class Stack:
                 RayLedgerClient(handle),
                 KubeOwners(api_client, ttl_s=config.owner_cache_ttl_s, timeout_s=config.deadline_s),
             ),
+            host=self.webhook_host,
             port=self.port,
             tls_factory=lambda: ReloadingTLS(str(paths["tls.crt"]), str(paths["tls.key"])),
         ).start()
@@ -97,7 +100,8 @@ class Stack:
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        host = f"[{self.webhook_host}]" if ":" in self.webhook_host else self.webhook_host
+        return f"https://{host}:{self.port}"
 
     def register(self, failure_policy: str | None = None) -> None:
         if failure_policy:
@@ -154,6 +158,16 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _sans(host: str) -> tuple[list[str], list[str]]:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return ["localhost"], [host]
+    except ValueError:
+        return [host], []
 
 
 def placements_by_device(stack: Stack, pods: list[dict]) -> dict[tuple[str, int], list[str]]:
