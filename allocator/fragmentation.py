@@ -13,6 +13,7 @@ state: nodes of the same kind in the same state share one entry, which is what k
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -60,12 +61,16 @@ class PodShape:
 
 @dataclass(frozen=True)
 class TargetWorkload:
-    """The pod shapes expected to arrive, with their probabilities (summing to 1)."""
+    """The pod shapes expected to arrive, with their probabilities (summing to 1), and the host resources
+    GPU pods bring per milli-GPU (used by `fgd_host`; 0 = unknown)."""
 
     shapes: tuple[tuple[PodShape, float], ...]
+    cpu_per_gpu_milli: float = 0.0
+    memory_per_gpu_milli: float = 0.0
 
     @classmethod
-    def from_shapes(cls, shapes: Iterable[PodShape], popularity: float = 0.95) -> "TargetWorkload":
+    def from_shapes(cls, shapes: Iterable[PodShape], popularity: float = 0.95,
+                    memory_per_gpu_milli: float = 0.0) -> "TargetWorkload":
         """The most frequent shapes covering `popularity` of the pods, renormalised (the paper keeps 95%)."""
         counts = Counter(shapes)
         total = sum(counts.values())
@@ -78,11 +83,18 @@ class TargetWorkload:
                 break
             kept.append((shape, count))
             covered += count
-        return cls(tuple((shape, count / covered) for shape, count in kept))
+        gpu_milli = sum(count * shape.total_milli for shape, count in counts.items())
+        cpu = sum(count * shape.cpu_milli for shape, count in counts.items() if shape.total_milli)
+        return cls(tuple((shape, count / covered) for shape, count in kept),
+                   cpu / gpu_milli if gpu_milli else 0.0, memory_per_gpu_milli)
 
     @classmethod
     def from_requests(cls, requests: Iterable[Request], popularity: float = 0.95) -> "TargetWorkload":
-        return cls.from_shapes((PodShape.of(r) for r in requests), popularity)
+        requests = list(requests)
+        gpu = [r for r in requests if r.needs_gpu]
+        gpu_milli = sum(r.gpus * MILLI_PER_GPU + (0 if r.gpus else r.gpu_milli) for r in gpu)
+        memory = sum(r.memory_mib for r in gpu) / gpu_milli if gpu_milli else 0.0
+        return cls.from_shapes((PodShape.of(r) for r in requests), popularity, memory)
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -116,7 +128,8 @@ class Choice:
 
 @dataclass
 class FragmentationMeter:
-    """`node_fragmentation` for one workload, memoised by (model, free CPU, sorted free milli)."""
+    """`node_fragmentation` for one workload, memoised by (model, free CPU, sorted free milli); shapes are
+    grouped by GPU ask so that one node state costs a few bisects per group, not a pass per shape."""
 
     workload: TargetWorkload
     _memo: dict = field(default_factory=dict, repr=False)
@@ -126,37 +139,54 @@ class FragmentationMeter:
         self._by_product: dict[str, tuple[float, tuple]] = {}
 
     def _compiled(self, product: str) -> tuple[float, tuple]:
-        """(probability mass that always counts every free milli, the shapes that depend on the node)."""
+        """(probability of shapes that lose every free milli on this model, the other shapes grouped by
+        (gpus, per-GPU milli) with their CPU asks sorted and cumulative probabilities)."""
         compiled = self._by_product.get(product)
         if compiled is None:
-            always, varying = 0.0, []
+            always = 0.0
+            groups: dict[tuple[int, int], list[tuple[int, float]]] = {}
             for shape, probability in self.workload.shapes:
                 if shape.milli <= 0 or not product_matches(product, shape.products):
                     always += probability
                 else:
-                    varying.append((probability, shape.cpu_milli, shape.gpus, shape.milli))
-            compiled = self._by_product[product] = (always, tuple(varying))
+                    groups.setdefault((shape.gpus, shape.milli), []).append((shape.cpu_milli, probability))
+            packed = []
+            for (gpus, milli), asks in sorted(groups.items()):
+                asks.sort()
+                cumulative, running = [0.0], 0.0
+                for _, probability in asks:
+                    running += probability
+                    cumulative.append(running)
+                packed.append((gpus, milli, tuple(cpu for cpu, _ in asks), tuple(cumulative), running))
+            compiled = self._by_product[product] = (always, tuple(packed))
         return compiled
 
     def fragmentation(self, cpu_free: int, gpu_free: Sequence[int], product: str) -> float:
-        key = (product, cpu_free, tuple(sorted(gpu_free, reverse=True)))
+        key = (product, cpu_free, tuple(sorted(gpu_free)))
         value = self._memo.get(key)
         if value is None:
+            if len(self._memo) > 500_000:
+                self._memo.clear()
             value = self._memo[key] = self._compute(*key)
         return value
 
-    def _compute(self, product: str, cpu_free: int, free_desc: tuple[int, ...]) -> float:
-        total = sum(free_desc)
+    def _compute(self, product: str, cpu_free: int, free_asc: tuple[int, ...]) -> float:
+        total = sum(free_asc)
         if total <= 0:
             return 0.0
-        always, varying = self._compiled(product)
+        always, groups = self._compiled(product)
         frag = always * total
-        for probability, cpu, gpus, milli in varying:
-            # free_desc is sorted high to low: the first `gpus` entries decide whether enough GPUs fit
-            if cpu_free >= cpu and len(free_desc) >= gpus and free_desc[gpus - 1] >= milli:
-                frag += probability * sum(g for g in free_desc if g < milli)
+        count = len(free_asc)
+        below = [0]  # below[i] = free milli of the i smallest devices
+        for g in free_asc:
+            below.append(below[-1] + g)
+        for gpus, milli, cpus, cumulative, mass in groups:
+            small = bisect_left(free_asc, milli)  # devices too small for this per-GPU ask
+            if count - small >= gpus:
+                fed = cumulative[bisect_right(cpus, cpu_free)]  # shapes whose CPU ask the node can meet
+                frag += fed * below[small] + (mass - fed) * total
             else:
-                frag += probability * total
+                frag += mass * total
         return frag
 
     def best_choice(self, cpu_free: int, gpu_free: Sequence[int], product: str, shape: PodShape) -> Choice | None:
@@ -206,12 +236,294 @@ class WorkloadTracker:
     _seen_at_refresh: int = 0
     _meter: FragmentationMeter | None = None
 
+    memory_mib: int = 0
+    gpu_milli: int = 0
+
     def observe(self, request: Request) -> None:
-        self.counts[PodShape.of(request)] += 1
+        shape = PodShape.of(request)
+        self.counts[shape] += 1
+        if shape.total_milli:
+            self.memory_mib += request.memory_mib
+            self.gpu_milli += shape.total_milli
 
     def meter(self) -> FragmentationMeter:
         seen = sum(self.counts.values())
         if self._meter is None or seen - self._seen_at_refresh >= self.refresh_every:
-            self._meter = FragmentationMeter(TargetWorkload.from_shapes(self.counts.elements(), self.popularity))
+            memory = self.memory_mib / self.gpu_milli if self.gpu_milli else 0.0
+            self._meter = FragmentationMeter(TargetWorkload.from_shapes(self.counts.elements(), self.popularity,
+                                                                        memory))
             self._seen_at_refresh = seen
         return self._meter
+
+
+# --- strategies -------------------------------------------------------------------------------------------
+# FGD and its host-aware variant are ledger strategies like any other: the ledger filters nodes, these choose
+# devices and score. The target workload comes from `ctx.extra[WORKLOAD_KEY]` (a TargetWorkload, e.g. the
+# simulator's trace) or, when absent, is learnt from the requests this ledger has seen.
+
+import weakref  # noqa: E402  (strategy plumbing below the pure math)
+
+from allocator import strategies as _strategies  # noqa: E402
+from allocator.model import DeviceShare  # noqa: E402
+
+WORKLOAD_KEY = "fgd_workload"
+
+
+class _NodeCache:
+    """Per-ledger memo. `nodes`: node name -> (NodeState, state signature, {request shape: (increase, Fit)}),
+    valid while the node's state is unchanged; `shared`: (request shape, node kind, state) -> the same, so
+    that identical nodes in identical states are evaluated once."""
+
+    __slots__ = ("meter", "nodes", "shared", "kinds")
+
+    def __init__(self, meter: FragmentationMeter):
+        self.meter = meter
+        self.nodes: dict[str, tuple] = {}
+        self.shared: dict[tuple, object] = {}
+        self.kinds: dict[int, tuple] = {}
+
+    def kind(self, node) -> tuple:
+        """What, besides free state, decides a node's evaluation: GPU model, device indices, health, products."""
+        held = self.kinds.get(id(node.info))
+        if held is None or held[0] is not node.info:
+            info = node.info
+            held = self.kinds[id(info)] = (info, (info.product, tuple(node.dev_index), tuple(node.dev_healthy),
+                                                  tuple(d.product for d in info.devices)))
+        return held[1]
+
+
+class FragmentationGradientDescent(_strategies.Strategy):
+    """FGD: the node and device whose placement raises the node's expected fragmentation least.
+
+    Score = -(fragmentation after - fragmentation before), ties to the lowest node name. Provides a candidate
+    walk that evaluates every node once per request from a per-node memo (a node's entry changes only when
+    its free state does), so the ledger does not re-filter every node.
+    """
+
+    name = "fgd"
+
+    def __init__(self) -> None:
+        self._meters: dict[int, tuple[TargetWorkload, FragmentationMeter]] = {}
+        self._trackers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    # ------------------------------------------------------------------ inputs
+    def meter(self, ctx: _strategies.ScoreContext) -> FragmentationMeter:
+        workload = ctx.extra.get(WORKLOAD_KEY) if ctx.extra else None
+        if isinstance(workload, TargetWorkload):
+            held = self._meters.get(id(workload))
+            if held is None or held[0] is not workload:
+                if len(self._meters) > 16:
+                    self._meters.clear()
+                held = self._meters[id(workload)] = (workload, FragmentationMeter(workload))
+            return held[1]
+        tracker = self._trackers.get(ctx.index)
+        if tracker is None:
+            tracker = self._trackers[ctx.index] = WorkloadTracker()
+        return tracker.meter()
+
+    def admit(self, request, ctx):
+        if not (ctx.extra and isinstance(ctx.extra.get(WORKLOAD_KEY), TargetWorkload)):
+            tracker = self._trackers.get(ctx.index)
+            if tracker is None:
+                tracker = self._trackers[ctx.index] = WorkloadTracker()
+            tracker.observe(request)
+        return None
+
+    def _cache(self, ctx: _strategies.ScoreContext) -> _NodeCache:
+        meter = self.meter(ctx)
+        cache = self._caches.get(ctx.index)
+        if cache is None or cache.meter is not meter:
+            cache = self._caches[ctx.index] = _NodeCache(meter)
+        return cache
+
+    # ------------------------------------------------------------------ evaluation
+    def extra_cost(self, meter: FragmentationMeter, node, request: Request, taken_milli: int) -> float:
+        """Added to the fragmentation increase; FGD itself adds nothing."""
+        return 0.0
+
+    uses_memory = False  # whether free host memory enters the evaluation (beyond the fit check)
+
+    def _signature(self, node) -> tuple:
+        if self.uses_memory:
+            return node.cpu_free, node.mem_free, node.unknown_gpus, tuple(node.dev_free_milli)
+        return node.cpu_free, node.unknown_gpus, tuple(node.dev_free_milli)
+
+    def _evaluate(self, node, request: Request, cache: _NodeCache):
+        """(increase, Fit) for the request on this node, or None when its GPUs cannot hold it."""
+        if request.gpu_memory_mib:  # per-device memory makes the device choice state-specific: no memo
+            return self._compute(node, request, cache.meter)
+        signature = self._signature(node)
+        entry = cache.nodes.get(node.name)
+        if entry is None or entry[0] is not node or entry[1] != signature:
+            entry = cache.nodes[node.name] = (node, signature, {})
+        key = (request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli, request.product)
+        results = entry[2]
+        if key in results:
+            return results[key]
+        result = results[key] = self._shared(node, request, cache, key, signature)
+        return result
+
+    def _shared(self, node, request: Request, cache: _NodeCache, key: tuple, signature: tuple):
+        shared_key = (key, cache.kind(node), signature)
+        if shared_key in cache.shared:
+            return cache.shared[shared_key]
+        if len(cache.shared) > 200_000:
+            cache.shared.clear()
+        result = cache.shared[shared_key] = self._compute(node, request, cache.meter)
+        return result
+
+    def _compute(self, node, request: Request, meter: FragmentationMeter):
+        free = _free_vector(node)
+        product = node.info.product or next((d.product for d in node.info.devices if d.product), "")
+        before = meter.fragmentation(node.cpu_free, free, product)
+        cpu_after = node.cpu_free - request.cpu_milli
+        if request.gpus > 0:
+            devices = _strategies.choose_whole_devices(node, request)
+            if devices is None:
+                return None
+            after = list(free)
+            for index in devices:
+                after[node.pos[index]] = 0
+            fit = _strategies.Fit(devices=devices)
+            taken = request.gpus * MILLI_PER_GPU
+        elif request.is_shared:
+            best = None
+            milli, memory = request.gpu_milli, request.gpu_memory_mib
+            for p, free_milli in enumerate(free):
+                if free_milli < milli or node.dev_owner[p] is not None:
+                    continue
+                if memory and node.dev_mem_total[p] and node.dev_free_mem[p] < memory:
+                    continue
+                if node.dev_nshares[p] == 0 and node.whole_free <= 0:
+                    continue  # opening an idle device needs a whole GPU to spare (unknown-identity GPUs)
+                if not _strategies.device_ok(node, p, request):
+                    continue
+                trial = list(free)
+                trial[p] = free_milli - milli
+                candidate = (round(meter.fragmentation(cpu_after, trial, product) - before, 6), free_milli, p, trial)
+                if best is None or candidate[:3] < best[:3]:
+                    best = candidate
+            if best is None:
+                return None
+            after = best[3]
+            fit = _strategies.Fit(shares=(DeviceShare(device=node.dev_index[best[2]], milli=milli,
+                                                      memory_mib=memory),))
+            taken = milli
+        else:
+            after, fit, taken = free, _strategies.Fit(), 0
+        increase = meter.fragmentation(cpu_after, after, product) - before
+        # rounded so that equal increases compare equal whatever the order of float sums (ties go by name)
+        return round(increase + self.extra_cost(meter, node, request, taken), 6), fit
+
+    # ------------------------------------------------------------------ the Strategy interface
+    def choose_devices(self, node, request, ctx):
+        result = self._evaluate(node, request, self._cache(ctx))
+        return None if result is None else result[1]
+
+    def score(self, node, request, fit, ctx):
+        result = self._evaluate(node, request, self._cache(ctx))
+        return 0.0 if result is None else -result[0]
+
+    def candidates(self, request, ctx, leaves):
+        """Every node that could hold the request, by fragmentation increase then name (the ledger's order).
+
+        The hot loop of a simulation: per node it costs one signature and one dict lookup unless the node's
+        state changed since a request of the same shape last looked at it.
+        """
+        cache = self._cache(ctx)
+        meter, memo = cache.meter, cache.nodes
+        key = (request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli, request.product)
+        cpu, memory, gpus, milli = request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli
+        per_device_memory = bool(request.gpu_memory_mib)
+        wanted = None if leaves is None else set(leaves)
+        if gpus > 0:  # only nodes with enough whole-free GPUs, straight from the ledger's buckets
+            pool = _strategies.bucket_walk(ctx.index, leaves, gpus, descending=False)
+        else:
+            pool = ctx.index.nodes.values()
+        compute, shared, signature_of = self._compute, self._shared, self._signature
+        ranked = []
+        for node in pool:
+            if node.cpu_free < cpu or node.mem_free < memory or not node.placeable:
+                continue
+            if wanted is not None and node.leaf_key not in wanted:
+                continue
+            if milli and node.free_milli < milli:
+                continue
+            if per_device_memory:
+                result = compute(node, request, meter)
+            else:
+                signature = signature_of(node)
+                entry = memo.get(node.name)
+                if entry is None or entry[0] is not node or entry[1] != signature:
+                    entry = memo[node.name] = (node, signature, {})
+                results = entry[2]
+                if key in results:
+                    result = results[key]
+                else:
+                    result = results[key] = shared(node, request, cache, key, signature)
+            if result is not None:
+                ranked.append((result[0], node.name, node))
+        ranked.sort(key=_rank_key)
+        return (item[2] for item in ranked)
+
+
+def _rank_key(item):
+    return item[0], item[1]
+
+
+class HostAwareFGD(FragmentationGradientDescent):
+    """FGD plus the GPUs a node's remaining CPU and memory could no longer feed (this project's variant).
+
+    FGD asks whether *one* more pod of each shape fits; it does not see a node whose CPU is being eaten by
+    CPU-only pods until the last GPU pod no longer fits, and by then several idle GPUs are stranded. This adds
+    `weight` x the increase of `stranded = max(0, free GPU milli - min(free CPU / c, free memory / m))`, where
+    c and m are the workload's CPU and memory per milli-GPU: the free GPU milli the node's host resources
+    cannot serve at the workload's usual ratio.
+    """
+
+    name = "fgd_host"
+    weight = 1.0
+    uses_memory = True
+
+    def extra_cost(self, meter, node, request, taken_milli):
+        workload = meter.workload
+        if not workload.cpu_per_gpu_milli and not workload.memory_per_gpu_milli:
+            return 0.0
+        total = node.free_milli
+        if total <= 0:
+            return 0.0
+        before = _stranded(total, node.cpu_free, node.mem_free, workload)
+        after = _stranded(total - taken_milli, node.cpu_free - request.cpu_milli,
+                          node.mem_free - request.memory_mib, workload)
+        return self.weight * (after - before)
+
+
+def _stranded(free_milli: float, cpu_free: float, mem_free: float, workload: TargetWorkload) -> float:
+    """Free GPU milli that the node's CPU and memory cannot feed at the workload's per-GPU ratios."""
+    feedable = float("inf")
+    if workload.cpu_per_gpu_milli:
+        feedable = cpu_free / workload.cpu_per_gpu_milli
+    if workload.memory_per_gpu_milli:
+        feedable = min(feedable, mem_free / workload.memory_per_gpu_milli)
+    return max(0.0, free_milli - feedable)
+
+
+def _free_vector(node) -> tuple[int, ...]:
+    """Per-device free milli a pod could use: unhealthy devices and unknown-identity GPUs count as none."""
+    free = node.dev_free_milli
+    if node.unknown_gpus == 0 and all(node.dev_healthy):
+        return tuple(free)
+    out = [f if node.dev_healthy[p] else 0 for p, f in enumerate(free)]
+    unknown = node.unknown_gpus
+    for p in range(len(out)):
+        if unknown <= 0:
+            break
+        if node.is_fully_free(p):
+            out[p] = 0
+            unknown -= 1
+    return tuple(out)
+
+
+_strategies.register("fgd", FragmentationGradientDescent, aliases=("fragmentation", "fgd_score"))
+_strategies.register("fgd_host", HostAwareFGD, aliases=("fgdHost", "fgd-host"))

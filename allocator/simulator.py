@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from allocator.fragmentation import WORKLOAD_KEY, TargetWorkload
 from allocator.model import MILLI_PER_GPU, NodeInfo, Placement, Request
 from allocator.traces import WORKLOADS, TraceError, limit_nodes, load_openb, load_yaml
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
-DEFAULT_STRATEGIES = ("best_fit", "fgd", "fgd_pack")
+DEFAULT_STRATEGIES = ("best_fit", "fgd", "fgd_host")
 DEFAULT_SEED = 42  # the paper's artifact runs seeds 42..51
 CURVE_STEP_PCT = 1
 
@@ -104,21 +105,24 @@ class Run:
         return points, [self.allocation_pct_at(x) for x in points]
 
 
-LedgerFactory = Callable[[str, Sequence[Request]], object]
+LedgerFactory = Callable[[str, TargetWorkload], object]
 
 
-def default_ledger(strategy: str, workload: Sequence[Request]):
-    """A fresh Ledger whose default strategy is `strategy`; the workload reaches strategies that want it."""
+def default_ledger(strategy: str, workload: TargetWorkload):
+    """A fresh Ledger whose default strategy is `strategy`; the target workload reaches strategies that want
+    one (FGD) through the ledger's plug-in inputs, not through a global."""
     from allocator.ledger import Ledger, LedgerConfig
 
-    return Ledger(LedgerConfig(default_strategy=strategy))
+    ledger = Ledger(LedgerConfig(default_strategy=strategy))
+    ledger.context_extra[WORKLOAD_KEY] = workload
+    return ledger
 
 
 def replay(nodes: Sequence[NodeInfo], arrivals: Sequence[Request], strategy: str, seed: int,
-           workload: Sequence[Request] = (), ledger_factory: LedgerFactory = default_ledger,
+           workload: TargetWorkload | None = None, ledger_factory: LedgerFactory = default_ledger,
            progress=None) -> Run:
     """Place `arrivals` one by one through `Ledger.reserve`; pods never leave."""
-    ledger = ledger_factory(strategy, workload)
+    ledger = ledger_factory(strategy, workload if workload is not None else TargetWorkload.from_requests(arrivals))
     for node in nodes:
         ledger.upsert_node(node)
     run = Run(strategy, seed, gpu_capacity_milli(nodes))
@@ -176,10 +180,11 @@ def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Seq
     if capacity <= 0:
         raise TraceError("the cluster has no GPU; expected nodes with at least one GPU device")
     arrivals = {seed: build_arrivals(pods, capacity, ratio, seed, shuffle) for seed in seeds}
+    workload = TargetWorkload.from_requests(pods)  # the trace's own pods, as the paper's "typical pods"
     progress = progress_factory(sum(len(a) for a in arrivals.values()) * len(strategies)) if progress_factory else None
     results = []
     for strategy in strategies:
-        runs = [replay(nodes, arrivals[seed], strategy, seed, pods, ledger_factory, progress) for seed in seeds]
+        runs = [replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress) for seed in seeds]
         results.append(StrategyResult(strategy, runs))
     if progress is not None:
         progress.close()
@@ -264,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
 def strategy_names(requested: Sequence[str] | None) -> list[str]:
     from allocator import strategies as registry
 
-    known = registry.names()
+    known = registry.strategy_names()
     names: list[str] = []
     for item in requested or [",".join(DEFAULT_STRATEGIES)]:
         for name in (n.strip() for n in item.split(",")):
@@ -273,8 +278,11 @@ def strategy_names(requested: Sequence[str] | None) -> list[str]:
             if name == "all":
                 names.extend(n for n in known if n not in names)
                 continue
-            if name not in known:
-                raise TraceError(f"--strategy {name!r} is not a registered strategy; accepted: {', '.join(known)}")
+            try:
+                name = registry.canonical_name(name)
+            except ValueError:
+                raise TraceError(f"--strategy {name!r} is not a registered strategy; accepted: {', '.join(known)}, "
+                                 f"all") from None
             if name not in names:
                 names.append(name)
     return names

@@ -186,9 +186,8 @@ def read_yaml_objects(path: str | Path) -> list[dict]:
 def node_from_yaml(obj: dict) -> NodeInfo:
     """A Node object as NodeInfo, through the core's parser so that labels, taints and devices agree."""
     from allocator import kube  # the core's one Node parser
-    from allocator.ledger import LedgerConfig
 
-    return kube.node_from_object(obj, LedgerConfig())
+    return kube.node_from_object(obj)
 
 
 def request_from_yaml(obj: dict, index: int) -> Request:
