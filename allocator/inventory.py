@@ -104,6 +104,16 @@ class NodeState:
         """Physical indices of healthy devices nobody holds (unknown-identity GPUs not deducted)."""
         return [self.dev_index[p] for p in range(len(self.dev_index)) if self.is_fully_free(p)]
 
+    def open_devices(self) -> list[tuple[int, str, int]]:
+        """(free milli, node, index) of healthy devices that hold shares and no exclusive holder."""
+        if not any(self.dev_nshares):
+            return []
+        return [
+            (self.dev_free_milli[p], self.name, self.dev_index[p])
+            for p in range(len(self.dev_index))
+            if self.dev_nshares[p] and self.dev_owner[p] is None and self.dev_healthy[p]
+        ]
+
     def utilization(self) -> float:
         if not self.total_milli:
             return 1.0
@@ -243,6 +253,8 @@ class ClusterIndex:
         self.all = _Buckets()
         self.leaves: dict[LeafKey, _Buckets] = {}
         self._key: dict[str, int] = {}  # name -> bucket key it is filed under (placeable nodes only)
+        # devices holding shares on placeable nodes, sorted: (free milli, node, index) — best fit for shares
+        self.open: list[tuple[int, str, int]] = []
         self._sorted_names: list[str] | None = None
 
     def sorted_names(self) -> list[str]:
@@ -271,7 +283,18 @@ class ClusterIndex:
         self._unfile(node)
         return node
 
+    def _add_open(self, entries) -> None:
+        for e in entries:
+            insort(self.open, e)
+
+    def _remove_open(self, entries) -> None:
+        for e in entries:
+            i = bisect_left(self.open, e)
+            if i < len(self.open) and self.open[i] == e:
+                del self.open[i]
+
     def _file(self, node: NodeState) -> None:
+        self._add_open(node.open_devices())
         k = node.whole_free
         self._key[node.name] = k
         for b in (self.all, self.leaves[node.leaf_key]):
@@ -285,6 +308,7 @@ class ClusterIndex:
         k = self._key.pop(node.name, None)
         if k is None:
             return
+        self._remove_open(node.open_devices())
         for b in (self.all, self.leaves[node.leaf_key]):
             b.discard(node.name, k)
             b.total_whole -= k
@@ -299,9 +323,14 @@ class ClusterIndex:
             return
         k_old = self._key[node.name]
         milli_old = node.free_milli
+        open_old = node.open_devices()
         mutate()
         k_new = node.whole_free
         milli_new = node.free_milli
+        open_new = node.open_devices()
+        if open_old != open_new:
+            self._remove_open(open_old)
+            self._add_open(open_new)
         for b in (self.all, self.leaves[node.leaf_key]):
             if k_new != k_old:
                 b.discard(node.name, k_old)

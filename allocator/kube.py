@@ -15,6 +15,7 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Iterable, Iterator
 
 from allocator.model import (
@@ -85,18 +86,43 @@ def parse_quantity(value: Any) -> Fraction:
     return Fraction(number) * _SUFFIX[suffix]
 
 
-def cpu_milli(value: Any, round_up: bool = True) -> int:
-    q = parse_quantity(value) * 1000
+def _scaled(value: Any, scale: Fraction, round_up: bool) -> int:
+    q = parse_quantity(value) * scale
     return math.ceil(q) if round_up else math.floor(q)
+
+
+# quantities repeat across pods ("500m", "4Gi"): parse each spelling once
+@lru_cache(maxsize=4096)
+def _cpu_text(text: str, round_up: bool) -> int:
+    return _scaled(text, Fraction(1000), round_up)
+
+
+@lru_cache(maxsize=4096)
+def _mib_text(text: str, round_up: bool) -> int:
+    return _scaled(text, Fraction(1, _MIB), round_up)
+
+
+@lru_cache(maxsize=1024)
+def _count_text(text: str) -> int:
+    return _scaled(text, Fraction(1), True)
+
+
+def cpu_milli(value: Any, round_up: bool = True) -> int:
+    if isinstance(value, str):
+        return _cpu_text(value, round_up)
+    return _scaled(value, Fraction(1000), round_up)
 
 
 def memory_mib(value: Any, round_up: bool = True) -> int:
-    q = parse_quantity(value) / _MIB
-    return math.ceil(q) if round_up else math.floor(q)
+    if isinstance(value, str):
+        return _mib_text(value, round_up)
+    return _scaled(value, Fraction(1, _MIB), round_up)
 
 
 def count(value: Any) -> int:
-    return math.ceil(parse_quantity(value))
+    if isinstance(value, str):
+        return _count_text(value)
+    return _scaled(value, Fraction(1), True)
 
 
 # ---------------------------------------------------------------------------------------------- objects
@@ -377,66 +403,93 @@ def placement_to_dict(p: Placement) -> dict:
     return d
 
 
+def _shares(raw) -> tuple[DeviceShare, ...]:
+    return tuple(DeviceShare(int(a), int(b), int(c)) for a, b, c in raw) if raw else ()
+
+
 def placement_from_dict(d: dict) -> Placement:
-    if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not isinstance(d.get("node"), str):
+    get = d.get
+    pid, node = get("id"), get("node")
+    if not isinstance(pid, str) or not isinstance(node, str):
         raise ValueError("placement needs string id and node")
+    devices = get("devices")
+    uuids = get("uuids")
+    slot = get("slot")
+    taints = get("taints")
+    plan = get("plan")
+    deadline = get("deadline")
     return Placement(
-        id=d["id"],
-        node=d["node"],
-        devices=tuple(int(x) for x in d.get("devices", ())),
-        shares=tuple(DeviceShare(int(a), int(b), int(c)) for a, b, c in d.get("shares", ())),
-        uuids=tuple(str(x) for x in d.get("uuids", ())),
-        cpu_milli=int(d.get("cpu", 0)),
-        memory_mib=int(d.get("mem", 0)),
-        group=d.get("group"),
-        slot=None if d.get("slot") is None else int(d["slot"]),
-        strategy=str(d.get("strategy", "")),
-        score=float(d.get("score", 0.0)),
-        tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in d.get("taints", ())),
+        id=pid,
+        node=node,
+        devices=tuple(map(int, devices)) if devices else (),
+        shares=_shares(get("shares")),
+        uuids=tuple(map(str, uuids)) if uuids else (),
+        cpu_milli=int(get("cpu", 0)),
+        memory_mib=int(get("mem", 0)),
+        group=get("group"),
+        slot=None if slot is None else int(slot),
+        strategy=str(get("strategy", "")),
+        score=float(get("score", 0.0)),
+        tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
         group_plan=tuple(
             GroupSlot(
                 int(s[0]),
                 str(s[1]),
-                tuple(int(x) for x in s[2]),
-                tuple(str(u) for u in s[3]),
-                tuple(DeviceShare(int(a), int(b), int(c)) for a, b, c in (s[4] if len(s) > 4 else ())),
+                tuple(map(int, s[2])),
+                tuple(map(str, s[3])),
+                _shares(s[4] if len(s) > 4 else ()),
             )
-            for s in d.get("plan", ())
-        ),
-        group_deadline=None if d.get("deadline") is None else float(d["deadline"]),
+            for s in plan
+        )
+        if plan
+        else (),
+        group_deadline=None if deadline is None else float(deadline),
     )
 
 
-def _canonical(d: dict) -> bytes:
-    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+def _canonical(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def _sign(d: dict, key: bytes) -> str:
-    return hmac.new(key, _canonical(d), hashlib.sha256).hexdigest()
+def _sign(text: str, key: bytes) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+_SIG_FIELD = ',"sig":"'
 
 
 def encode_placement(placement: Placement, key: bytes = b"") -> str:
-    """The `gpuledger.io/placement` annotation value: canonical JSON plus an HMAC-SHA256 `sig` over it
-    (without `sig`). An empty key writes an unsigned annotation (development only)."""
-    d = placement_to_dict(placement)
-    if key:
-        d["sig"] = _sign(d, key)
-    return _canonical(d).decode()
+    """The `gpuledger.io/placement` annotation value: the placement as canonical JSON (sorted keys, no
+    spaces) with an HMAC-SHA256 `sig` of that canonical text appended as the last member. An empty key
+    writes an unsigned annotation (development only)."""
+    text = _canonical(placement_to_dict(placement))
+    if not key:
+        return text
+    return f'{text[:-1]}{_SIG_FIELD}{_sign(text, key)}"}}'
 
 
 def decode_placement(text: str, key: bytes = b"") -> Placement | None:
-    """The placement in an annotation, or None when it is malformed or its signature does not verify.
+    """The placement in an annotation, or None when it is malformed or its signature does not verify
+    (the signed text is the annotation with its trailing `sig` member removed).
 
     With an empty key signatures are not checked (development only)."""
     try:
-        d = json.loads(text)
-        if not isinstance(d, dict):
+        if not isinstance(text, str):
             return None
-        sig = d.pop("sig", None)
         if key:
-            if not isinstance(sig, str) or not hmac.compare_digest(sig, _sign(d, key)):
+            cut = text.rfind(_SIG_FIELD)
+            if cut < 0 or not text.endswith('"}'):
                 return None
-        if d.get("v", PLACEMENT_VERSION) != PLACEMENT_VERSION:
+            signed = text[:cut] + "}"
+            sig = text[cut + len(_SIG_FIELD) : -2]
+            if not hmac.compare_digest(sig, _sign(signed, key)):
+                return None
+            d = json.loads(signed)
+        else:
+            d = json.loads(text)
+            if isinstance(d, dict):
+                d.pop("sig", None)
+        if not isinstance(d, dict) or d.get("v", PLACEMENT_VERSION) != PLACEMENT_VERSION:
             return None
         return placement_from_dict(d)
     except (ValueError, TypeError, KeyError, IndexError):

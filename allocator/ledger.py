@@ -8,6 +8,7 @@ equality), because every placement is also written, signed, on its pod.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -253,6 +254,13 @@ class Ledger:
 
     def _static(self, node: NodeState, req: Request) -> tuple[Reason | None, tuple[Taint, ...]]:
         """Reasons that do not change with allocations (cached per request shape and node)."""
+        cache = self._static_cache(req)
+        hit = cache.get(node.name)
+        if hit is None:
+            hit = cache[node.name] = self._static_uncached(node, req)
+        return hit
+
+    def _static_cache(self, req: Request) -> dict[str, tuple[Reason | None, tuple[Taint, ...]]]:
         sig = (
             req.product,
             req.gpu_memory_mib,
@@ -267,10 +275,7 @@ class Ledger:
             if len(self._filter_cache) >= _FILTER_CACHE_LIMIT:
                 self._filter_cache.clear()
             cache = self._filter_cache[sig] = {}
-        hit = cache.get(node.name)
-        if hit is None:
-            hit = cache[node.name] = self._static_uncached(node, req)
-        return hit
+        return cache
 
     def _static_uncached(self, node: NodeState, req: Request) -> tuple[Reason | None, tuple[Taint, ...]]:
         info = node.info
@@ -323,10 +328,15 @@ class Ledger:
                 reasons.append(Reason.NOT_ENOUGH_GPU_SHARE)
         return fit, reasons
 
-    def _try(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext) -> _Choice | None:
+    def _try(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext, cache=None) -> _Choice | None:
         if not node.placeable:
             return None
-        reason, taints = self._static(node, req)
+        if cache is None:
+            cache = self._static_cache(req)
+        hit = cache.get(node.name)
+        if hit is None:
+            hit = cache[node.name] = self._static_uncached(node, req)
+        reason, taints = hit
         if reason is not None:
             return None
         fit, reasons = self._dynamic(node, req, strategy, ctx)
@@ -348,12 +358,13 @@ class Ledger:
         leaves: list[LeafKey] | None,
         exclude: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> _Choice | None:
+        cache = self._static_cache(req)
         walk = strategy.candidates(req, ctx, leaves)
         if walk is not None:
             for node in walk:
                 if node.name in exclude:
                     continue
-                choice = self._try(node, req, strategy, ctx)
+                choice = self._try(node, req, strategy, ctx, cache)
                 if choice is not None:
                     return choice
             return None
@@ -362,7 +373,7 @@ class Ledger:
         for node in self.index.nodes.values():
             if (wanted is not None and node.leaf_key not in wanted) or node.name in exclude:
                 continue
-            choice = self._try(node, req, strategy, ctx)
+            choice = self._try(node, req, strategy, ctx, cache)
             if choice is None:
                 continue
             if best is None or choice.score > best.score or (
@@ -931,13 +942,16 @@ class Ledger:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
         self._last_now = max(self._last_now, now)
         for item in kube.iter_objects(obj):
-            kind = kube.kind_of(item)
-            if kind == "Node":
-                problems: list[str] = []
-                self.upsert_node(kube.node_from_object(item, self.config, problems))
-                self.problems.extend(problems)
-            elif kind == "Pod":
-                self._apply_pod(item, now)
+            self._apply_one(item, now)
+
+    def _apply_one(self, item: dict, now: float) -> None:
+        kind = kube.kind_of(item)
+        if kind == "Pod":
+            self._apply_pod(item, now)
+        elif kind == "Node":
+            problems: list[str] = []
+            self.upsert_node(kube.node_from_object(item, self.config, problems))
+            self.problems.extend(problems)
 
     def delete_object(self, obj: dict) -> None:
         for item in kube.iter_objects(obj):
@@ -967,8 +981,6 @@ class Ledger:
             self._pods[usage.key] = pid
             if pid in self._reservations:
                 self.confirm(pid, now)
-                return
-            if pid in self._holdings:  # a counted pod under the same id (conflict fallback): keep it
                 return
             self._adopt(usage, now)
             return
@@ -1084,16 +1096,17 @@ class Ledger:
         """A ledger holding exactly what the given nodes and pods say is held."""
         ledger = cls(config)
         ledger._last_now = now
-        nodes, pods = kube.split_objects(objects)
-        for node in nodes:
-            ledger.apply_object(node, now)
-        # placed pods first in (group, slot, id) order, so restoration does not depend on list order
-        def order(pod: dict):
-            text = ((pod.get("metadata") or {}).get("annotations") or {}).get(kube.PLACEMENT_ANNOTATION)
-            return (0 if text else 1, text or "", kube.pod_key(pod))
-
-        for pod in sorted(pods, key=order):
-            ledger._apply_pod(pod, now)
+        # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the growing
+        # heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            # streamed: what a pod holds on a node not seen yet is applied when the node arrives
+            for obj in kube.iter_objects(objects):
+                ledger._apply_one(obj, now)
+        finally:
+            if was_enabled:
+                gc.enable()
         return ledger
 
     # ------------------------------------------------------------------------------------------ views

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import importlib
 import zlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
@@ -188,16 +188,36 @@ def bucket_walk(
     if leaves is None:
         by_free = index.all.by_free
         for k in index.all.keys_from(need, descending):
-            for name in list(by_free[k]):
+            for name in by_free[k]:  # the ledger mutates nothing while it walks
                 yield nodes[name]
         return
     groups = [index.leaves[leaf] for leaf in leaves if leaf in index.leaves]
     keys = sorted({k for g in groups for k, b in g.by_free.items() if k >= need and b}, reverse=descending)
     for k in keys:
         lists = [g.by_free[k] for g in groups if g.by_free.get(k)]
-        merged = lists[0] if len(lists) == 1 else list(heapq.merge(*lists))
-        for name in list(merged):
+        for name in lists[0] if len(lists) == 1 else heapq.merge(*lists):
             yield nodes[name]
+
+
+def share_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request: Request) -> Iterator["NodeState"]:
+    """Nodes in best-fit order for a share: first by the free milli of the used device the share would
+    take (the sorted `index.open` list), then nodes that would open an untouched device, fewest whole-free
+    first. A node is yielded at the entry of the device `choose_share_device` would pick."""
+    nodes = index.nodes
+    wanted = None if leaves is None else set(leaves)
+    entries = index.open
+    for j in range(bisect_left(entries, (request.gpu_milli, "", -1)), len(entries)):
+        free, name, dev = entries[j]
+        node = nodes[name]
+        if wanted is not None and node.leaf_key not in wanted:
+            continue
+        share = choose_share_device(node, request)
+        if share is not None and share.device == dev:
+            yield node
+    for node in bucket_walk(index, leaves, 1, descending=False):
+        share = choose_share_device(node, request)
+        if share is not None and node.dev_nshares[node.pos[share.device]] == 0:
+            yield node
 
 
 def leaf_walk(
@@ -235,6 +255,8 @@ class BestFit(Strategy):
     def candidates(self, request, ctx, leaves):
         if request.gpus > 0:
             return bucket_walk(ctx.index, leaves, request.gpus, descending=False)
+        if request.is_shared and type(self).choose_devices is Strategy.choose_devices:
+            return share_walk(ctx.index, leaves, request)
         return None
 
 

@@ -1,0 +1,259 @@
+"""Allocator core benchmark: placements/s against a naive scan measured in the same run, gang latency,
+rebuild time and resident memory.
+
+    .venv/bin/python tests/benchmarks/bench_allocator.py [--nodes 10000] [--gpus 8] [--leaves-per-spine 16]
+
+The naive baseline is the same ledger with its strategies' candidate walks switched off, so every
+placement filters and scores every node (what a scheduler without an index does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from allocator import kube  # noqa: E402
+from allocator.ledger import Ledger, LedgerConfig  # noqa: E402
+from allocator.model import Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
+from allocator.strategies import Strategy  # noqa: E402
+
+KEY = b"bench-key"
+
+
+def cluster(nodes: int, gpus: int, leaves_per_spine: int) -> list[NodeInfo]:
+    """`nodes` nodes over spines of `leaves_per_spine` leaves, ~nodes/(16*spines) per leaf."""
+    per_leaf = max(1, round(nodes / (leaves_per_spine * max(1, round(nodes / (leaves_per_spine * 25))))))
+    out = []
+    for i in range(nodes):
+        leaf_no = i // per_leaf
+        spine_no = leaf_no // leaves_per_spine
+        out.append(
+            NodeInfo(
+                name=f"node-{i:05d}",
+                cpu_milli=128_000,
+                memory_mib=1_048_576,
+                devices=tuple(Device(index=d, product="A100", memory_mib=81920) for d in range(gpus)),
+                spine=f"spine-{spine_no}",
+                leaf=f"leaf-{spine_no}-{leaf_no % leaves_per_spine}",
+                product="A100",
+            )
+        )
+    return out
+
+
+def fresh(nodes: list[NodeInfo], strategy: str = "best_fit") -> Ledger:
+    led = Ledger(LedgerConfig(default_strategy=strategy, placement_key=KEY))
+    for n in nodes:
+        led.upsert_node(n)
+    return led
+
+
+def rate(led: Ledger, count: int, strategy: str, prefix: str) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    for i in range(count):
+        r = led.reserve(Request(id=f"{prefix}{i}", gpus=1, cpu_milli=1000, memory_mib=4096, strategy=strategy), 0.0)
+        assert isinstance(r, Placement), r
+    return count / (time.perf_counter() - t0)
+
+
+class _NoIndex:
+    """Wraps a strategy so the ledger scans every node (the naive baseline)."""
+
+    def __init__(self, inner: Strategy):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def candidates(self, request, ctx, leaves):
+        return None
+
+
+def naive_rate(nodes, count, strategy) -> float:
+    import allocator.strategies as registry
+
+    led = fresh(nodes, strategy)
+    canonical = registry.canonical_name(strategy)
+    original = registry._INSTANCES.get(canonical) or registry.get_strategy(canonical)
+    registry._INSTANCES[canonical] = _NoIndex(original)  # type: ignore[assignment]
+    try:
+        return rate(led, count, strategy, "naive-")
+    finally:
+        registry._INSTANCES[canonical] = original
+
+
+def gang_latency(nodes, repeats: int = 20) -> tuple[float, float]:
+    led = fresh(nodes)
+    # some background load so leaves differ
+    for i in range(0, len(nodes) * 2, 1):
+        led.reserve(Request(id=f"bg{i}", gpus=1), 0.0)
+    times = []
+    for g in range(repeats):
+        req = Request(id=f"gang{g}-0", gpus=8, group=GroupSpec(key=f"job/bench/g{g}", size=16))
+        t0 = time.perf_counter()
+        r = led.reserve(req, 0.0)
+        times.append(time.perf_counter() - t0)
+        assert isinstance(r, Placement), r
+        assert len(r.group_plan) == 16
+    times.sort()
+    return sum(times) / len(times) * 1000, times[-1] * 1000
+
+
+def make_pods(nodes: list[NodeInfo], count: int):
+    """`count` pods: 50% whole-GPU gpuledger pods, 25% 250m shares, 25% plain cpu pods, all signed."""
+    led = fresh(nodes)
+    whole, shares = count // 2, count // 4
+    plain = count - whole - shares
+    for i in range(whole):
+        p = led.reserve(Request(id=f"w{i}", gpus=1, cpu_milli=500, memory_mib=1024), 0.0)
+        yield _pod(f"w{i}", p)
+    for i in range(shares):
+        p = led.reserve(Request(id=f"s{i}", gpu_milli=250, gpu_memory_mib=8192, cpu_milli=250), 0.0)
+        yield _pod(f"s{i}", p)
+    for i in range(plain):
+        yield {
+            "kind": "Pod",
+            "metadata": {"name": f"c{i}", "namespace": "bench", "uid": f"u-c{i}"},
+            "spec": {
+                "nodeName": nodes[i % len(nodes)].name,
+                "containers": [{"name": "m", "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}],
+            },
+            "status": {"phase": "Running"},
+        }
+
+
+def _pod(name: str, p: Placement) -> dict:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "bench",
+            "uid": f"u-{name}",
+            "annotations": {kube.PLACEMENT_ANNOTATION: kube.encode_placement(p, KEY)},
+        },
+        "spec": {
+            "nodeName": p.node,
+            "containers": [
+                {
+                    "name": "m",
+                    "resources": {
+                        "requests": {"cpu": f"{p.cpu_milli}m", "memory": f"{p.memory_mib}Mi"},
+                        "limits": {"nvidia.com/gpu": str(len(p.devices))} if p.devices else {},
+                    },
+                }
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def node_objects(nodes: list[NodeInfo]):
+    for n in nodes:
+        yield {
+            "kind": "Node",
+            "metadata": {
+                "name": n.name,
+                "labels": {
+                    "topology.scheduler/spine": n.spine,
+                    "topology.scheduler/leaf": n.leaf,
+                    "nvidia.com/gpu.product": n.product,
+                    "nvidia.com/gpu.memory": "81920",
+                },
+            },
+            "status": {
+                "allocatable": {"cpu": "128", "memory": "1Ti", "nvidia.com/gpu": str(len(n.devices))},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_child(args) -> None:
+    """Runs in a fresh process: stream nodes + pods into rebuild, report peak RSS."""
+    nodes = cluster(args.nodes, args.gpus, args.leaves_per_spine)
+    base = rss_mib()
+    led = Ledger.rebuild(_stream(nodes, args.pods), LedgerConfig(placement_key=KEY), now=0.0)
+    gc.collect()
+    print(json.dumps({"peak_rss_mib": rss_mib(), "baseline_rss_mib": base,
+                      "reservations": len(led.reservations())}))
+
+
+def _stream(nodes, count):
+    yield from node_objects(nodes)
+    yield from make_pods(nodes, count)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--leaves-per-spine", type=int, default=16)
+    ap.add_argument("--placements", type=int, default=40_000)
+    ap.add_argument("--naive-placements", type=int, default=200)
+    ap.add_argument("--pods", type=int, default=100_000)
+    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.memory_child:
+        memory_child(args)
+        return 0
+
+    nodes = cluster(args.nodes, args.gpus, args.leaves_per_spine)
+    leaves = len({(n.spine, n.leaf) for n in nodes})
+    spines = len({n.spine for n in nodes})
+    print(f"cluster: {len(nodes)} nodes x {args.gpus} GPUs, {spines} spines, {leaves} leaves")
+    t0 = time.perf_counter()
+    fresh(nodes)
+    print(f"inventory: {len(nodes)} upsert_node in {(time.perf_counter() - t0) * 1000:.0f} ms")
+
+    results = {}
+    for strategy in ("best_fit", "least_utilized", "consolidated", "distributed"):
+        led = fresh(nodes, strategy)
+        indexed = rate(led, args.placements, strategy, "r-")
+        naive = naive_rate(nodes, args.naive_placements, strategy)
+        results[strategy] = (indexed, naive)
+        print(
+            f"single-GPU placements, {strategy:<15}: {indexed:>9.0f}/s indexed, {naive:>7.0f}/s naive scan, "
+            f"ratio {indexed / naive:6.1f}x  ({args.placements} vs {args.naive_placements} placements)"
+        )
+
+    mean_ms, worst_ms = gang_latency(nodes)
+    print(f"16-node gang (8 GPUs per pod): mean {mean_ms:.2f} ms, worst {worst_ms:.2f} ms over 20 gangs")
+
+    objects = list(_stream(nodes, args.pods))
+    gc.collect()
+    t0 = time.perf_counter()
+    led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY), now=0.0)
+    took = time.perf_counter() - t0
+    print(f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
+          f"({len(led.reservations())} placements restored)")
+    del objects, led
+    gc.collect()
+
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", "--nodes", str(args.nodes), "--gpus", str(args.gpus),
+         "--leaves-per-spine", str(args.leaves_per_spine), "--pods", str(args.pods)],
+        capture_output=True, text=True, check=True,
+    )
+    mem = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"resident memory: peak {mem['peak_rss_mib']:.0f} MiB for the process holding a ledger of "
+          f"{len(nodes)} nodes and {args.pods} pods (interpreter + imports {mem['baseline_rss_mib']:.0f} MiB; "
+          f"pods streamed into rebuild)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
