@@ -10,6 +10,7 @@ cluster file, or an empty ledger marked unsynced that allocator.sync refills wit
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 import uuid
@@ -34,6 +35,9 @@ class LedgerActor:
         self.started_at = time.time()
         self.sweep_interval_s = sweep_interval_s
         self.service = LedgerService(config, source_spec, now=self.started_at)
+        # the inventory lives for the actor's life: keep full collections from walking it (latency spikes)
+        gc.collect()
+        gc.freeze()
         self.calls = 0
         self.items = 0
         self._sweeper: asyncio.Task | None = None

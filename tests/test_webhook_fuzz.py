@@ -133,3 +133,20 @@ def test_handler_denials_always_have_messages(ann, dry):
     assert d.code != 500, d.message
     if not d.allowed:
         assert d.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
+       b=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
+       shared=st.lists(st.text(max_size=5), max_size=3))
+def test_patch_diff_reproduces_the_mutated_object(a, b, shared):
+    import jsonpatch
+
+    from webhook.patch import diff
+
+    for key in shared:  # shared subtrees, as the copy-on-write mutation leaves them
+        if key in a:
+            b[key] = a[key]
+    original = copy.deepcopy(a)
+    assert jsonpatch.apply_patch(a, diff(a, b)) == b
+    assert a == original  # diffing never touches the original

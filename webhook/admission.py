@@ -93,12 +93,10 @@ def encode_response(uid: str, decision: Decision, api_version: str = API_VERSION
     if decision.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(decision.patch, separators=(",", ":")).encode()).decode()
-    if not decision.allowed or decision.message:
-        status: dict[str, Any] = {"code": decision.code, "message": decision.message}
-        if not decision.allowed:
-            status["status"] = "Failure"
-            if decision.reason:
-                status["reason"] = decision.reason
+    if not decision.allowed:  # the API server shows a denial's status; an allowed answer's it ignores
+        status: dict[str, Any] = {"code": decision.code, "message": decision.message, "status": "Failure"}
+        if decision.reason:
+            status["reason"] = decision.reason
         response["status"] = status
     if decision.warnings:
         response["warnings"] = list(decision.warnings)

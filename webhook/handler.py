@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -56,6 +57,14 @@ def describe_placement(p: Placement) -> str:
     return f"node {p.node} devices [{devices}] by {p.strategy or 'default'}{group}"
 
 
+def reservation_ids() -> Callable[[], str]:
+    """Fresh reservation ids: a random per-process prefix and a counter (unique across replicas, and
+    cheaper than a uuid4 per admission). Valid label values (hex, 28 characters)."""
+    prefix = uuid.uuid4().hex[:12]
+    counter = itertools.count(1)
+    return lambda: f"{prefix}{next(counter):016x}"
+
+
 class AdmissionHandler:
     def __init__(
         self,
@@ -64,14 +73,14 @@ class AdmissionHandler:
         owners: OwnerLookup | None = None,
         metrics: WebhookMetrics | None = None,
         key: bytes | None = None,
-        id_factory: Callable[[], str] = lambda: uuid.uuid4().hex,
+        id_factory: Callable[[], str] | None = None,
     ):
         self.config = config
         self.ledger = ledger
         self.owners = owners or NoOwners()
         self.metrics = metrics or WebhookMetrics()
         self.key = config.placement_key() if key is None else key
-        self.new_id = id_factory
+        self.new_id = id_factory or reservation_ids()
         self.parse_config = PodRequestConfig(gpu_resource=config.gpu_resource)
 
     # ------------------------------------------------------------------ mutate

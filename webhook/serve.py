@@ -68,12 +68,13 @@ def _kube_client(kubeconfig: str | None):
 async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event) -> None:
     from webhook.app import create_app
     from webhook.ledger_client import RayLedgerClient
-    from webhook.server import start_server
+    from webhook.server import start_server, tune_gc
     from webhook.tls import ReloadingTLS
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
     app = create_app(config, RayLedgerClient(handle), owners)
     server = await start_server(app, args.host, args.port, tls)
+    tune_gc()
     log.info("gpuledger webhook listening on %s", server.url)
     print(f"gpuledger webhook listening on {server.url}", flush=True)
     loop = asyncio.get_running_loop()

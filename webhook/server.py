@@ -4,12 +4,21 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from webhook.tls import ReloadingTLS
+
+
+def tune_gc() -> None:
+    """Move everything allocated at start-up (Ray, aiohttp, the app) out of the collector's sight and collect
+    less often: full collections over those objects are what shows up as p99 latency spikes."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)
 
 
 @dataclass

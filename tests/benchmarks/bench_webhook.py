@@ -1,0 +1,334 @@
+"""Webhook throughput and latency over TLS against a 1,000-node / 8,000-GPU ledger in a local Ray actor.
+
+    .venv/bin/python tests/benchmarks/bench_webhook.py            # full run (about a minute)
+    .venv/bin/python tests/benchmarks/bench_webhook.py --quick    # smaller, for a smoke test
+
+The server (aiohttp + TLS + the batched Ray client) runs in this process; the load generator runs in a
+second process (raw asyncio TLS connections, one request in flight per connection, pre-encoded bodies), so
+the two share the machine's cores as they would share a node. Baselines measured in the same run:
+- a no-op aiohttp handler over the same TLS (what HTTP + TLS alone cost here),
+- the raw Ray actor call rate (one admission per call, sequential: what an unbatched webhook could reach),
+- the raw cost of one Ray actor call, local (Ray started in this process) and in-cluster (joining a
+  `ray start --head` cluster by address), for docs/deployment.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+# ---------------------------------------------------------------------------------------------- load generator
+
+def _pod_body(i: int, run: str) -> bytes:
+    name = f"bench-{run}-{i}"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "bench", "labels": {"app": "bench", "run": run},
+            "annotations": {
+                "topology.scheduler/gpu-count": "1",
+                "agentaflow.gpu/scheduling-strategy": "best-fit",
+                "kubectl.kubernetes.io/last-applied-configuration": json.dumps({
+                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "bench"},
+                    "spec": {"containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}]}}),
+            },
+        },
+        "spec": {
+            "containers": [{
+                "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3", "command": ["python", "train.py"],
+                "env": [{"name": "EPOCHS", "value": "10"}],
+                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
+                "volumeMounts": [{"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                                  "readOnly": True}],
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+            }],
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "securityContext": {}, "schedulerName": "default-scheduler",
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 300}],
+            "volumes": [{"name": "kube-api-access", "projected": {"sources": [{"serviceAccountToken": {
+                "expirationSeconds": 3607, "path": "token"}}]}}],
+            "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+        },
+    }
+    review = {
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": name, "namespace": "bench",
+            "operation": "CREATE", "userInfo": {"username": "bench", "groups": ["system:authenticated"]},
+            "object": pod, "oldObject": None, "dryRun": False,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+        },
+    }
+    return json.dumps(review, separators=(",", ":")).encode()
+
+
+_CL = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
+
+
+async def _generate(port: int, ca_file: str, bodies: list[bytes], in_flight: int) -> dict:
+    ctx = ssl.create_default_context(cafile=ca_file)
+    queue = iter(bodies)
+    latencies: list[float] = []
+    statuses: dict[str, int] = {}
+
+    async def worker():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost")
+        try:
+            for body in queue:
+                request = (b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+                started = time.perf_counter()
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                data = await reader.readexactly(int(_CL.search(head).group(1)))
+                latencies.append(time.perf_counter() - started)
+                key = head[9:12].decode() + ("/allowed" if b'"allowed":true' in data else "/denied")
+                statuses[key] = statuses.get(key, 0) + 1
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return {"elapsed": time.perf_counter() - started, "latencies": latencies, "statuses": statuses}
+
+
+def _generator_process(conn, port: int, ca_file: str, n: int, in_flight: int, run: str) -> None:
+    bodies = [_pod_body(i, run) for i in range(n)]
+    conn.send("ready")
+    conn.recv()  # go
+    conn.send(asyncio.run(_generate(port, ca_file, bodies, in_flight)))
+
+
+def load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
+    """Run the generator in another process; the server keeps serving in this one meanwhile."""
+    parent, child = mp.Pipe()
+    proc = mp.get_context("spawn").Process(target=_generator_process,
+                                           args=(child, port, ca_file, n, in_flight, uuid.uuid4().hex[:6]))
+    proc.start()
+    return {"proc": proc, "conn": parent}
+
+
+async def run_load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
+    job = load(port, ca_file, n, in_flight)
+    conn = job["conn"]
+    await asyncio.to_thread(conn.recv)  # bodies encoded
+    conn.send("go")
+    result = await asyncio.to_thread(conn.recv)
+    job["proc"].join()
+    lat = sorted(result["latencies"])
+    result["rate"] = len(lat) / result["elapsed"]
+    result["p50_ms"] = lat[len(lat) // 2] * 1e3
+    result["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
+    result["mean_ms"] = statistics.fmean(lat) * 1e3
+    del result["latencies"]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- the server side
+
+def noop_app():
+    from aiohttp import web
+
+    answer = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+
+    async def mutate(request):
+        body = await request.json()
+        return web.json_response({**answer, "response": {"uid": body["request"]["uid"], "allowed": True}},
+                                 dumps=lambda o: json.dumps(o, separators=(",", ":")))
+
+    app = web.Application()
+    app.router.add_post("/mutate", mutate)
+    return app
+
+
+def raw_call_cost(handle, n: int) -> dict:
+    import ray
+
+    ray.get(handle.ping.remote())
+    started = time.perf_counter()
+    for _ in range(n):
+        ray.get(handle.ping.remote())
+    sync_ms = (time.perf_counter() - started) / n * 1e3
+
+    async def awaited():
+        t = time.perf_counter()
+        for _ in range(n):
+            await handle.ping.remote()
+        return (time.perf_counter() - t) / n * 1e3
+
+    return {"sync_ms": sync_ms, "async_ms": asyncio.run(awaited())}
+
+
+def in_cluster_call_cost(n: int) -> dict | None:
+    """Join a separately started Ray (`ray start --head`) by address and time the same call."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():
+        return None
+    tmp = tempfile.mkdtemp(prefix="gpuledger-bench-ray-")
+    port = 6390
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    out = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                          f"--temp-dir={tmp}", "--disable-usage-stats"], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        print("ray start failed:", out.stderr[-500:], file=sys.stderr)
+        return None
+    try:
+        code = (
+            "import ray, time, json\n"
+            f"ray.init(address='127.0.0.1:{port}', namespace='bench', log_to_driver=False)\n"
+            "@ray.remote\nclass A:\n    async def ping(self): return 1\n"
+            "a = A.options(num_cpus=0).remote(); ray.get(a.ping.remote())\n"
+            f"t = time.perf_counter()\nfor _ in range({n}): ray.get(a.ping.remote())\n"
+            f"print(json.dumps({{'sync_ms': (time.perf_counter() - t) / {n} * 1e3}}))\n"
+        )
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        line = [x for x in res.stdout.splitlines() if x.startswith("{")]
+        return json.loads(line[-1]) if line else None
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def raw_admission_rate(handle, n: int) -> float:
+    """One admission per actor call, sequential: the rate of a webhook that did not batch."""
+    import ray
+
+    from allocator.ledger_service import AdmitCall
+    from allocator.pod_request import request_from_pod
+
+    pod = json.loads(_pod_body(0, "raw"))["request"]["object"]
+    calls = [AdmitCall(request_from_pod(pod, None, None, f"raw-{i}", namespace="bench")) for i in range(n)]
+    started = time.perf_counter()
+    for call in calls:
+        ray.get(handle.admit.remote([call]))
+    rate = n / (time.perf_counter() - started)
+    ray.get(handle.release.remote([c.request.id for c in calls]))
+    return rate
+
+
+async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
+    import ray
+
+    from webhook.app import create_app
+    from webhook.config import WebhookConfig
+    from webhook.ledger_client import RayLedgerClient
+    from webhook.server import start_server, tune_gc
+    from webhook.tls import ReloadingTLS
+
+    def tls():
+        return ReloadingTLS(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"), poll_interval_s=5)
+
+    config = WebhookConfig(hmac_key="bench-key", deadline_s=2.0)
+    client = RayLedgerClient(handle)
+    webhook = await start_server(create_app(config, client), "127.0.0.1", 0, tls())
+    noop = await start_server(noop_app(), "127.0.0.1", 0, tls())
+    tune_gc()  # as `gpuledger serve` does
+    results = {}
+    try:
+        await run_load(webhook.port, ca_file, 400, 20)  # warm up both paths
+        await run_load(noop.port, ca_file, 400, 20)
+        await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+        for name, in_flight, n in (("throughput", 100, args.requests), ("latency", 20, args.requests // 2)):
+            print(f"phase: webhook {name} ({n} admissions, {in_flight} in flight)", flush=True)
+            calls_before, items_before = client.admissions.calls, client.admissions.items
+            results[f"webhook_{name}"] = await run_load(webhook.port, ca_file, n, in_flight)
+            calls = client.admissions.calls - calls_before
+            results[f"webhook_{name}"]["mean_batch"] = (client.admissions.items - items_before) / max(calls, 1)
+            # release everything (nothing is ever stored): each phase starts from an empty 8,000-GPU ledger
+            await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+            results[f"noop_{name}"] = await run_load(noop.port, ca_file, n, in_flight)
+    finally:
+        await webhook.stop()
+        await noop.stop()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=7000, help="requests in the 100-in-flight phase")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.requests = 100, 1500
+    import ray
+    import yaml
+
+    from allocator.actor import get_or_create_ledger, wait_ready
+    from certs.pki import make_ca, make_serving_cert, write_bundle
+    from tests.webhook_support import cluster
+    from webhook.config import WebhookConfig
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpuledger-bench-"))
+    try:
+        ca = make_ca()
+        tls_paths = write_bundle(workdir / "tls", ca, make_serving_cert(ca, ["localhost"], ["127.0.0.1"]))
+        cluster_file = workdir / "cluster.yaml"
+        cluster_file.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
+                                                "items": cluster(args.nodes, args.gpus, leaves=max(1, args.nodes // 32),
+                                                                 spines=max(1, args.nodes // 256))}))
+        ray.init(namespace="gpuledger-bench", include_dashboard=False, num_cpus=1, log_to_driver=False)
+        config = WebhookConfig(hmac_key="bench-key")
+        handle = get_or_create_ledger(config.ledger_config(), {"kind": "file", "path": str(cluster_file)},
+                                      name=f"bench-{uuid.uuid4().hex[:6]}", sweep_interval_s=0)
+        status = wait_ready(handle, timeout_s=300)
+        print(f"ledger: {status['nodes']} nodes, {args.nodes * args.gpus} GPUs; Ray {ray.__version__}; "
+              f"{os.cpu_count()} CPUs", flush=True)
+        local = raw_call_cost(handle, 500)
+        raw_rate = raw_admission_rate(handle, 500)
+        results = asyncio.run(serve_and_measure(args, handle, workdir / "tls", str(tls_paths["ca.crt"])))
+        ray.shutdown()
+        in_cluster = in_cluster_call_cost(500)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    t, lt = results["webhook_throughput"], results["webhook_latency"]
+    nt, nl = results["noop_throughput"], results["noop_latency"]
+    print()
+    print(f"raw Ray actor call (local, Ray started in-process): {local['sync_ms']:.3f} ms blocking, "
+          f"{local['async_ms']:.3f} ms awaited")
+    if in_cluster:
+        print(f"raw Ray actor call (in-cluster, joined by address): {in_cluster['sync_ms']:.3f} ms blocking")
+    print(f"raw Ray admission rate (1 admission per call, sequential): {raw_rate:,.0f}/s")
+    print()
+    print(f"{'scenario':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}  statuses")
+    for label, r in (("webhook, 100 in flight", t), ("no-op aiohttp, 100 in flight", nt),
+                     ("webhook, 20 in flight", lt), ("no-op aiohttp, 20 in flight", nl)):
+        print(f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['statuses']}")
+    print()
+    print(f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
+          f"webhook / raw Ray admission rate: {t['rate'] / raw_rate:.1f}x; "
+          f"mean batch per actor call: {t['mean_batch']:.1f} (100 in flight), {lt['mean_batch']:.1f} (20)")
+    print(f"targets: >= 2,000 admissions/s at 100 in flight: {'met' if t['rate'] >= 2000 else 'NOT met'} "
+          f"({t['rate']:,.0f}/s); p99 <= 25 ms at 20 in flight: {'met' if lt['p99_ms'] <= 25 else 'NOT met'} "
+          f"({lt['p99_ms']:.1f} ms)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "raw_call": local, "in_cluster_call": in_cluster,
+                                               "raw_admission_rate": raw_rate}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
