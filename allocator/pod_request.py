@@ -181,7 +181,7 @@ def parse_scheduling_map(annotation: str, raw: Any) -> dict[int, PinnedDevices]:
 # --- pod helpers -----------------------------------------------------------------------------------------
 
 def _mapping(value: Any) -> Mapping:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, dict) else {}
 
 
 def _list(value: Any) -> list:
@@ -191,7 +191,7 @@ def _list(value: Any) -> list:
 def _string_map(field: str, value: Any) -> dict[str, str]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise AnnotationError(field, value, "a map of strings")
     return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
 
@@ -334,11 +334,11 @@ def request_from_pod(
     """
     config = config if isinstance(config, PodRequestConfig) else PodRequestConfig(
         gpu_resource=getattr(config, "gpu_resource", PodRequestConfig.gpu_resource))
-    if not isinstance(pod, Mapping):
+    if not isinstance(pod, dict):
         raise AnnotationError("object", type(pod).__name__, "a Pod object")
     meta = _mapping(pod.get("metadata"))
     pod_ann = _string_map("metadata.annotations", meta.get("annotations"))
-    owner = owner if isinstance(owner, Mapping) and owner.get("kind") in ("Job", "StatefulSet") else None
+    owner = owner if isinstance(owner, dict) and owner.get("kind") in ("Job", "StatefulSet") else None
     owner_meta = _mapping(owner.get("metadata")) if owner else {}
     owner_ann = _string_map(f"{owner.get('kind')} metadata.annotations", owner_meta.get("annotations")) if owner else {}
     namespace = namespace or str(meta.get("namespace") or owner_meta.get("namespace") or "")
@@ -420,6 +420,8 @@ def request_from_pod(
                                   f"{gpus} devices for pod index {index}, matching its GPU count")
         else:
             gpus = len(pinned.devices)
+        # the map fixes every pod's place and device count, so there is no gang to plan: each pod takes its pin
+        group = None
 
     needs_gpu = gpus > 0 or gpu_milli > 0 or (shared and memory > 0)
     if not needs_gpu:

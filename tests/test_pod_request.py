@@ -190,8 +190,8 @@ def test_scheduling_map_by_pod_index():
     annotations = {"gpu-scheduling-map": text}
     # StatefulSet ordinal from the name
     r = req(pod(annotations, name="w-1", owner=("StatefulSet", "w")),
-            {"kind": "StatefulSet", "metadata": {"name": "w"}, "spec": {"replicas": 1}})
-    assert (r.pinned, r.gpus) == (PinnedDevices("node2", (2,)), 1)
+            {"kind": "StatefulSet", "metadata": {"name": "w"}, "spec": {"replicas": 3}})
+    assert (r.pinned, r.gpus, r.group) == (PinnedDevices("node2", (2,)), 1, None)  # a map forms no gang
     # the pod-index label and the Job completion index
     assert req(pod(annotations, labels={"apps.kubernetes.io/pod-index": "2"})).pinned.node == "node3"
     p = pod(annotations)
