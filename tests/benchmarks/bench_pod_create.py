@@ -1,0 +1,320 @@
+"""Pod-create latency through the real kube-apiserver, with the gpuledger webhooks in the path and without.
+
+    .venv/bin/python tests/benchmarks/bench_pod_create.py                 # full run (about a minute)
+    .venv/bin/python tests/benchmarks/bench_pod_create.py --rounds 2      # a quick look
+
+One control plane (etcd + kube-apiserver), the sample 16-node / 128-GPU cluster, and the product as it is
+deployed: `gpuledger serve` in its own process (local Ray ledger actor, cluster sync, TLS webhook), with the
+mutating and validating registrations. The same 1-GPU pod is created in a namespace opted in to admission
+(both webhooks called) and in one that is not (the baseline: the same API server, the same registrations, only
+the namespaceSelector differs), alternating in rounds so drift hits both. A third mode registers a pair of
+no-op webhooks (allow everything, same TLS, own process): the floor any two admission webhooks cost here.
+Each sample is one `create` call from a client holding a keep-alive connection, one request in flight
+(`--clients` > 1 adds parallel clients). Between rounds the pods are deleted and the ledger drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def pod(name: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "bench"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "command": ["python", "train.py"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "1", "memory": "4Gi"}},
+                }
+            ]
+        },
+    }
+
+
+def noop_app():
+    """A webhook that allows everything: the cost of any admission webhook here (TLS, HTTP, JSON, Python)."""
+    from aiohttp import web
+
+    async def allow(request: web.Request) -> web.Response:
+        review = await request.json()
+        return web.json_response({"apiVersion": review["apiVersion"], "kind": "AdmissionReview",
+                                  "response": {"uid": review["request"]["uid"], "allowed": True}})
+
+    app = web.Application()
+    app.router.add_post("/mutate", allow)
+    app.router.add_post("/validate", allow)
+    return app
+
+
+def serve_noop(port: int, cert: str, key: str) -> None:
+    import asyncio
+    import ssl
+
+    from aiohttp import web
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+
+    async def run() -> None:
+        runner = web.AppRunner(noop_app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ctx).start()
+        print("listening", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+def register_noop(cp, url: str, ca_pem: bytes) -> None:
+    """The same two registrations as gpuledger's, renamed and selecting only the `noop` namespace."""
+    from tests.controlplane.webhooks import webhook_configurations
+
+    configs = webhook_configurations(url, ca_pem, "Fail", 10)
+    for config in configs:
+        config["metadata"]["name"] += "-noop"
+        for hook in config["webhooks"]:
+            hook["name"] = "noop-" + hook["name"]
+            hook["namespaceSelector"] = {"matchLabels": {"bench/noop": "enabled"}}
+    cp.apply(configs)
+
+
+class Served:
+    """A server process, its HTTPS base URL, and a GET helper trusting our CA."""
+
+    def __init__(self, argv: list[str], url: str, ca_file: str, log: Path):
+        import subprocess
+
+        self.url, self.ca_file = url, ca_file
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def get(self, path: str) -> tuple[int, str]:
+        import ssl
+        import urllib.error
+        import urllib.request
+
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        try:
+            with urllib.request.urlopen(self.url + path, context=ctx, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
+
+    def wait(self, path: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}; see {self.log.name}")
+            if self.get(path)[0] == 200:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"{self.url}{path} not 200 after {timeout}s; see {self.log.name}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except Exception:
+            self.proc.kill()
+        self.log.close()
+
+
+def metric_sum(text: str, metric: str, route: str | None = None) -> tuple[float, float]:
+    sums = counts = 0.0
+    for line in text.splitlines():
+        if route is not None and f'route="{route}"' not in line:
+            continue
+        if line.startswith(metric + "_sum"):
+            sums += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(metric + "_count"):
+            counts += float(line.rsplit(" ", 1)[1])
+    return sums, counts
+
+
+def server_breakdown(webhook: Served) -> dict[str, float]:
+    """Mean milliseconds inside the webhook per route, and per ledger answer, from its own /metrics."""
+    text = webhook.get("/metrics")[1]
+    out = {}
+    for name, metric, route in (("mutate", "gpuledger_admission_duration_seconds", "mutate"),
+                                ("validate", "gpuledger_admission_duration_seconds", "validate"),
+                                ("ledger_admit", "agentaflow_scheduling_duration", None)):
+        s, c = metric_sum(text, metric, route)
+        out[name] = s / c * 1e3 if c else float("nan")
+    return out
+
+
+def allocation_ratio(webhook: Served) -> float | None:
+    for line in webhook.get("/metrics")[1].splitlines():
+        if line.startswith("topology_gpu_allocation_ratio "):
+            return float(line.split()[1])
+    return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _try_create(cp, namespace: str, name: str) -> bool:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = client.CoreV1Api(cp.api_client())
+    try:
+        api.create_namespaced_pod(namespace, pod(name), _preload_content=False)
+        return True
+    except ApiException:
+        return False
+
+
+def create_round(cp, namespace: str, count: int, clients: int, tag: str) -> list[float]:
+    from kubernetes import client
+
+    apis = [client.CoreV1Api(cp.api_client()) for _ in range(clients)]
+    for api in apis:  # open each keep-alive connection before timing
+        api.list_namespaced_pod(namespace, limit=1)
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def run(k: int) -> None:
+        mine = []
+        for i in range(k, count, clients):
+            started = time.perf_counter()
+            apis[k].create_namespaced_pod(namespace, pod(f"{tag}-{i}"), _preload_content=False)
+            mine.append(time.perf_counter() - started)
+        with lock:
+            samples.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return samples
+
+
+def drain(cp, webhook: Served, namespaces: list[str]) -> None:
+    for ns in namespaces:
+        cp.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s")
+    cp.wait_for(lambda: allocation_ratio(webhook) == 0.0, timeout=60, interval=0.5, what="ledger drained")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--pods", type=int, default=100, help="pods per round and mode (at most 128: one GPU each)")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--clients", type=int, default=1)
+    p.add_argument("--json", help="write the figures here too")
+    p.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--tls-cert", help=argparse.SUPPRESS)
+    p.add_argument("--tls-key", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.serve_noop:
+        serve_noop(args.port, args.tls_cert, args.tls_key)
+        return 0
+
+    import tempfile
+
+    import yaml
+
+    from certs import pki
+    from tests.controlplane import webhooks
+    from tests.controlplane.cluster import WEBHOOK_USER, ControlPlane, free_port, missing_binaries
+    from tests.controlplane.nodes import create_nodes, make_sample_cluster
+
+    if missing_binaries(with_controllers=False):
+        print("kube-apiserver missing: run `make apiserver`", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="gpuledger-bench-"))
+    ca = pki.make_ca("bench-webhook-ca")
+    tls = pki.write_bundle(work, ca, pki.make_serving_cert(ca, ["localhost"], ["127.0.0.1"]))
+    (work / "webhook.yaml").write_text(yaml.safe_dump(
+        {"hmac_key": "bench-placement-key", "privileged_usernames": [WEBHOOK_USER]}))
+    served: list[Served] = []
+    with ControlPlane(with_controllers=False) as cp:
+        try:
+            create_nodes(cp.api_client(), make_sample_cluster())
+            port, noop_port = free_port(), free_port()
+            webhook = Served(
+                [sys.executable, "-m", "webhook.cli", "serve", "--port", str(port), "--tls-cert", str(tls["tls.crt"]),
+                 "--tls-key", str(tls["tls.key"]), "--kubeconfig", cp.kubeconfig_for(WEBHOOK_USER),
+                 "--config", str(work / "webhook.yaml"), "--log-level", "WARNING"],
+                f"https://127.0.0.1:{port}", str(tls["ca.crt"]), work / "serve.log")
+            served.append(webhook)
+            noop = Served(
+                [sys.executable, __file__, "--serve-noop", "--port", str(noop_port), "--tls-cert", str(tls["tls.crt"]),
+                 "--tls-key", str(tls["tls.key"])],
+                f"https://127.0.0.1:{noop_port}", str(tls["ca.crt"]), work / "noop.log")
+            served.append(noop)
+            webhook.wait("/readyz")
+            webhooks.register(cp, webhook.url, ca.cert_pem, "Fail", 10)
+            register_noop(cp, noop.url, ca.cert_pem)
+            cp.create_namespace("bench-webhook", admission=True, users=())
+            cp.create_namespace("bench-plain", admission=False, users=())
+            cp.apply({"apiVersion": "v1", "kind": "Namespace",
+                      "metadata": {"name": "bench-noop", "labels": {"bench/noop": "enabled"}}})
+            modes = {"webhook": "bench-webhook", "baseline": "bench-plain", "noop": "bench-noop"}
+            for mode, ns in modes.items():  # warm every path (connections, TLS sessions, caches)
+                cp.wait_for(lambda: _try_create(cp, ns, f"probe-{mode}"), timeout=30, what=f"{mode} path up")
+                create_round(cp, ns, args.warmup, 1, f"warm-{mode}")
+            drain(cp, webhook, list(modes.values()))
+            samples: dict[str, list[float]] = {m: [] for m in modes}
+            for r in range(args.rounds):
+                order = list(modes) if r % 2 == 0 else list(reversed(modes))
+                for mode in order:
+                    samples[mode] += create_round(cp, modes[mode], args.pods, args.clients, f"r{r}-{mode}")
+                drain(cp, webhook, list(modes.values()))
+            inside = server_breakdown(webhook)
+        finally:
+            for server in served:
+                server.stop()
+    figures = {
+        mode: {
+            "n": len(v),
+            "median_ms": statistics.median(v) * 1e3,
+            "p99_ms": percentile(v, 0.99) * 1e3,
+            "mean_ms": statistics.fmean(v) * 1e3,
+        }
+        for mode, v in samples.items()
+    }
+    ratio_median = figures["webhook"]["median_ms"] / figures["baseline"]["median_ms"]
+    ratio_p99 = figures["webhook"]["p99_ms"] / figures["baseline"]["p99_ms"]
+    print(f"pod create through kube-apiserver, {args.rounds} rounds x {args.pods} pods per mode, "
+          f"{args.clients} client(s)")
+    print(f"{'mode':<10} {'n':>5} {'median ms':>10} {'p99 ms':>8} {'mean ms':>8}")
+    for mode, f in figures.items():
+        print(f"{mode:<10} {f['n']:>5} {f['median_ms']:>10.2f} {f['p99_ms']:>8.2f} {f['mean_ms']:>8.2f}")
+    print(f"webhook / baseline: median x{ratio_median:.2f} (+{(ratio_median - 1) * 100:.0f}%), "
+          f"p99 x{ratio_p99:.2f}; goal: median within +15%")
+    noop_ratio = figures["noop"]["median_ms"] / figures["baseline"]["median_ms"]
+    print(f"no-op webhooks / baseline: median x{noop_ratio:.2f} (the floor for any pair of admission webhooks)")
+    print("inside the gpuledger webhook (means): "
+          + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": figures, "ratio_median": ratio_median,
+                                               "ratio_p99": ratio_p99, "noop_ratio": noop_ratio,
+                                               "inside_webhook": inside, "args": vars(args)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
