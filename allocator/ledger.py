@@ -894,8 +894,10 @@ class Ledger:
     def release(self, id: str) -> bool:
         """Free what `id` holds (a reservation, an unclaimed group slot id, or a counted pod). Idempotent.
 
-        A group pod's slot returns to the group, unclaimed, while the group's deadline has not passed (so a
-        replacement pod finds it); after the deadline its devices are freed."""
+        A group pod's slot returns to the group, unclaimed, while the group's deadline has not passed and
+        another pod of the group still holds a slot (so a replacement pod finds it); otherwise its devices
+        are freed. When the last pod of a group goes, its unclaimed slots go too: only pods carry the plan, so
+        this is what a rebuild would see."""
         res = self._reservations.pop(id, None)
         slot = self._slot_of.pop(id, None)
         held = self._unhold(id)
@@ -903,7 +905,8 @@ class Ledger:
             key, n = slot
             group = self._groups.get(key)
             if group is not None:
-                if res is not None and group.deadline > self._last_now and n in group.slots:
+                others = any(who is not None and s != n for s, who in group.claims.items())
+                if res is not None and others and group.deadline > self._last_now and n in group.slots:
                     s = group.slots[n]
                     group.claims[n] = None
                     hid = slot_hid(key, n)
@@ -911,6 +914,9 @@ class Ledger:
                     self._hold(Holding(hid, s.node, s.devices, s.shares, group.cpu_milli, group.memory_mib))
                 else:
                     self._drop_slot(group, n)
+                    if key in self._groups and not any(who is not None for who in group.claims.values()):
+                        for s in sorted(group.slots):
+                            self.release(slot_hid(key, s))
         return res is not None or held is not None or slot is not None
 
     def expiry_candidates(self, now: float) -> list[str]:
