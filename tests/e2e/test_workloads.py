@@ -42,11 +42,6 @@ def test_single_pod_is_placed_with_affinity_devices_and_a_confirmed_reservation(
     workloads.wait_confirmed([pod])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug (not this harness): a StatefulSet is a gang, and Ledger.reserve plans a gang's slots by "
-    "strategy, ignoring each pod's gpu-scheduling-map pin (pod 0 lands on leaf-0-node-0, pod 1 gets 2 devices)",
-)
 def test_statefulset_gpu_scheduling_map_pins_each_pod(workloads):
     # the seed's StatefulSet, with Parallel pod management: no kubelet makes pod 0 Ready, which OrderedReady
     # would wait for before creating pod 1
