@@ -69,11 +69,12 @@ class ScoreContext:
 
 
 def product_matches(wanted: str | None, *offered: str) -> bool:
-    """Case-insensitive substring match of the wanted product against any offered name."""
+    """Case-insensitive substring match of the wanted product (or any of its `A|B` alternatives) against any
+    offered name."""
     if not wanted:
         return True
     w = wanted.lower()
-    return any(o and w in o.lower() for o in offered)
+    return any(o and p in o.lower() for p in map(str.strip, w.split("|")) if p for o in offered)
 
 
 def device_ok(node: "NodeState", p: int, request: Request) -> bool:

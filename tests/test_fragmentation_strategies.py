@@ -88,3 +88,14 @@ def test_product_and_resources_are_still_filtered_by_the_ledger():
     denial = led.reserve(Request("w", gpus=1, product="V100M32", cpu_milli=2000), 0.0)
     assert isinstance(denial, Denial)
     assert led.reserve(Request("x", gpus=2, product="T4"), 0.0).node == "t4"
+
+
+@pytest.mark.parametrize("strategy", ["fgd", "fgd_host", "best_fit"])
+def test_a_gpu_spec_or_list_admits_either_model(strategy):
+    workload = TargetWorkload.from_shapes([PodShape(0, 1, 1000)])
+    nodes = [node("a-t4", 4, product="T4"), node("b-v100", 1, product="V100M16"), node("c-v100", 2, product="V100M32")]
+    led = ledger(strategy, nodes, workload)
+    first = led.reserve(Request("one", gpus=1, product="V100M16|V100M32"), 0.0)
+    second = led.reserve(Request("two", gpus=2, product="V100M16|V100M32"), 0.0)
+    assert {first.node, second.node} == {"b-v100", "c-v100"}
+    assert isinstance(led.reserve(Request("three", gpus=1, product="V100M16|V100M32"), 0.0), Denial)
