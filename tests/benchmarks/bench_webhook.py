@@ -242,6 +242,13 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     client = RayLedgerClient(handle)
     webhook = await start_server(create_app(config, client), "127.0.0.1", 0, tls())
     noop = await start_server(noop_app(), "127.0.0.1", 0, tls())
+    inproc = None
+    if args.in_process:  # the same webhook on an in-process ledger: what Ray adds
+        from allocator.ledger_service import LedgerService
+        from webhook.ledger_client import InProcessLedgerClient
+
+        service = LedgerService(config.ledger_config(), {"kind": "file", "path": args.cluster_file}, time.time())
+        inproc = await start_server(create_app(config, InProcessLedgerClient(service)), "127.0.0.1", 0, tls())
     tune_gc()  # as `gpuledger serve` does
     results = {}
     try:
@@ -257,9 +264,14 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
             # release everything (nothing is ever stored): each phase starts from an empty 8,000-GPU ledger
             await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
             results[f"noop_{name}"] = await run_load(noop.port, ca_file, n, in_flight)
+            if inproc is not None:
+                results[f"inproc_{name}"] = await run_load(inproc.port, ca_file, n, in_flight)
+                service.sweep(time.time() + 1e6)
     finally:
         await webhook.stop()
         await noop.stop()
+        if inproc is not None:
+            await inproc.stop()
     return results
 
 
@@ -269,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--requests", type=int, default=7000, help="requests in the 100-in-flight phase")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--in-process", action="store_true",
+                        help="also measure the webhook on an in-process ledger (no Ray)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_file.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
                                                 "items": cluster(args.nodes, args.gpus, leaves=max(1, args.nodes // 32),
                                                                  spines=max(1, args.nodes // 256))}))
+        args.cluster_file = str(cluster_file)
         ray.init(namespace="gpuledger-bench", include_dashboard=False, num_cpus=1, log_to_driver=False)
         config = WebhookConfig(hmac_key="bench-key")
         handle = get_or_create_ledger(config.ledger_config(), {"kind": "file", "path": str(cluster_file)},
@@ -314,8 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"raw Ray admission rate (1 admission per call, sequential): {raw_rate:,.0f}/s")
     print()
     print(f"{'scenario':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}  statuses")
-    for label, r in (("webhook, 100 in flight", t), ("no-op aiohttp, 100 in flight", nt),
-                     ("webhook, 20 in flight", lt), ("no-op aiohttp, 20 in flight", nl)):
+    rows = [("webhook, 100 in flight", t), ("no-op aiohttp, 100 in flight", nt),
+            ("webhook, 20 in flight", lt), ("no-op aiohttp, 20 in flight", nl)]
+    if "inproc_throughput" in results:
+        rows += [("webhook no Ray, 100 in flight", results["inproc_throughput"]),
+                 ("webhook no Ray, 20 in flight", results["inproc_latency"])]
+    for label, r in rows:
         print(f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['statuses']}")
     print()
     print(f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
