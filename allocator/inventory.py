@@ -255,6 +255,9 @@ class ClusterIndex:
         self._key: dict[str, int] = {}  # name -> bucket key it is filed under (placeable nodes only)
         # devices holding shares on placeable nodes, sorted: (free milli, node, index) — best fit for shares
         self.open: list[tuple[int, str, int]] = []
+        # leaves by their whole-free total, for strategies that rank leaves (consolidated, distributed)
+        self.leaves_by_total: dict[int, set[LeafKey]] = {}
+        self.leaf_members: dict[LeafKey, int] = {}  # nodes per leaf, placeable or not
         self._sorted_names: list[str] | None = None
 
     def sorted_names(self) -> list[str]:
@@ -266,12 +269,24 @@ class ClusterIndex:
         b = self.leaves.get(key)
         if b is None:
             b = self.leaves[key] = _Buckets()
+            self.leaves_by_total.setdefault(0, set()).add(key)
         return b
+
+    def _leaf_total(self, key: LeafKey, b: _Buckets, delta: int) -> None:
+        if not delta:
+            return
+        group = self.leaves_by_total[b.total_whole]
+        group.discard(key)
+        if not group:
+            del self.leaves_by_total[b.total_whole]
+        b.total_whole += delta
+        self.leaves_by_total.setdefault(b.total_whole, set()).add(key)
 
     def add(self, node: NodeState) -> None:
         self.nodes[node.name] = node
         self._sorted_names = None
         self.leaf(node.leaf_key)
+        self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
         if node.placeable:
             self._file(node)
 
@@ -281,6 +296,11 @@ class ClusterIndex:
             return None
         self._sorted_names = None
         self._unfile(node)
+        left = self.leaf_members[node.leaf_key] - 1
+        if left:
+            self.leaf_members[node.leaf_key] = left
+        else:
+            del self.leaf_members[node.leaf_key]
         return node
 
     def _add_open(self, entries) -> None:
@@ -297,9 +317,10 @@ class ClusterIndex:
         self._add_open(node.open_devices())
         k = node.whole_free
         self._key[node.name] = k
+        self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], k)
+        self.all.total_whole += k
         for b in (self.all, self.leaves[node.leaf_key]):
             b.add(node.name, k)
-            b.total_whole += k
             b.total_milli += node.total_milli
             b.free_milli += node.free_milli
             b.count += 1
@@ -309,9 +330,10 @@ class ClusterIndex:
         if k is None:
             return
         self._remove_open(node.open_devices())
+        self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], -k)
+        self.all.total_whole -= k
         for b in (self.all, self.leaves[node.leaf_key]):
             b.discard(node.name, k)
-            b.total_whole -= k
             b.total_milli -= node.total_milli
             b.free_milli -= node.free_milli
             b.count -= 1
@@ -331,10 +353,13 @@ class ClusterIndex:
         if open_old != open_new:
             self._remove_open(open_old)
             self._add_open(open_new)
-        for b in (self.all, self.leaves[node.leaf_key]):
+        leaf = self.leaves[node.leaf_key]
+        if k_new != k_old:
+            self._leaf_total(node.leaf_key, leaf, k_new - k_old)
+            self.all.total_whole += k_new - k_old
+        for b in (self.all, leaf):
             if k_new != k_old:
                 b.discard(node.name, k_old)
                 b.add(node.name, k_new)
-                b.total_whole += k_new - k_old
             b.free_milli += milli_new - milli_old
         self._key[node.name] = k_new

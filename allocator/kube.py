@@ -451,14 +451,16 @@ def _canonical(d: dict) -> str:
     return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def _sign(text: str, key: bytes) -> str:
+def _sign(text: str, key: bytes | str) -> str:
+    if isinstance(key, str):
+        key = key.encode()
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 _SIG_FIELD = ',"sig":"'
 
 
-def encode_placement(placement: Placement, key: bytes = b"") -> str:
+def encode_placement(placement: Placement, key: bytes | str = b"") -> str:
     """The `gpuledger.io/placement` annotation value: the placement as canonical JSON (sorted keys, no
     spaces) with an HMAC-SHA256 `sig` of that canonical text appended as the last member. An empty key
     writes an unsigned annotation (development only)."""
@@ -468,7 +470,7 @@ def encode_placement(placement: Placement, key: bytes = b"") -> str:
     return f'{text[:-1]}{_SIG_FIELD}{_sign(text, key)}"}}'
 
 
-def decode_placement(text: str, key: bytes = b"") -> Placement | None:
+def decode_placement(text: str, key: bytes | str = b"") -> Placement | None:
     """The placement in an annotation, or None when it is malformed or its signature does not verify
     (the signed text is the annotation with its trailing `sig` member removed).
 

@@ -203,12 +203,9 @@ class Ledger:
 
     def topology(self) -> Topology:
         if self._topology is None:
-            leaves = [key for key, b in self.index.leaves.items() if b.count or self._has_nodes(key)]
+            leaves = list(self.index.leaf_members)
             self._topology = Topology.build(leaves, self.config.leaf_order)
         return self._topology
-
-    def _has_nodes(self, leaf: LeafKey) -> bool:
-        return any(n.leaf_key == leaf for n in self.index.nodes.values())
 
     # ------------------------------------------------------------------------------------------ holdings
     def _hold(self, h: Holding) -> None:
@@ -503,8 +500,9 @@ class Ledger:
             self._rr_cursor = placement.node
         return placement
 
-    def explain(self, request: Request) -> Explanation:
-        """The decision `reserve` would make now, with every node's score or reasons; reserves nothing."""
+    def explain(self, request: Request, with_scores: bool = True) -> Explanation:
+        """The decision `reserve` would make now, with every node's score or reasons; reserves nothing.
+        `with_scores=False` skips the per-node table (a dry run needs only the decision)."""
         existing = self._reservations.get(request.id)
         if existing is not None:
             result: Placement | Denial = existing.placement
@@ -516,6 +514,8 @@ class Ledger:
                 result = self._claim_placement(decision, request)
             else:
                 result = decision
+        if not with_scores:
+            return Explanation(result=result)
         try:
             strategy = get_strategy(request.strategy or self.config.default_strategy)
         except ValueError:

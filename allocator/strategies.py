@@ -228,16 +228,16 @@ def leaf_walk(
     leaf_descending: bool,
     node_descending: bool,
 ) -> Iterator["NodeState"]:
-    """Leaves ordered by their whole-free total (equal totals merged by node name), nodes by bucket."""
-    if leaves is None:
-        leaves = list(index.leaves)
-    by_total: dict[int, list["LeafKey"]] = {}
-    for leaf in leaves:
-        b = index.leaves.get(leaf)
-        if b is not None and b.count:
-            by_total.setdefault(b.total_whole, []).append(leaf)
-    for total in sorted(by_total, reverse=leaf_descending):
-        yield from bucket_walk(index, by_total[total], need, node_descending)
+    """Leaves ordered by their whole-free total (equal totals merged by node name), nodes by bucket.
+    A leaf whose total is below `need` cannot hold a node with `need` free, so it is skipped unseen."""
+    wanted = None if leaves is None else set(leaves)
+    groups = index.leaves_by_total
+    for total in sorted(groups, reverse=leaf_descending):
+        if total < need or not groups.get(total):
+            continue
+        members = sorted(groups[total]) if wanted is None else sorted(groups[total] & wanted)
+        if members:
+            yield from bucket_walk(index, members, need, node_descending)
 
 
 class BestFit(Strategy):

@@ -13,9 +13,9 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -178,18 +178,28 @@ def node_objects(nodes: list[NodeInfo]):
         }
 
 
-def rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _status_mib(field: str) -> float:
+    """VmRSS / VmHWM of this process in MiB (VmHWM, unlike ru_maxrss, is not inherited across fork+exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def memory_child(args) -> None:
-    """Runs in a fresh process: stream nodes + pods into rebuild, report peak RSS."""
-    nodes = cluster(args.nodes, args.gpus, args.leaves_per_spine)
-    base = rss_mib()
-    led = Ledger.rebuild(_stream(nodes, args.pods), LedgerConfig(placement_key=KEY), now=0.0)
+    """Runs in a fresh process: stream nodes + pods (JSON lines written by the parent) into rebuild."""
+    base = _status_mib("VmRSS")
+
+    def objects():
+        with open(args.memory_child) as lines:
+            for line in lines:
+                yield json.loads(line)
+
+    led = Ledger.rebuild(objects(), LedgerConfig(placement_key=KEY), now=0.0)
     gc.collect()
-    print(json.dumps({"peak_rss_mib": rss_mib(), "baseline_rss_mib": base,
-                      "reservations": len(led.reservations())}))
+    print(json.dumps({"peak_mib": _status_mib("VmHWM"), "rss_mib": _status_mib("VmRSS"), "baseline_mib": base,
+                      "reservations": len(led.reservations()), "nodes": len(led.index.nodes)}))
 
 
 def _stream(nodes, count):
@@ -205,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--placements", type=int, default=40_000)
     ap.add_argument("--naive-placements", type=int, default=200)
     ap.add_argument("--pods", type=int, default=100_000)
-    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", metavar="JSONL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory_child:
         memory_child(args)
@@ -240,18 +250,22 @@ def main(argv=None) -> int:
     took = time.perf_counter() - t0
     print(f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
           f"({len(led.reservations())} placements restored)")
-    del objects, led
+    del led
     gc.collect()
 
-    out = subprocess.run(
-        [sys.executable, __file__, "--memory-child", "--nodes", str(args.nodes), "--gpus", str(args.gpus),
-         "--leaves-per-spine", str(args.leaves_per_spine), "--pods", str(args.pods)],
-        capture_output=True, text=True, check=True,
-    )
-    mem = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"resident memory: peak {mem['peak_rss_mib']:.0f} MiB for the process holding a ledger of "
-          f"{len(nodes)} nodes and {args.pods} pods (interpreter + imports {mem['baseline_rss_mib']:.0f} MiB; "
-          f"pods streamed into rebuild)")
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as out:
+        for obj in objects:
+            out.write(json.dumps(obj) + "\n")
+    del objects
+    try:
+        run = subprocess.run([sys.executable, __file__, "--memory-child", out.name],
+                             capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(out.name)
+    mem = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) for a process "
+          f"holding a ledger of {mem['nodes']} nodes and {args.pods} pods, objects streamed from a file; "
+          f"interpreter + imports alone {mem['baseline_mib']:.0f} MiB")
     return 0
 
 
