@@ -32,7 +32,8 @@ KEY = HMAC_KEY.encode()
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(namespace="gpuledger-test-actor", include_dashboard=False, num_cpus=1, log_to_driver=False)
+    ray.init(address="local", namespace="gpuledger-test-actor", include_dashboard=False, num_cpus=1,
+             log_to_driver=False)
     yield
     ray.shutdown()
 

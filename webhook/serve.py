@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray_address:
         ray.init(address=args.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
     else:
-        ray.init(namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=args.ray_num_cpus, log_to_driver=False)
+        # "local": a Ray of our own, even if RAY_ADDRESS or a `ray start` cluster is around
+        ray.init(address="local", namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=args.ray_num_cpus,
+                 log_to_driver=False)
     api_client = None
     if args.cluster:
         source = {"kind": "file", "path": os.path.abspath(args.cluster)}

@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "items": cluster(args.nodes, args.gpus, leaves=max(1, args.nodes // 32),
                                                                  spines=max(1, args.nodes // 256))}))
         args.cluster_file = str(cluster_file)
-        ray.init(namespace="gpuledger-bench", include_dashboard=False, num_cpus=1, log_to_driver=False)
+        ray.init(address="local", namespace="gpuledger-bench", include_dashboard=False, num_cpus=1,
+                 log_to_driver=False)
         config = WebhookConfig(hmac_key="bench-key")
         handle = get_or_create_ledger(config.ledger_config(), {"kind": "file", "path": str(cluster_file)},
                                       name=f"bench-{uuid.uuid4().hex[:6]}", sweep_interval_s=0)
