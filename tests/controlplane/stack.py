@@ -56,8 +56,8 @@ class Stack:
         )
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
-            ray.init(namespace=self.ray_namespace, include_dashboard=False, num_cpus=1, log_to_driver=False,
-                     logging_level=logging.ERROR)
+            ray.init(address="local", namespace=self.ray_namespace, include_dashboard=False, num_cpus=1,
+                     log_to_driver=False, logging_level=logging.ERROR)
         self.handle = get_or_create_ledger(
             self.config.ledger_config(), {"kind": "kubernetes"}, name=self.actor_name, namespace=self.ray_namespace
         )
