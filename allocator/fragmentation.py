@@ -233,21 +233,22 @@ class WorkloadTracker:
     popularity: float = 0.95
     refresh_every: int = 256
     counts: Counter = field(default_factory=Counter)
+    seen: int = 0
+    memory_mib: int = 0  # of the GPU requests seen, for the memory-per-GPU ratio
+    gpu_milli: int = 0
     _seen_at_refresh: int = 0
     _meter: FragmentationMeter | None = None
-
-    memory_mib: int = 0
-    gpu_milli: int = 0
 
     def observe(self, request: Request) -> None:
         shape = PodShape.of(request)
         self.counts[shape] += 1
+        self.seen += 1
         if shape.total_milli:
             self.memory_mib += request.memory_mib
             self.gpu_milli += shape.total_milli
 
     def meter(self) -> FragmentationMeter:
-        seen = sum(self.counts.values())
+        seen = self.seen
         if self._meter is None or seen - self._seen_at_refresh >= self.refresh_every:
             memory = self.memory_mib / self.gpu_milli if self.gpu_milli else 0.0
             self._meter = FragmentationMeter(TargetWorkload.from_shapes(self.counts.elements(), self.popularity,
