@@ -67,6 +67,10 @@ class LedgerActor:
         self._tick(len(ids))
         return self.service.lookup(ids)
 
+    async def claim(self, ids: list[str]) -> list:
+        self._tick(len(ids))
+        return self.service.claim(ids)
+
     async def explain(self, request: Request):
         self._tick()
         return self.service.explain(request)

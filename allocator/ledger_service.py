@@ -33,10 +33,12 @@ class Unavailable:
 
 @dataclass(frozen=True)
 class Held:
-    """A live reservation as the validating webhook checks it."""
+    """A live reservation as the validating webhook checks it. `claimed`: a pod's CREATE already passed
+    validation with it (a second pod carrying the same placement is a copy)."""
 
     placement: Placement
     confirmed: bool
+    claimed: bool = False
 
 
 class LedgerService:
@@ -48,6 +50,8 @@ class LedgerService:
         self.rebuilds = 0
         # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
         self._pending: dict[str, Request] = {}
+        # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
+        self._claimed: set[str] = set()
         self.rebuild_from_source(now)
 
     # ---------------------------------------------------------------- sources
@@ -86,6 +90,7 @@ class LedgerService:
                 lost += 1
                 del self._pending[rid]
         self.ledger = fresh
+        self._claimed &= set(self._pending)
         self.synced = True
         self.rebuilds += 1
         return {"kept": kept, "lost": lost, "objects": len(objects)}
@@ -109,7 +114,7 @@ class LedgerService:
         request = call.request
         if call.prior_id and call.prior_id != request.id:
             held = self._held(call.prior_id)
-            if held is not None and not held.confirmed:
+            if held is not None and not held.confirmed and not held.claimed:
                 # a reinvocation or retry of the same admission: the same answer, nothing new reserved
                 return held.placement
         if call.dry_run:
@@ -123,27 +128,43 @@ class LedgerService:
         placement = self.ledger.get(rid)
         if placement is None:
             return None
-        return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED)
+        return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED, rid in self._claimed)
 
     def lookup(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
         if not self.synced:
             return [self._unsynced() for _ in ids]
         return [self._held(i) for i in ids]
 
+    def claim(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
+        """The validating webhook's check: each reservation as it was, then marked claimed by this pod."""
+        if not self.synced:
+            return [self._unsynced() for _ in ids]
+        out = []
+        for rid in ids:
+            held = self._held(rid)
+            if held is not None and not held.confirmed:
+                self._claimed.add(rid)
+            out.append(held)
+        return out
+
     def explain(self, request: Request) -> Explanation:
         return self.ledger.explain(request)
 
     # ---------------------------------------------------------------- lifecycle
+    def _forget(self, rid: str) -> None:
+        self._pending.pop(rid, None)
+        self._claimed.discard(rid)
+
     def confirm(self, ids: Iterable[str], now: float) -> list[bool]:
-        done = [self.ledger.confirm(i, now) for i in ids]
+        ids = list(ids)
         for i in ids:
-            self._pending.pop(i, None)
-        return done
+            self._forget(i)
+        return [self.ledger.confirm(i, now) for i in ids]
 
     def release(self, ids: Iterable[str]) -> list[bool]:
         ids = list(ids)
         for i in ids:
-            self._pending.pop(i, None)
+            self._forget(i)
         return [self.ledger.release(i) for i in ids]
 
     def apply_events(self, events: Iterable[tuple[str, dict]], now: float) -> int:
@@ -171,7 +192,7 @@ class LedgerService:
         self.confirm([c for c in candidates if c in stored], now)
         expired = self.ledger.expire(now)
         for rid in expired:
-            self._pending.pop(rid, None)
+            self._forget(rid)
         return expired
 
     # ---------------------------------------------------------------- reading

@@ -70,13 +70,14 @@ async def start(handle, paths, cfg=None):
     return server, client
 
 
-async def post_all(url: str, ca_pem: bytes, bodies: list[dict], connections: int) -> list[dict]:
+async def post_all(url: str, ca_pem: bytes, bodies: list[dict], connections: int,
+                   route: str = "/mutate") -> list[dict]:
     import ssl
 
     ctx = ssl.create_default_context(cadata=ca_pem.decode())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=connections)) as session:
         async def one(body):
-            async with session.post(f"{url}/mutate", json=body) as resp:
+            async with session.post(f"{url}{route}", json=body) as resp:
                 assert resp.status == 200
                 return await resp.json()
 
@@ -153,6 +154,10 @@ async def test_dry_run_reinvocation_and_sweep_through_ray(ray_local, tls_files, 
         [again] = await post_all(server.url, ca.cert_pem, [make_review(mutated, uid="r2")], 1)
         assert again["response"]["allowed"] and decode_patch(again) == []
         assert ray.get(handle.stats.remote()).reservations_pending == 1
+        [ok] = await post_all(server.url, ca.cert_pem, [make_review(mutated, uid="v1")], 1, "/validate")
+        assert ok["response"]["allowed"]
+        [copy] = await post_all(server.url, ca.cert_pem, [make_review(mutated, uid="v2")], 1, "/validate")
+        assert not copy["response"]["allowed"] and "already admitted" in copy["response"]["status"]["message"]
 
         # the pod was never stored (not in the source): past the TTL the sweep releases it; `now` is an input
         status = ray.get(handle.status.remote())

@@ -99,3 +99,16 @@ def test_kubernetes_source_waits_for_resync():
     s.resync(cluster(1, 8), NOW)
     assert isinstance(s.admit([AdmitCall(Request(id="x", gpus=1))], NOW)[0], Placement)
     assert json.loads(json.dumps(s.status()))["nodes"] == 1
+
+
+def test_claims_mark_one_pod_per_reservation_and_clear_on_confirm():
+    s = svc(cluster(1, 8))
+    [p] = s.admit([AdmitCall(Request(id="a", gpus=1))], NOW)
+    [first] = s.claim(["a"])
+    assert first.claimed is False and s.lookup(["a"])[0].claimed is True
+    [reuse] = s.admit([AdmitCall(Request(id="b", gpus=1), prior_id="a")], NOW)
+    assert reuse.id == "b"  # a claimed reservation is not handed out again as a reinvocation
+    s.confirm(["a"], NOW)
+    assert s.lookup(["a"])[0] == s.lookup(["a"])[0] and s.lookup(["a"])[0].confirmed
+    assert "a" not in s._claimed
+    assert s.claim(["nope"]) == [None]

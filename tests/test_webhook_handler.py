@@ -193,9 +193,23 @@ def test_copied_placement_of_a_stored_pod_gets_a_fresh_reservation():
     copy["metadata"]["name"] = "copy"
     # the validating webhook refuses the copy outright
     v = run(h.validate(review(copy)))
-    assert not v.allowed and "already stored" in v.message
+    assert not v.allowed and "belongs to another pod (stored)" in v.message
     # the mutating webhook gives it its own devices
     d = run(h.mutate(review(copy)))
+    assert d.allowed and d.reservation_id != first.reservation_id and not set(d.devices) & set(first.devices)
+
+
+def test_a_copy_made_before_the_original_is_stored_is_caught():
+    h, svc = handler(cluster(1, 8))
+    pod = gpu_pod(2)
+    first = run(h.mutate(review(pod)))
+    original = apply_patch(pod, first.patch)
+    assert run(h.validate(review(original))).allowed  # the original's CREATE passes validation: claimed
+    copy = json.loads(json.dumps(original))
+    copy["metadata"]["name"] = "copy"
+    v = run(h.validate(review(copy)))
+    assert not v.allowed and "already admitted" in v.message
+    d = run(h.mutate(review(copy)))  # not taken for a reinvocation: its own devices
     assert d.allowed and d.reservation_id != first.reservation_id and not set(d.devices) & set(first.devices)
 
 
@@ -297,7 +311,7 @@ class SlowLedger:
     async def admit(self, call):
         await asyncio.sleep(10)
 
-    async def lookup(self, rid):
+    async def claim(self, rid):
         await asyncio.sleep(10)
 
 

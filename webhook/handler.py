@@ -228,7 +228,7 @@ class AdmissionHandler:
             return Decision(True, outcome="allowed")  # dry runs reserve nothing: the signature is the check
         try:
             async with asyncio.timeout(self.config.deadline_s):
-                held = await self.ledger.lookup(placement.id)
+                held = await self.ledger.claim(placement.id)
         except TimeoutError:
             return self._unavailable(pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s")
         except LedgerUnavailable as exc:
@@ -238,13 +238,14 @@ class AdmissionHandler:
         if held is None:
             return _forbidden(f"{who}: placement {placement.id!r} matches no live reservation "
                               "(expired, released or never made)")
-        if held.confirmed:
-            return _forbidden(f"{who}: placement {placement.id!r} belongs to a pod already stored; "
-                              "a copied placement annotation cannot be reused")
         if (held.placement.node, held.placement.devices, held.placement.shares) != (
                 placement.node, placement.devices, placement.shares):
             return _forbidden(f"{who}: placement {placement.id!r} differs from the ledger's reservation "
                               f"({describe_placement(held.placement)})")
+        if held.confirmed or held.claimed:
+            return _forbidden(f"{who}: placement {placement.id!r} belongs to another pod "
+                              f"({'stored' if held.confirmed else 'already admitted'}); "
+                              "a copied placement annotation cannot be reused")
         return Decision(True, outcome="allowed")
 
     def _validate_update(self, review: Review) -> Decision:

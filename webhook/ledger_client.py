@@ -26,6 +26,8 @@ class LedgerClient(Protocol):
 
     async def lookup(self, reservation_id: str) -> Held | None | Unavailable: ...
 
+    async def claim(self, reservation_id: str) -> Held | None | Unavailable: ...
+
     async def status(self) -> dict[str, Any]: ...
 
     async def stats(self) -> Any: ...
@@ -46,6 +48,9 @@ class InProcessLedgerClient:
 
     async def lookup(self, reservation_id: str) -> Held | None:
         return self.service.lookup([reservation_id])[0]
+
+    async def claim(self, reservation_id: str) -> Held | None:
+        return self.service.claim([reservation_id])[0]
 
     async def status(self) -> dict[str, Any]:
         return self.service.status()
@@ -75,6 +80,8 @@ class RayLedgerClient:
             lambda calls: self._call("admit", calls), max_batch, max_in_flight)
         self.lookups: Batcher[str, Held | None] = Batcher(
             lambda ids: self._call("lookup", ids), max_batch, max_in_flight)
+        self.claims: Batcher[str, Held | None] = Batcher(
+            lambda ids: self._call("claim", ids), max_batch, max_in_flight)
 
     async def _call(self, method: str, *args: Any) -> Any:
         import ray.exceptions as rex
@@ -96,6 +103,9 @@ class RayLedgerClient:
 
     async def lookup(self, reservation_id: str) -> Held | None:
         return await self.lookups.submit(reservation_id)
+
+    async def claim(self, reservation_id: str) -> Held | None:
+        return await self.claims.submit(reservation_id)
 
     async def status(self) -> dict[str, Any]:
         return await self._call("status")
