@@ -472,7 +472,11 @@ def request_from_pod(
 
     spec = _mapping(pod.get("spec"))
     cpu_milli, memory_mib = _container_resources(pod)
-    node_selector = tuple(sorted(_string_map("spec.nodeSelector", spec.get("nodeSelector")).items()))
+    selector = _string_map("spec.nodeSelector", spec.get("nodeSelector"))
+    if isinstance(spec.get("nodeName"), str) and spec["nodeName"]:
+        # the user bound the pod to a node already: only that node may hold its GPUs
+        selector.setdefault("kubernetes.io/hostname", spec["nodeName"])
+    node_selector = tuple(sorted(selector.items()))
     return Request(
         id=reservation_id,
         gpus=gpus,

@@ -393,3 +393,16 @@ def test_unsynced_ledger_is_unavailable_not_a_decision():
     assert run(opened.mutate(review(gpu_pod(1)))).allowed
     svc.resync(nodes, 1000.0)
     assert run(h.mutate(review(gpu_pod(1)))).allowed
+
+
+def test_a_pod_the_user_bound_to_a_node_is_placed_there():
+    h, _ = handler(cluster(3, 8))
+    pod = gpu_pod(2)
+    pod["spec"]["nodeName"] = "node-0002"
+    d = run(h.mutate(review(pod)))
+    assert d.allowed and d.node == "node-0002"
+    assert run(h.validate(review(apply_patch(pod, d.patch)))).allowed
+    pod = gpu_pod(2)
+    pod["spec"]["nodeName"] = "no-such-node"
+    d = run(h.mutate(review(pod)))
+    assert not d.allowed and "nodeSelector" in d.message
