@@ -133,7 +133,9 @@ def iter_objects(objects: Any) -> Iterator[dict]:
     if objects is None:
         return
     if isinstance(objects, dict):
-        if isinstance(objects.get("items"), list) and (
+        if objects.get("kind") in ("Pod", "Node"):
+            yield objects
+        elif isinstance(objects.get("items"), list) and (
             objects.get("kind", "").endswith("List") or "metadata" not in objects or objects.get("kind") is None
         ):
             for item in objects["items"]:
@@ -142,7 +144,10 @@ def iter_objects(objects: Any) -> Iterator[dict]:
             yield objects
         return
     for obj in objects:
-        yield from iter_objects(obj)
+        if isinstance(obj, dict) and obj.get("kind") in ("Pod", "Node"):
+            yield obj  # the common case, without a nested generator
+        else:
+            yield from iter_objects(obj)
 
 
 def kind_of(obj: dict) -> str:
@@ -342,27 +347,40 @@ def pod_key(pod: dict) -> str:
     return f"{meta.get('namespace') or 'default'}/{name}"
 
 
-def pod_usage(pod: dict, key: bytes = b"", problems: list[str] | None = None) -> PodUsage:
-    """What `pod` holds: its requests, its node, and its verified placement (if gpuledger placed it)."""
+def pod_usage(
+    pod: dict, key: bytes | str = b"", problems: list[str] | None = None, lazy: bool = False
+) -> PodUsage:
+    """What `pod` holds: its requests, its node, and its verified placement (if gpuledger placed it).
+
+    `lazy=True` skips parsing the containers when nothing needs them (a terminal pod, or a valid placement,
+    whose cpu/memory then stand in for the requests) — the ledger's rebuild path."""
+    meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
-    req = pod_requests(pod, problems)
+    terminal = status.get("phase") in TERMINAL_PHASES
     placement = None
     problem = ""
-    text = _annotations(pod).get(PLACEMENT_ANNOTATION)
+    text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
     if text is not None:
-        placement = decode_placement(text, key)
+        placement = decode_placement(str(text), key)
         if placement is None:
             problem = f"annotation {PLACEMENT_ANNOTATION} ignored: bad signature or malformed"
             if problems is not None:
                 problems.append(f"pod {pod_key(pod)}: {problem}")
+    if lazy and terminal:
+        cpu = mem = gpus = 0
+    elif lazy and placement is not None:
+        cpu, mem, gpus = placement.cpu_milli, placement.memory_mib, len(placement.devices)
+    else:
+        req = pod_requests(pod, problems)
+        cpu, mem, gpus = req.cpu_milli, req.memory_mib, req.gpus
     return PodUsage(
         key=pod_key(pod),
         node=str(spec.get("nodeName") or ""),
-        terminal=status.get("phase") in TERMINAL_PHASES,
-        cpu_milli=req.cpu_milli,
-        memory_mib=req.memory_mib,
-        gpus=req.gpus,
+        terminal=terminal,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=gpus,
         placement=placement,
         placement_problem=problem,
     )

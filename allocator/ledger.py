@@ -974,8 +974,9 @@ class Ledger:
 
     def _apply_pod(self, obj: dict, now: float) -> None:
         problems: list[str] = []
-        usage = kube.pod_usage(obj, self.config.placement_key, problems)
-        self.problems.extend(problems)
+        usage = kube.pod_usage(obj, self.config.placement_key, problems, lazy=True)
+        if problems:
+            self.problems.extend(problems)
         prev = self._pods.get(usage.key)
         if usage.terminal:
             self._forget_pod(usage.key)
