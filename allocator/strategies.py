@@ -193,10 +193,20 @@ def bucket_walk(
                 yield nodes[name]
         return
     groups = [index.leaves[leaf] for leaf in leaves if leaf in index.leaves]
-    keys = sorted({k for g in groups for k, b in g.by_free.items() if k >= need and b}, reverse=descending)
-    for k in keys:
-        lists = [g.by_free[k] for g in groups if g.by_free.get(k)]
-        for name in lists[0] if len(lists) == 1 else heapq.merge(*lists):
+    for k in index.all.keys_from(need, descending):  # the global keys hold every leaf's keys
+        lists = [lst for g in groups if (lst := g.by_free.get(k))]
+        if not lists:
+            continue
+        if len(lists) == 1:
+            for name in lists[0]:
+                yield nodes[name]
+            continue
+        # the first node is usually taken: find it without building the merge (names are unique)
+        first = min(lst[0] for lst in lists)
+        yield nodes[first]
+        merged = heapq.merge(*lists)
+        next(merged)
+        for name in merged:
             yield nodes[name]
 
 
@@ -235,7 +245,7 @@ def leaf_walk(
     for total in sorted(groups, reverse=leaf_descending):
         if total < need or not groups.get(total):
             continue
-        members = sorted(groups[total]) if wanted is None else sorted(groups[total] & wanted)
+        members = list(groups[total]) if wanted is None else list(groups[total] & wanted)  # merged by name
         if members:
             yield from bucket_walk(index, members, need, node_descending)
 
