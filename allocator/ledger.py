@@ -42,14 +42,6 @@ from allocator.strategies import (
 )
 from allocator.topology import Topology, plan_leaves
 
-_STATIC_REASONS = {
-    Reason.NOT_READY,
-    Reason.NOT_GPU_SCHEDULABLE,
-    Reason.PRODUCT_MISMATCH,
-    Reason.GPU_MEMORY_TOO_SMALL,
-    Reason.SELECTOR,
-    Reason.TAINT,
-}
 _HARD_EFFECTS = ("NoSchedule", "NoExecute")
 _FILTER_CACHE_LIMIT = 256
 
