@@ -136,13 +136,15 @@ def iter_objects(objects: Any) -> Iterator[dict]:
         if objects.get("kind") in ("Pod", "Node"):
             yield objects
         elif isinstance(objects.get("items"), list) and (
-            objects.get("kind", "").endswith("List") or "metadata" not in objects or objects.get("kind") is None
+            str(objects.get("kind") or "").endswith("List") or "metadata" not in objects or objects.get("kind") is None
         ):
             for item in objects["items"]:
                 yield from iter_objects(item)
         else:
             yield objects
         return
+    if isinstance(objects, (str, bytes)) or not hasattr(objects, "__iter__"):
+        return  # not an object: ignored
     for obj in objects:
         if isinstance(obj, dict) and obj.get("kind") in ("Pod", "Node"):
             yield obj  # the common case, without a nested generator
@@ -154,11 +156,13 @@ def kind_of(obj: dict) -> str:
     """'Node' or 'Pod' (inferring it from the shape when `kind` is missing, as in some List items)."""
     kind = obj.get("kind")
     if kind:
-        return kind
-    spec = obj.get("spec") or {}
+        return str(kind)
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
     if "containers" in spec:
         return "Pod"
-    status = obj.get("status") or {}
+    status = obj.get("status")
+    status = status if isinstance(status, dict) else {}
     if "allocatable" in status or "capacity" in status or "taints" in spec or "podCIDR" in spec:
         return "Node"
     return ""

@@ -943,21 +943,31 @@ class Ledger:
             self._apply_one(item, now)
 
     def _apply_one(self, item: dict, now: float) -> None:
-        kind = kube.kind_of(item)
-        if kind == "Pod":
-            self._apply_pod(item, now)
-        elif kind == "Node":
-            problems: list[str] = []
-            self.upsert_node(kube.node_from_object(item, self.config, problems))
-            self.problems.extend(problems)
+        try:
+            kind = kube.kind_of(item)
+            if kind == "Pod":
+                self._apply_pod(item, now)
+            elif kind == "Node":
+                problems: list[str] = []
+                info = kube.node_from_object(item, self.config, problems)
+                if not info.name:
+                    raise ValueError("metadata.name is missing")
+                self.upsert_node(info)
+                self.problems.extend(problems)
+        except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
+            # one malformed object must not stop the ledger from following the cluster
+            self.problems.append(f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}")
 
     def delete_object(self, obj: dict) -> None:
         for item in kube.iter_objects(obj):
-            kind = kube.kind_of(item)
-            if kind == "Node":
-                self.remove_node(str((item.get("metadata") or {}).get("name", "")))
-            elif kind == "Pod":
-                self._forget_pod(kube.pod_key(item))
+            try:
+                kind = kube.kind_of(item)
+                if kind == "Node":
+                    self.remove_node(str((item.get("metadata") or {}).get("name", "")))
+                elif kind == "Pod":
+                    self._forget_pod(kube.pod_key(item))
+            except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
+                self.problems.append(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
 
     def _forget_pod(self, key: str) -> None:
         hid = self._pods.pop(key, None)

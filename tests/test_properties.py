@@ -337,3 +337,32 @@ def test_same_inputs_same_answers(node_specs, ops):
 def test_reserve_only_streams_then_rebuild(node_specs, ops):
     """Long runs of reservations (the cluster fills up), then everything gets its pod and is rebuilt."""
     run(node_specs, ops + [("checkpoint", 0), ("tick", 31.0), ("checkpoint", 0)])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10) | st.sampled_from(["", "1", "500m", "4Gi", "x", "Running",
+                                                                      "Succeeded", "n0", "[]", "{}"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(["kind", "metadata", "name", "namespace", "spec", "status", "containers", "resources",
+                         "requests", "limits", "nvidia.com/gpu", "cpu", "memory", "nodeName", "phase", "labels",
+                         "annotations", "allocatable", "taints", "items", "initContainers", "conditions"]),
+        children,
+        max_size=4,
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, max_size=6), st.sampled_from(["Pod", "Node", None]))
+def test_malformed_objects_never_crash_the_ledger(objects, kind):
+    """Bad cluster data is reported in `problems`, never raised."""
+    led = Ledger(LedgerConfig(placement_key=KEY))
+    led.apply_object(node("n0", 2), 0.0)
+    for obj in objects:
+        if kind and isinstance(obj, dict) and not isinstance(obj.get("kind"), (bool, int)):
+            obj = dict(obj, kind=kind)
+        led.apply_object(obj, 1.0)
+        led.delete_object(obj)
+    check_invariants(led)
+    led.reserve(Request(id="after", gpus=1), 2.0)
