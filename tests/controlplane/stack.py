@@ -82,12 +82,18 @@ class Stack:
 
         config, handle, api_client = self.config, self.handle, self.api_client
         paths = self.tls_paths
-        self.server = ServerThread(
-            lambda: create_app(
+
+        def app():
+            served = create_app(
                 config,
                 RayLedgerClient(handle),
                 KubeOwners(api_client, ttl_s=config.owner_cache_ttl_s, timeout_s=config.deadline_s),
-            ),
+            )
+            served.middlewares.append(_log_transport_errors())
+            return served
+
+        self.server = ServerThread(
+            app,
             host=self.webhook_host,
             port=self.port,
             tls_factory=lambda: ReloadingTLS(str(paths["tls.crt"]), str(paths["tls.key"])),
@@ -158,6 +164,23 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _log_transport_errors():
+    """A middleware logging answers that are not AdmissionReviews (HTTP 4xx/5xx): the API server reports them
+    only as "the server rejected our request for an unknown reason"."""
+    from aiohttp import web
+
+    @web.middleware
+    async def middleware(request, handler):
+        response = await handler(request)
+        if response.status >= 400:
+            body = getattr(response, "text", "") or ""
+            log.warning("webhook answered %s %s with HTTP %d: %s (content-type %r, length %r)", request.method,
+                        request.path, response.status, body[:300], request.content_type, request.content_length)
+        return response
+
+    return middleware
 
 
 def _sans(host: str) -> tuple[list[str], list[str]]:

@@ -21,9 +21,12 @@ def gpu_nodes(apiserver):
     return SAMPLE_NODES
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(apiserver, gpu_nodes):
-    """Ray ledger actor + cluster sync + TLS webhook, registered with failurePolicy Fail."""
+    """Ray ledger actor + cluster sync + TLS webhook, registered with failurePolicy Fail.
+
+    Package scope: Ray is shut down once tests/e2e is done, before other tests start a Ray of their own.
+    """
     with Stack(apiserver) as running:
         yield running
 
