@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
+from allocator import strategies
 from allocator.model import (
     GroupSpec,
     PinnedDevices,
@@ -48,21 +49,6 @@ ANNOTATIONS: tuple[str, ...] = (
 )
 
 TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
-# the agentaflow field's names -> the ledger's strategy names
-SCHEDULING_STRATEGY_NAMES: dict[str, str] = {
-    "least_utilized": "least_utilized",
-    "least-utilized": "least_utilized",
-    "least-loaded": "least_utilized",
-    "least_loaded": "least_utilized",
-    "best_fit": "best_fit",
-    "best-fit": "best_fit",
-    "priority": "priority",
-    "round_robin": "round_robin",
-    "round-robin": "round_robin",
-    "random": "random",
-    "cost-optimized": "cost_optimized",
-    "cost_optimized": "cost_optimized",
-}
 NETWORK_BANDWIDTHS = ("high", "medium", "low")
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
@@ -439,12 +425,13 @@ def request_from_pod(
         if strategy not in TOPOLOGY_STRATEGIES:
             raise AnnotationError(PLACEMENT_STRATEGY, topo, " | ".join(TOPOLOGY_STRATEGIES))
     elif sched is not None:
-        key = sched.strip().lower()
-        if key not in SCHEDULING_STRATEGY_NAMES:
+        # every registered strategy (plug-ins such as fgd included), under any of its spellings
+        try:
+            strategy = strategies.canonical_name(sched.strip())
+        except ValueError:
             raise AnnotationError(SCHEDULING_STRATEGY, sched,
-                                  "least_utilized | best_fit | priority | round_robin | least-loaded | random | "
-                                  "cost-optimized | best-fit")
-        strategy = SCHEDULING_STRATEGY_NAMES[key]
+                                  " | ".join(strategies.strategy_names())
+                                  + " (also least-loaded, best-fit, cost-optimized, round-robin)") from None
 
     if get(PRIORITY) is not None:
         priority = _int(PRIORITY, get(PRIORITY), -(2**31), 2**31 - 1, "an integer (higher is more important)")

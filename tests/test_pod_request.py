@@ -250,3 +250,20 @@ def test_bad_container_quantities_are_errors_not_crashes():
     p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "fast"
     with pytest.raises(AnnotationError, match="requests.cpu"):
         req(p)
+
+
+@pytest.mark.parametrize("name", ["fgd", "FGD", "leastLoaded", "binpack"])
+def test_scheduling_strategy_accepts_every_registered_strategy(name):
+    from allocator import strategies
+
+    r = req(pod({"topology.scheduler/gpu-count": "1", "agentaflow.gpu/scheduling-strategy": name}))
+    assert r.strategy == strategies.canonical_name(name)
+
+
+def test_unknown_scheduling_strategy_lists_the_registered_ones():
+    from allocator import strategies
+
+    with pytest.raises(AnnotationError) as err:
+        req(pod({"topology.scheduler/gpu-count": "1", "agentaflow.gpu/scheduling-strategy": "fastest"}))
+    for name in strategies.strategy_names():
+        assert name in str(err.value)
