@@ -92,49 +92,6 @@ def register_noop(cp, url: str, ca_pem: bytes) -> None:
     cp.apply(configs)
 
 
-class Served:
-    """A server process, its HTTPS base URL, and a GET helper trusting our CA."""
-
-    def __init__(self, argv: list[str], url: str, ca_file: str, log: Path):
-        import subprocess
-
-        self.url, self.ca_file = url, ca_file
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-
-    def get(self, path: str) -> tuple[int, str]:
-        import ssl
-        import urllib.error
-        import urllib.request
-
-        ctx = ssl.create_default_context(cafile=self.ca_file)
-        try:
-            with urllib.request.urlopen(self.url + path, context=ctx, timeout=10) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError as e:
-            return 0, str(e)
-
-    def wait(self, path: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}; see {self.log.name}")
-            if self.get(path)[0] == 200:
-                return
-            time.sleep(0.3)
-        raise TimeoutError(f"{self.url}{path} not 200 after {timeout}s; see {self.log.name}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except Exception:
-            self.proc.kill()
-        self.log.close()
-
-
 def metric_sum(text: str, metric: str, route: str | None = None) -> tuple[float, float]:
     sums = counts = 0.0
     for line in text.splitlines():
@@ -147,7 +104,7 @@ def metric_sum(text: str, metric: str, route: str | None = None) -> tuple[float,
     return sums, counts
 
 
-def server_breakdown(webhook: Served) -> dict[str, float]:
+def server_breakdown(webhook) -> dict[str, float]:
     """Mean milliseconds inside the webhook per route, and per ledger answer, from its own /metrics."""
     text = webhook.get("/metrics")[1]
     out = {}
@@ -159,11 +116,8 @@ def server_breakdown(webhook: Served) -> dict[str, float]:
     return out
 
 
-def allocation_ratio(webhook: Served) -> float | None:
-    for line in webhook.get("/metrics")[1].splitlines():
-        if line.startswith("topology_gpu_allocation_ratio "):
-            return float(line.split()[1])
-    return None
+def allocation_ratio(webhook) -> float | None:
+    return webhook.metric("topology_gpu_allocation_ratio")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -209,7 +163,7 @@ def create_round(cp, namespace: str, count: int, clients: int, tag: str) -> list
     return samples
 
 
-def drain(cp, webhook: Served, namespaces: list[str]) -> None:
+def drain(cp, webhook, namespaces: list[str]) -> None:
     for ns in namespaces:
         cp.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true", "--timeout=60s")
     cp.wait_for(lambda: allocation_ratio(webhook) == 0.0, timeout=60, interval=0.5, what="ledger drained")
@@ -232,42 +186,28 @@ def main(argv: list[str] | None = None) -> int:
         serve_noop(args.port, args.tls_cert, args.tls_key)
         return 0
 
-    import tempfile
-
-    import yaml
-
-    from certs import pki
-    from tests.controlplane import webhooks
-    from tests.controlplane.cluster import WEBHOOK_USER, ControlPlane, free_port, missing_binaries
+    from tests.controlplane.cluster import ControlPlane, free_port, missing_binaries
     from tests.controlplane.nodes import create_nodes, make_sample_cluster
+    from tests.controlplane.serve_process import GpuledgerServe, ServedProcess
 
     if missing_binaries(with_controllers=False):
         print("kube-apiserver missing: run `make apiserver`", file=sys.stderr)
         return 2
-    work = Path(tempfile.mkdtemp(prefix="gpuledger-bench-"))
-    ca = pki.make_ca("bench-webhook-ca")
-    tls = pki.write_bundle(work, ca, pki.make_serving_cert(ca, ["localhost"], ["127.0.0.1"]))
-    (work / "webhook.yaml").write_text(yaml.safe_dump(
-        {"hmac_key": "bench-placement-key", "privileged_usernames": [WEBHOOK_USER]}))
-    served: list[Served] = []
+    served: list = []
     with ControlPlane(with_controllers=False) as cp:
         try:
             create_nodes(cp.api_client(), make_sample_cluster())
-            port, noop_port = free_port(), free_port()
-            webhook = Served(
-                [sys.executable, "-m", "webhook.cli", "serve", "--port", str(port), "--tls-cert", str(tls["tls.crt"]),
-                 "--tls-key", str(tls["tls.key"]), "--kubeconfig", cp.kubeconfig_for(WEBHOOK_USER),
-                 "--config", str(work / "webhook.yaml"), "--log-level", "WARNING"],
-                f"https://127.0.0.1:{port}", str(tls["ca.crt"]), work / "serve.log")
+            webhook = GpuledgerServe(cp)
             served.append(webhook)
-            noop = Served(
+            tls, noop_port = webhook.tls, free_port()
+            noop = ServedProcess(
                 [sys.executable, __file__, "--serve-noop", "--port", str(noop_port), "--tls-cert", str(tls["tls.crt"]),
                  "--tls-key", str(tls["tls.key"])],
-                f"https://127.0.0.1:{noop_port}", str(tls["ca.crt"]), work / "noop.log")
+                f"https://127.0.0.1:{noop_port}", str(tls["ca.crt"]), webhook.workdir / "noop.log")
             served.append(noop)
             webhook.wait("/readyz")
-            webhooks.register(cp, webhook.url, ca.cert_pem, "Fail", 10)
-            register_noop(cp, noop.url, ca.cert_pem)
+            webhook.register("Fail", 10)
+            register_noop(cp, noop.url, webhook.ca.cert_pem)
             cp.create_namespace("bench-webhook", admission=True, users=())
             cp.create_namespace("bench-plain", admission=False, users=())
             cp.apply({"apiVersion": "v1", "kind": "Namespace",
@@ -285,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 drain(cp, webhook, list(modes.values()))
             inside = server_breakdown(webhook)
         finally:
-            for server in served:
+            for server in reversed(served):
                 server.stop()
     figures = {
         mode: {
