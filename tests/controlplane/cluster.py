@@ -129,7 +129,8 @@ def _write_sa_keys(directory: Path) -> tuple[Path, Path]:
 
 
 def rbac_objects() -> list[dict]:
-    """The webhook's namespace and the project's RBAC (manifests/rbac.yaml), and a limited role for alice.
+    """The webhook's namespace and the project's RBAC (manifests/rbac.yaml), a limited role for alice, and the
+    `nvidia` RuntimeClass a GPU cluster has.
 
     The API server has no ServiceAccount token controller here: the webhook authenticates with a static token
     whose user name is the ServiceAccount's, which RBAC subjects of kind ServiceAccount match.
@@ -157,7 +158,10 @@ def rbac_objects() -> list[dict]:
             },
         ],
     }
-    return [namespace, *project, user_role]
+    # GPU nodes run containers through the NVIDIA runtime; the GPU operator registers this RuntimeClass
+    runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+                     "handler": "nvidia"}
+    return [namespace, *project, user_role, runtime_class]
 
 
 class KubeClient:
