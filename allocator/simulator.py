@@ -86,6 +86,7 @@ class Run:
     placed: int = 0
     failed: int = 0
     seconds: float = 0.0
+    free_at_100: dict[str, float] = field(default_factory=dict)  # where the free GPU is, % of capacity
 
     def allocation_pct_at(self, arrived_pct: float) -> float:
         """Allocation ratio (%) once the arrived GPU request reaches `arrived_pct`% of capacity (step curve)."""
@@ -122,7 +123,9 @@ def replay(nodes: Sequence[NodeInfo], arrivals: Sequence[Request], strategy: str
            workload: TargetWorkload | None = None, ledger_factory: LedgerFactory = default_ledger,
            progress=None) -> Run:
     """Place `arrivals` one by one through `Ledger.reserve`; pods never leave."""
-    ledger = ledger_factory(strategy, workload if workload is not None else TargetWorkload.from_requests(arrivals))
+    if workload is None:
+        workload = TargetWorkload.from_requests(arrivals)
+    ledger = ledger_factory(strategy, workload)
     for node in nodes:
         ledger.upsert_node(node)
     run = Run(strategy, seed, gpu_capacity_milli(nodes))
@@ -130,6 +133,8 @@ def replay(nodes: Sequence[NodeInfo], arrivals: Sequence[Request], strategy: str
     started = time.perf_counter()
     for request in arrivals:
         milli = requested_milli(request)
+        if not run.free_at_100 and arrived + milli > run.capacity_milli:
+            run.free_at_100 = free_breakdown(ledger, workload, run.capacity_milli)
         arrived += milli
         result = ledger.reserve(replace(request, strategy=strategy, seed=seed), 0.0)
         if isinstance(result, Placement):
@@ -142,7 +147,31 @@ def replay(nodes: Sequence[NodeInfo], arrivals: Sequence[Request], strategy: str
         if progress is not None:
             progress.update(1)
     run.seconds = time.perf_counter() - started
+    if not run.free_at_100:
+        run.free_at_100 = free_breakdown(ledger, workload, run.capacity_milli)
     return run
+
+
+def free_breakdown(ledger, workload: TargetWorkload | None, capacity_milli: int) -> dict[str, float]:
+    """Where the free GPU capacity is (% of capacity): idle GPUs on nodes whose free CPU or memory is below
+    what the workload's GPU pods bring per GPU ("idle_without_host"), other idle GPUs, partly used GPUs."""
+    cpu_need = (workload.cpu_per_gpu_milli if workload else 0.0) * MILLI_PER_GPU
+    mem_need = (workload.memory_per_gpu_milli if workload else 0.0) * MILLI_PER_GPU
+    starved = idle = partial = 0
+    for node in ledger.index.nodes.values():
+        short = node.cpu_free < cpu_need or node.mem_free < mem_need
+        for p, free in enumerate(node.dev_free_milli):
+            if not node.dev_healthy[p] or node.dev_owner[p] is not None or free <= 0:
+                continue
+            if free >= MILLI_PER_GPU:
+                if short:
+                    starved += free
+                else:
+                    idle += free
+            else:
+                partial += free
+    scale = 100.0 / capacity_milli if capacity_milli else 0.0
+    return {"idle_without_host": starved * scale, "idle": idle * scale, "partial": partial * scale}
 
 
 # --- several seeds and strategies ------------------------------------------------------------------------
@@ -169,6 +198,8 @@ class StrategyResult:
             "unallocated_at_100_by_seed": {str(r.seed): round(r.unallocated_at_100, 4) for r in self.runs},
             "failed_pods_median": statistics.median(r.failed for r in self.runs),
             "seconds_per_run": round(statistics.mean(r.seconds for r in self.runs), 3),
+            "free_at_100_pct": {key: round(statistics.median(r.free_at_100.get(key, 0.0) for r in self.runs), 4)
+                                for key in ("idle_without_host", "idle", "partial")},
             "curve": {"arrived_pct": arrived, "allocation_pct": [round(a, 4) for a in allocation]},
         }
 
@@ -195,13 +226,17 @@ def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Seq
 
 
 def table(results: Sequence[StrategyResult], title: str = "") -> str:
-    header = f"{'strategy':<16} {'unallocated@100%':>17} {'min':>7} {'max':>7} {'failed pods':>12} {'s/run':>7}"
+    header = (f"{'strategy':<16} {'unallocated@100%':>17} {'min':>7} {'max':>7} {'idle, no host':>14} "
+              f"{'partial GPUs':>13} {'failed pods':>12} {'s/run':>7}")
     lines = [title] if title else []
     lines += [header, "-" * len(header)]
     for result in sorted(results, key=lambda r: r.unallocated_at_100):
         values = [r.unallocated_at_100 for r in result.runs]
+        starved = statistics.median(r.free_at_100.get("idle_without_host", 0.0) for r in result.runs)
+        partial = statistics.median(r.free_at_100.get("partial", 0.0) for r in result.runs)
         lines.append(f"{result.strategy:<16} {result.unallocated_at_100:>16.2f}% {min(values):>6.2f}% "
-                     f"{max(values):>6.2f}% {statistics.median(r.failed for r in result.runs):>12} "
+                     f"{max(values):>6.2f}% {starved:>13.2f}% {partial:>12.2f}% "
+                     f"{statistics.median(r.failed for r in result.runs):>12} "
                      f"{statistics.mean(r.seconds for r in result.runs):>7.1f}")
     return "\n".join(lines)
 

@@ -28,6 +28,8 @@ def test_replay_by_hand_through_the_ledger():
     assert run.allocated == [1000, 1500, 1500, 1500]
     assert (run.placed, run.failed) == (2, 2)
     assert run.unallocated_at_100 == 25
+    # at 100% arrived: GPU 1 holds the 500 share (500 free, partly used); GPU 0 is held whole
+    assert run.free_at_100 == {"idle_without_host": 0.0, "idle": 0.0, "partial": 25.0}
 
 
 def test_cpu_only_pods_take_cpu_but_count_no_gpu():
@@ -35,6 +37,8 @@ def test_cpu_only_pods_take_cpu_but_count_no_gpu():
     arrivals = [Request("cpu", cpu_milli=8000), Request("gpu", gpus=1, cpu_milli=4000)]
     run = replay(nodes, arrivals, "best_fit", seed=0)
     assert run.arrived == [0, 1000] and run.allocated == [0, 0]  # the CPU pod left too little CPU
+    # the GPU is idle on a node with 2 cores left, below the 4 cores the workload's GPU pods bring per GPU
+    assert run.free_at_100 == {"idle_without_host": 100.0, "idle": 0.0, "partial": 0.0}
 
 
 def test_simulate_is_reproducible_per_seed():
@@ -62,6 +66,7 @@ def test_cli_json_plot_on_a_trace_subset(tmp_path, capsys):
         assert curve["arrived_pct"][:3] == [0, 1, 2]
         assert all(0 <= a <= 100 for a in curve["allocation_pct"])
         assert curve["allocation_pct"][100] == pytest.approx(100 - result["unallocated_at_100"], abs=1e-3)
+        assert set(result["free_at_100_pct"]) == {"idle_without_host", "idle", "partial"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
