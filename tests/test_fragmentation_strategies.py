@@ -99,3 +99,18 @@ def test_a_gpu_spec_or_list_admits_either_model(strategy):
     second = led.reserve(Request("two", gpus=2, product="V100M16|V100M32"), 0.0)
     assert {first.node, second.node} == {"b-v100", "c-v100"}
     assert isinstance(led.reserve(Request("three", gpus=1, product="V100M16|V100M32"), 0.0), Denial)
+
+
+def test_pods_ask_for_them_by_annotation_and_live_admission_learns_the_workload():
+    from allocator.pod_request import request_from_pod
+
+    def pod(name: str, strategy: str, gpus: int) -> dict:
+        return {"metadata": {"name": name, "annotations": {"agentaflow.gpu/scheduling-strategy": strategy}},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
+
+    led = ledger("best_fit", [node("a", 2), node("b", 1)])  # no workload input: fgd learns from requests
+    first = request_from_pod(pod("p1", "fgd-host", 2), None, reservation_id="p1")
+    assert first.strategy == "fgd_host"
+    assert led.reserve(first, 0.0).node == "a"
+    second = request_from_pod(pod("p2", "FGD", 1), None, reservation_id="p2")
+    assert second.strategy == "fgd" and led.reserve(second, 0.0).node == "b"
