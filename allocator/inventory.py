@@ -259,6 +259,18 @@ class ClusterIndex:
         self.leaves_by_total: dict[int, set[LeafKey]] = {}
         self.leaf_members: dict[LeafKey, int] = {}  # nodes per leaf, placeable or not
         self._sorted_names: list[str] | None = None
+        # names of nodes added, removed or changed, oldest first; `touched_base` is the position of touched[0]
+        # in the whole history, so a reader that remembers a position re-reads only what changed since
+        self.touched: list[str] = []
+        self.touched_base = 0
+
+    def touch(self, name: str) -> None:
+        """Record that a node's free state or presence changed (readers of `touched` recompute it)."""
+        log = self.touched
+        log.append(name)
+        if len(log) > 2 * len(self.nodes) + 1024:  # readers this far behind recompute everything anyway
+            self.touched_base += len(log)
+            log.clear()
 
     def sorted_names(self) -> list[str]:
         if self._sorted_names is None:
@@ -285,6 +297,7 @@ class ClusterIndex:
     def add(self, node: NodeState) -> None:
         self.nodes[node.name] = node
         self._sorted_names = None
+        self.touch(node.name)
         self.leaf(node.leaf_key)
         self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
         if node.placeable:
@@ -295,6 +308,7 @@ class ClusterIndex:
         if node is None:
             return None
         self._sorted_names = None
+        self.touch(name)
         self._unfile(node)
         left = self.leaf_members[node.leaf_key] - 1
         if left:
@@ -340,6 +354,7 @@ class ClusterIndex:
 
     def change(self, node: NodeState, mutate) -> None:
         """Run `mutate()` on a node and keep the buckets and leaf totals true."""
+        self.touch(node.name)
         if node.name not in self._key:
             mutate()
             return

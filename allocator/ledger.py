@@ -9,7 +9,8 @@ equality), because every placement is also written, signed, on its pod.
 from __future__ import annotations
 
 import gc
-from collections import Counter, deque
+from bisect import bisect_left, insort
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -44,6 +45,8 @@ from allocator.topology import Topology, plan_leaves
 
 _HARD_EFFECTS = ("NoSchedule", "NoExecute")
 _FILTER_CACHE_LIMIT = 256
+_DIAGNOSIS_LIMIT = 16  # request shapes whose denial diagnosis is kept current
+_NEAR_MISSES = 3
 
 
 @dataclass
@@ -169,6 +172,7 @@ class Ledger:
         self._last_now = float("-inf")
         self._filter_cache: dict[tuple, dict[str, tuple[Reason | None, tuple[Taint, ...]]]] = {}
         self._topology: Topology | None = None
+        self._diagnoses: OrderedDict[tuple, _Diagnosis] = OrderedDict()  # request shape -> diagnosis, LRU
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -250,15 +254,7 @@ class Ledger:
         return hit
 
     def _static_cache(self, req: Request) -> dict[str, tuple[Reason | None, tuple[Taint, ...]]]:
-        sig = (
-            req.product,
-            req.gpu_memory_mib,
-            req.gpus > 0,
-            req.needs_gpu,
-            req.node_selector,
-            req.affinity_terms,
-            req.tolerations,
-        )
+        sig = _static_signature(req)
         cache = self._filter_cache.get(sig)
         if cache is None:
             if len(self._filter_cache) >= _FILTER_CACHE_LIMIT:
@@ -308,8 +304,12 @@ class Ledger:
         fit = strategy.choose_devices(node, req, ctx)
         if fit is None:
             if req.gpus > 0:
-                usable = sum(1 for p in range(len(node.dev_index)) if device_ok(node, p, req))
-                if usable < req.gpus <= len(node.dev_index):
+                ndev = len(node.dev_index)
+                if not req.product and not req.gpu_memory_mib and node.total_milli == ndev * MILLI_PER_GPU:
+                    usable = ndev  # every device healthy and nothing else asked of them
+                else:
+                    usable = sum(1 for p in range(ndev) if device_ok(node, p, req))
+                if usable < req.gpus <= ndev:
                     reasons.append(Reason.UNHEALTHY_DEVICE)
                 else:
                     reasons.append(Reason.NOT_ENOUGH_GPUS)
@@ -401,43 +401,110 @@ class Ledger:
             what += f" of product {req.product!r}"
         return what
 
-    def _diagnose(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
-        """Per-reason node counts and the closest near misses, by scanning every node."""
+    def _classify(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
+        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key or None)."""
+        if not node.placeable:
+            info = node.info
+            return (Reason.NOT_READY if (not info.ready or info.unschedulable) else Reason.NOT_GPU_SCHEDULABLE), None
+        reason, _ = self._static(node, req)
+        if reason is not None:
+            return reason, None
+        _, reasons = self._dynamic(node, req, strategy, ctx)
+        if not reasons:
+            return None, None
+        return reasons[0], (-node.whole_free, -_max_share(node), -node.cpu_free, -node.mem_free, node.name)
+
+    def _near_miss(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext) -> NearMiss:
+        _, reasons = self._dynamic(node, req, strategy, ctx)
+        detail = (
+            f"has {node.whole_free} free GPU(s), largest free share {_max_share(node)}m, "
+            f"{node.cpu_free}m cpu and {node.mem_free} MiB memory free"
+        )
+        return NearMiss(node.name, tuple(reasons), node.whole_free, detail)
+
+    def _diagnose_full(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
+        """(per-reason node counts, the closest near misses, nodes that fit), by classifying every node.
+        The reference `_diagnose` must equal; also the path for strategies with their own device choice."""
         counts: Counter[Reason] = Counter()
-        misses: list[tuple[tuple, NearMiss]] = []
+        misses: list[tuple] = []
+        fitting = 0
         for node in self.index.nodes.values():
             if node.name in exclude:
                 counts[Reason.LEAF_CONSTRAINT] += 1
                 continue
-            if not node.placeable:
-                info = node.info
-                counts[Reason.NOT_READY if (not info.ready or info.unschedulable) else Reason.NOT_GPU_SCHEDULABLE] += 1
+            reason, key = self._classify(node, req, strategy, ctx)
+            if reason is None:
+                fitting += 1
                 continue
-            reason, _ = self._static(node, req)
-            if reason is not None:
-                counts[reason] += 1
-                continue
-            fit, reasons = self._dynamic(node, req, strategy, ctx)
-            if not reasons:
-                continue
-            counts[reasons[0]] += 1
-            max_share = max(
-                (node.dev_free_milli[p] for p in range(len(node.dev_index)) if node.dev_owner[p] is None),
-                default=0,
-            )
-            detail = (
-                f"has {node.whole_free} free GPU(s), largest free share {max_share}m, "
-                f"{node.cpu_free}m cpu and {node.mem_free} MiB memory free"
-            )
-            closeness = (node.whole_free, max_share, node.cpu_free, node.mem_free)
-            misses.append(
-                (
-                    (-closeness[0], -closeness[1], -closeness[2], -closeness[3], node.name),
-                    NearMiss(node.name, tuple(reasons), node.whole_free, detail),
-                )
-            )
-        misses.sort(key=lambda m: m[0])
-        return counts, tuple(m for _, m in misses[:3])
+            counts[reason] += 1
+            if key is not None:
+                misses.append(key)
+        misses.sort()
+        nodes = self.index.nodes
+        near = tuple(self._near_miss(nodes[key[-1]], req, strategy, ctx) for key in misses[:_NEAR_MISSES])
+        return counts, near, fitting
+
+    def _diagnose(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
+        """What `_diagnose_full` answers, from a per-request-shape diagnosis that re-classifies only the nodes
+        touched since it was last read (a flood of pods that cannot fit costs O(changes), not O(nodes))."""
+        if getattr(type(strategy), "choose_devices", None) is not Strategy.choose_devices:
+            return self._diagnose_full(req, strategy, ctx, exclude)  # a device choice that may read the cluster
+        diag = self._diagnosis(req, strategy, ctx)
+        nodes = self.index.nodes
+        counts = Counter({r: n for r, n in diag.counts.items()})
+        fitting = diag.fitting
+        if exclude:
+            excluded = 0
+            for name in exclude:
+                if name not in nodes:
+                    continue
+                excluded += 1
+                reason = diag.first[name]
+                if reason is None:
+                    fitting -= 1
+                    continue
+                left = counts[reason] - 1
+                if left:
+                    counts[reason] = left
+                else:
+                    del counts[reason]
+            if excluded:
+                counts[Reason.LEAF_CONSTRAINT] += excluded
+        near = []
+        for key in diag.near:
+            if len(near) == _NEAR_MISSES:
+                break
+            name = key[-1]
+            if name not in exclude:
+                miss = diag.misses.get(name)
+                if miss is None:
+                    miss = diag.misses[name] = self._near_miss(nodes[name], req, strategy, ctx)
+                near.append(miss)
+        return counts, tuple(near), fitting
+
+    def _diagnosis(self, req: Request, strategy: Strategy, ctx: ScoreContext) -> "_Diagnosis":
+        shape = (_static_signature(req), req.gpus, req.gpu_milli, req.cpu_milli, req.memory_mib)
+        index = self.index
+        log, base = index.touched, index.touched_base
+        diag = self._diagnoses.get(shape)
+        if diag is None or diag.seq < base:
+            diag = _Diagnosis()
+            for node in index.nodes.values():
+                diag.add(node.name, *self._classify(node, req, strategy, ctx), bulk=True)
+            diag.near.sort()
+            self._diagnoses[shape] = diag
+            if len(self._diagnoses) > _DIAGNOSIS_LIMIT:
+                self._diagnoses.popitem(last=False)
+        else:
+            self._diagnoses.move_to_end(shape)
+            nodes = index.nodes
+            for name in set(log[diag.seq - base :]):
+                diag.drop(name)
+                node = nodes.get(name)
+                if node is not None:
+                    diag.add(name, *self._classify(node, req, strategy, ctx))
+        diag.seq = base + len(log)
+        return diag
 
     def _denial(self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = "") -> Denial:
         by_reason = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].value)))
@@ -560,7 +627,7 @@ class Ledger:
             )
         choice = self._select_soft_domain(req, strategy, ctx)
         if choice is None:
-            counts, near = self._diagnose(req, strategy, ctx)
+            counts, near, _ = self._diagnose(req, strategy, ctx)
             return self._denial(req, name, counts, near)
         return self._placement(req, choice, name)
 
@@ -703,8 +770,7 @@ class Ledger:
         if plan is None:
             plan = attempt(None)
         if plan is None:
-            counts, near = self._diagnose(req, strategy, ctx)
-            fitting = sum(1 for n in self.index.nodes.values() if self._try(n, req, strategy, ctx) is not None)
+            counts, near, fitting = self._diagnose(req, strategy, ctx)
             if fitting:
                 counts[Reason.LEAF_CONSTRAINT] += fitting
             limits = []
@@ -805,7 +871,7 @@ class Ledger:
         if choice is None:
             choice = self._select(req, strategy, ctx, None, exclude)
         if choice is None:
-            counts, near = self._diagnose(req, strategy, ctx, exclude)
+            counts, near, _ = self._diagnose(req, strategy, ctx, exclude)
             return self._denial(req, name, counts, near, prefix=f"no node for a new pod of group {group.key}")
         slot = next(i for i in range(len(group.slots) + 1) if i not in group.slots)
         return _SlotClaim(group.key, slot, choice)
@@ -1209,6 +1275,59 @@ class Ledger:
         )
 
 
+class _Diagnosis:
+    """Every node's denial classification for one request shape: counts per reason, the nodes that fit, and
+    the near-miss keys in order; `seq` is the position in `ClusterIndex.touched` it is current up to."""
+
+    __slots__ = ("seq", "first", "counts", "fitting", "near", "misses", "_keys")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.first: dict[str, Reason | None] = {}  # node -> reason counted (None = fits)
+        self.counts: dict[Reason, int] = {}
+        self.fitting = 0
+        self.near: list[tuple] = []  # sorted near-miss keys (closest first), the node name last
+        self.misses: dict[str, NearMiss] = {}  # near misses built so far, valid until their node is touched
+        self._keys: dict[str, tuple] = {}  # node -> its key in `near`
+
+    def add(self, name: str, reason: Reason | None, key: tuple | None, bulk: bool = False) -> None:
+        """Count a node in; `bulk` appends its key unsorted (the caller sorts `near` once at the end)."""
+        self.first[name] = reason
+        if reason is None:
+            self.fitting += 1
+        else:
+            self.counts[reason] = self.counts.get(reason, 0) + 1
+        if key is not None:
+            self._keys[name] = key
+            if bulk:
+                self.near.append(key)
+            else:
+                insort(self.near, key)
+
+    def drop(self, name: str) -> None:
+        if name not in self.first:
+            return
+        reason = self.first.pop(name)
+        if reason is None:
+            self.fitting -= 1
+        else:
+            left = self.counts[reason] - 1
+            if left:
+                self.counts[reason] = left
+            else:
+                del self.counts[reason]
+        self.misses.pop(name, None)
+        key = self._keys.pop(name, None)
+        if key is not None:
+            del self.near[bisect_left(self.near, key)]
+
+
+def _max_share(node: NodeState) -> int:
+    """The largest free milli-GPU on a device without an exclusive holder."""
+    owner, free = node.dev_owner, node.dev_free_milli
+    return max((free[p] for p in range(len(owner)) if owner[p] is None), default=0)
+
+
 @dataclass
 class _GroupPlan:
     key: str
@@ -1222,6 +1341,19 @@ class _SlotClaim:
     group: str
     slot: int
     new: _Choice | None  # None = an unclaimed slot of the plan; else a new slot placed now
+
+
+def _static_signature(req: Request) -> tuple:
+    """What the static filters read from a request: requests equal here get the same static verdicts."""
+    return (
+        req.product,
+        req.gpu_memory_mib,
+        req.gpus > 0,
+        req.needs_gpu,
+        req.node_selector,
+        req.affinity_terms,
+        req.tolerations,
+    )
 
 
 def _requirement_matches(req, labels: dict[str, str]) -> bool:

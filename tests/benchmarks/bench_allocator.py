@@ -1,10 +1,13 @@
-"""Allocator core benchmark: placements/s against a naive scan measured in the same run, gang latency,
-rebuild time and resident memory.
+"""Allocator core benchmark: placements/s against a naive scan measured in the same run, denials/s against
+the full walk, gang latency, rebuild time and resident memory.
 
     .venv/bin/python tests/benchmarks/bench_allocator.py [--nodes 10000] [--gpus 8] [--leaves-per-spine 16]
+    .venv/bin/python tests/benchmarks/bench_allocator.py --denials-only --denial-nodes 1000 10000
 
 The naive baseline is the same ledger with its strategies' candidate walks switched off, so every
-placement filters and scores every node (what a scheduler without an index does).
+placement filters and scores every node (what a scheduler without an index does). The denial baseline is
+the same ledger answering each denial with `Ledger._diagnose_full` (every node classified, as before the
+per-shape diagnosis).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ if ROOT not in sys.path:
 
 from allocator import kube  # noqa: E402
 from allocator.ledger import Ledger, LedgerConfig  # noqa: E402
-from allocator.model import Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
+from allocator.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
 from allocator.strategies import Strategy  # noqa: E402
 
 KEY = b"bench-key"
@@ -91,6 +94,71 @@ def naive_rate(nodes, count, strategy) -> float:
         return rate(led, count, strategy, "naive-")
     finally:
         registry._INSTANCES[canonical] = original
+
+
+def _denied(led: Ledger, rid: str) -> None:
+    d = led.reserve(Request(id=rid, gpus=1, cpu_milli=1000, memory_mib=4096), 0.0)
+    assert isinstance(d, Denial), d
+
+
+def denial_rates(nodes: list[NodeInfo], count: int, full_count: int) -> dict[str, float]:
+    """Denials/s of a 1-GPU pod on a full cluster: repeated with nothing changed in between, and with one
+    release + one placement (the freed GPU taken again) before each; the same with the full walk; and the
+    first denial of a shape (the one full classification it costs)."""
+    led = fresh(nodes)
+    total = sum(len(n.devices) for n in nodes)
+    for i in range(total):
+        r = led.reserve(Request(id=f"f{i}", gpus=1, cpu_milli=1000, memory_mib=4096), 0.0)
+        assert isinstance(r, Placement), r
+    out: dict[str, float] = {}
+    gc.collect()
+    t0 = time.perf_counter()
+    _denied(led, "cold")
+    out["first"] = time.perf_counter() - t0
+
+    def timed(n: int, prefix: str, churn: bool) -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        for i in range(n):
+            if churn:  # the GPU a pod frees is taken by the next placement; then one more pod is denied
+                led.release(f"f{i}")
+                r = led.reserve(Request(id=f"f{i}", gpus=1, cpu_milli=1000, memory_mib=4096), 0.0)
+                assert isinstance(r, Placement), r
+            _denied(led, f"{prefix}{i}")
+        return n / (time.perf_counter() - t0)
+
+    def churn_only(n: int) -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        for i in range(n):
+            led.release(f"f{i}")
+            led.reserve(Request(id=f"f{i}", gpus=1, cpu_milli=1000, memory_mib=4096), 0.0)
+        return n / (time.perf_counter() - t0)
+
+    out["repeat"] = timed(count, "d-", churn=False)
+    out["churn"] = timed(count, "c-", churn=True)
+    out["churn_cost"] = churn_only(count)
+    led._diagnose = led._diagnose_full  # type: ignore[method-assign]  # the baseline: every node classified
+    out["full"] = timed(full_count, "full-", churn=False)
+    return out
+
+
+def report_denials(sizes: list[int], gpus: int, leaves_per_spine: int, count: int, full_count: int,
+                   placements: int) -> None:
+    for size in sizes:
+        nodes = cluster(size, gpus, leaves_per_spine)
+        place = rate(fresh(nodes), min(placements, size * gpus), "best_fit", "p-")
+        d = denial_rates(nodes, count, full_count)
+        # with churn, each loop is release + place + deny: take the release + place time out
+        churn_deny = 1.0 / max(1e-9, 1.0 / d["churn"] - 1.0 / d["churn_cost"])
+        print(
+            f"denials, {size} nodes x {gpus} GPUs (cluster full, 1-GPU pod, best_fit): "
+            f"{d['repeat']:>8.0f}/s repeated, {churn_deny:>8.0f}/s with a release + placement between "
+            f"(loop {d['churn']:.0f}/s), full walk {d['full']:>6.0f}/s; "
+            f"ratio to full walk {d['repeat'] / d['full']:.0f}x / {churn_deny / d['full']:.0f}x; "
+            f"ratio to placements ({place:.0f}/s) {d['repeat'] / place:.2f} / {churn_deny / place:.2f}; "
+            f"first denial of the shape {d['first'] * 1000:.1f} ms"
+        )
 
 
 def gang_latency(nodes, repeats: int = 20) -> tuple[float, float]:
@@ -215,10 +283,18 @@ def main(argv=None) -> int:
     ap.add_argument("--placements", type=int, default=40_000)
     ap.add_argument("--naive-placements", type=int, default=200)
     ap.add_argument("--pods", type=int, default=100_000)
+    ap.add_argument("--denial-nodes", type=int, nargs="+", default=[1_000, 10_000])
+    ap.add_argument("--denials", type=int, default=5_000)
+    ap.add_argument("--full-denials", type=int, default=50)
+    ap.add_argument("--denials-only", action="store_true", help="only the denial benchmark")
     ap.add_argument("--memory-child", metavar="JSONL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory_child:
         memory_child(args)
+        return 0
+    if args.denials_only:
+        report_denials(args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials,
+                       args.placements)
         return 0
 
     nodes = cluster(args.nodes, args.gpus, args.leaves_per_spine)
@@ -239,6 +315,9 @@ def main(argv=None) -> int:
             f"single-GPU placements, {strategy:<15}: {indexed:>9.0f}/s indexed, {naive:>7.0f}/s naive scan, "
             f"ratio {indexed / naive:6.1f}x  ({args.placements} vs {args.naive_placements} placements)"
         )
+
+    report_denials(args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials,
+                   args.placements)
 
     mean_ms, worst_ms = gang_latency(nodes)
     print(f"16-node gang (8 GPUs per pod): mean {mean_ms:.2f} ms, worst {worst_ms:.2f} ms over 20 gangs")
