@@ -263,6 +263,12 @@ class ClusterIndex:
         # in the whole history, so a reader that remembers a position re-reads only what changed since
         self.touched: list[str] = []
         self.touched_base = 0
+        # per leaf total: sorted (-most whole-free, first name in that bucket, leaf) of each leaf with placeable
+        # nodes, so a walk that ranks leaves by total finds a tied group's first node without merging its leaves;
+        # recomputed lazily for the leaves in `_stale_heads`
+        self._heads: dict[int, list[tuple[int, str, LeafKey]]] = {}
+        self._head_of: dict[LeafKey, tuple[int, tuple[int, str, LeafKey]]] = {}
+        self._stale_heads: set[LeafKey] = set()
 
     def touch(self, name: str) -> None:
         """Record that a node's free state or presence changed (readers of `touched` recompute it)."""
@@ -276,6 +282,41 @@ class ClusterIndex:
         if self._sorted_names is None:
             self._sorted_names = sorted(self.nodes)
         return self._sorted_names
+
+    def first_most_free(self, total: int) -> tuple[int, str] | None:
+        """(whole-free, name) of the node with the most whole-free GPUs, then the lowest name, among the leaves
+        whose whole-free total is `total`: the first node `bucket_walk(..., descending=True)` yields over them."""
+        if self._stale_heads:
+            self._refresh_heads()
+        entries = self._heads.get(total)
+        if not entries:
+            return None
+        k, name, _ = entries[0]
+        return -k, name
+
+    def _refresh_heads(self) -> None:
+        heads = self._heads
+        for key in self._stale_heads:
+            old = self._head_of.pop(key, None)
+            if old is not None:
+                entries = heads[old[0]]
+                del entries[bisect_left(entries, old[1])]
+                if not entries:
+                    del heads[old[0]]
+            b = self.leaves.get(key)
+            if b is None:
+                continue
+            top = max((k for k, names in b.by_free.items() if names), default=None)
+            if top is None:
+                continue
+            entry = (-top, b.by_free[top][0], key)
+            self._head_of[key] = (b.total_whole, entry)
+            entries = heads.get(b.total_whole)
+            if entries is None:
+                heads[b.total_whole] = [entry]
+            else:
+                insort(entries, entry)
+        self._stale_heads.clear()
 
     def leaf(self, key: LeafKey) -> _Buckets:
         b = self.leaves.get(key)
@@ -331,6 +372,7 @@ class ClusterIndex:
         self._add_open(node.open_devices())
         k = node.whole_free
         self._key[node.name] = k
+        self._stale_heads.add(node.leaf_key)
         self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], k)
         self.all.total_whole += k
         for b in (self.all, self.leaves[node.leaf_key]):
@@ -344,6 +386,7 @@ class ClusterIndex:
         if k is None:
             return
         self._remove_open(node.open_devices())
+        self._stale_heads.add(node.leaf_key)
         self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], -k)
         self.all.total_whole -= k
         for b in (self.all, self.leaves[node.leaf_key]):
@@ -372,6 +415,7 @@ class ClusterIndex:
         if k_new != k_old:
             self._leaf_total(node.leaf_key, leaf, k_new - k_old)
             self.all.total_whole += k_new - k_old
+            self._stale_heads.add(node.leaf_key)
         for b in (self.all, leaf):
             if k_new != k_old:
                 b.discard(node.name, k_old)

@@ -245,9 +245,19 @@ def leaf_walk(
     for total in sorted(groups, reverse=leaf_descending):
         if total < need or not groups.get(total):
             continue
+        first = None
+        if wanted is None and node_descending:
+            # the tied group's first node, from the index's per-total heads (merging 100s of leaves for the
+            # node that is usually taken is what made spreading slow); the merged walk only if it is refused
+            first = index.first_most_free(total)
+            if first is None or first[0] < need:
+                continue  # no node in these leaves has `need` free
+            yield index.nodes[first[1]]
         members = list(groups[total]) if wanted is None else list(groups[total] & wanted)  # merged by name
         if members:
-            yield from bucket_walk(index, members, need, node_descending)
+            for node in bucket_walk(index, members, need, node_descending):
+                if first is None or node.name != first[1]:
+                    yield node
 
 
 class BestFit(Strategy):

@@ -346,3 +346,55 @@ def test_same_seed_same_result_across_ledgers():
         return [led.reserve(r, 0.0) for r in reqs]
 
     assert run() == run()
+
+
+# ------------------------------------------------------------------------------------------ leaf walk (spread)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4), st.booleans()), min_size=1, max_size=24),
+    st.lists(st.tuples(st.integers(0, 23), st.integers(1, 4)), max_size=30),
+    st.integers(1, 4),
+)
+def test_spread_leaf_walk_order_is_leaf_total_then_most_free_then_name(layout, takes, need):
+    """`leaf_walk(descending)` (its first node from the index's per-total heads) yields exactly: placeable nodes
+    with >= need whole-free GPUs in leaves with >= need, by leaf total desc, whole-free desc, name."""
+    led = make(*(node(f"n{i:02d}", gpus, leaf=f"l{leaf}", unschedulable=cordoned)
+                 for i, (leaf, gpus, cordoned) in enumerate(layout)))
+    for j, (i, gpus) in enumerate(takes):
+        name = f"n{i % len(layout):02d}"
+        if led.index.nodes[name].whole_free >= gpus and led.index.nodes[name].placeable:
+            take(led, name, gpus, f"t{j}")
+        if j % 3 == 2:
+            led.release(f"t{j - 1}")
+        walked = [n.name for n in strategies.leaf_walk(led.index, None, need, True, True)]
+        totals = {key: b.total_whole for key, b in led.index.leaves.items()}
+        expected = sorted(
+            (n for n in led.index.nodes.values()
+             if n.placeable and n.whole_free >= need and totals[n.leaf_key] >= need),
+            key=lambda n: (-totals[n.leaf_key], -n.whole_free, n.name),
+        )
+        assert walked == [n.name for n in expected]
+
+
+def test_distributed_takes_the_next_node_when_the_first_of_a_tied_group_is_refused():
+    led = make(
+        node("a1", 4, leaf="la", taints=[{"key": "dedicated", "effect": "NoSchedule"}]),
+        node("b1", 4, leaf="lb"),
+        node("b2", 2, leaf="lb"),
+        node("c1", 2, leaf="lc"),
+        node("c2", 4, leaf="lc"),
+    )
+    # leaf totals: la 4, lb 6, lc 6 (tied); most free first: b1 (4), c2 (4) -> b1
+    p = led.reserve(Request(id="r1", gpus=1, strategy="distributed"), 0.0)
+    assert p.node == "b1"
+    # now lc 6 leads alone: c2
+    assert led.reserve(Request(id="r2", gpus=1, strategy="distributed"), 0.0).node == "c2"
+    # totals lb 5, lc 5 tied: b1 3, c2 3 -> b1 by name; a request b1 cannot take (cpu) goes to c2 next
+    led.apply_object(node("b1", 4, leaf="lb", cpu="1"), 0.0)
+    p = led.reserve(Request(id="r3", gpus=1, cpu_milli=2000, strategy="distributed"), 0.0)
+    assert p.node == "c2"
