@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -257,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep_running:
             print(f"\nkeeping it running; try:\n  export KUBECONFIG={kube.kubeconfig}\n"
                   f"  kubectl get pods -n {args.namespace} -o wide\nCtrl-C to stop.", flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
+            stop = threading.Event()
+            for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill` from a script
+                signal.signal(sig, lambda *_: stop.set())
+            while not stop.wait(1.0):
                 pass
+            print("stopping ...", flush=True)
         return 0
     except (ControlPlaneError, OSError) as exc:
         print(f"gpuledger demo: {exc}", file=sys.stderr)
