@@ -38,9 +38,9 @@ test-fast: venv
 	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)
 
 # local control plane (or the current kubeconfig with DEMO_ARGS=--use-current-kubeconfig), webhook + local Ray,
-# sample workloads. The demo lives with the test control plane (tests/controlplane/demo.py): repo root on the path.
+# sample workloads. The demo drives the test control plane (tests/controlplane/demo.py) of this checkout.
 demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,apiserver)
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VENV)/bin/gpuledger demo $(DEMO_ARGS)
+	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
 
 bench: venv
 	$(PY) benchmarks/run_all.py

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from allocator.cluster_file import ExternalSource, reservation_ids, source_from_spec
+from allocator.kube import RESERVATION_ID_KEY
 from allocator.ledger import Ledger, LedgerConfig
 from allocator.model import Denial, Explanation, PinnedDevices, Placement, ReservationState, Request
 
@@ -169,12 +170,20 @@ class LedgerService:
 
     def apply_events(self, events: Iterable[tuple[str, dict]], now: float) -> int:
         n = 0
+        touched: list[str] = []
         for event_type, obj in events:
             if event_type == "DELETED":
                 self.ledger.delete_object(obj)
             else:
                 self.ledger.apply_object(obj, now)
+            rid = ((obj.get("metadata") or {}).get("labels") or {}).get(RESERVATION_ID_KEY)
+            if rid is not None:
+                touched.append(str(rid))
             n += 1
+        # a reservation confirmed (or released) by its stored pod needs no replay on resync
+        for rid in touched:
+            if rid in self._pending and self.ledger.state_of(rid) != ReservationState.RESERVED:
+                self._forget(rid)
         return n
 
     def expiry_candidates(self, now: float) -> list[str]:

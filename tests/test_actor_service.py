@@ -112,3 +112,25 @@ def test_claims_mark_one_pod_per_reservation_and_clear_on_confirm():
     assert s.lookup(["a"])[0] == s.lookup(["a"])[0] and s.lookup(["a"])[0].confirmed
     assert "a" not in s._claimed
     assert s.claim(["nope"]) == [None]
+
+
+def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
+    """A reservation confirmed by its stored pod (a watch event, not a resync) is no longer replayed."""
+    from webhook.handler import AdmissionHandler
+    from webhook.ledger_client import InProcessLedgerClient
+    from tests.webhook_support import Clock, gpu_pod, review
+    import asyncio
+
+    s = svc(cluster(2, 8))
+    h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
+    pod = gpu_pod(2)
+    d = asyncio.run(h.mutate(review(pod)))
+    assert s.status()["pending"] == 1
+    stored = jsonpatch.apply_patch(pod, d.patch)
+    stored["spec"]["nodeName"] = d.node
+    s.apply_events([("ADDED", stored)], NOW + 1)
+    assert s.status()["pending"] == 0
+    [held] = s.lookup([d.reservation_id])
+    assert held.confirmed
+    s.apply_events([("DELETED", stored)], NOW + 2)
+    assert s.lookup([d.reservation_id]) == [None] and s.status()["pending"] == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 # subcommand -> (module, one-line help); each module exposes `main(argv: list[str]) -> int`
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -22,6 +23,13 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def _source_checkout_on_path() -> None:
+    """The demo drives the test control plane (tests/controlplane), which ships with the source, not the wheel."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "tests" / "controlplane" / "demo.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -31,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"gpuledger: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    if name == "demo":
+        _source_checkout_on_path()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

@@ -35,7 +35,7 @@ class WebhookConfig:
     hmac_key: str = ""
     # requests from these users may change gpuledger.io/* annotations and labels on UPDATE
     privileged_usernames: tuple[str, ...] = (
-        "system:serviceaccount:gpuledger-system:gpuledger-webhook",
+        "system:serviceaccount:gpuledger-system:gpuledger",
     )
     gpu_resource: str = "nvidia.com/gpu"
     max_body_bytes: int = 4 * 1024 * 1024
