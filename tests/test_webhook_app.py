@@ -83,6 +83,27 @@ async def test_body_over_the_cap_is_413(aiohttp_client):
     assert resp.status == 413
 
 
+async def test_a_body_arriving_in_pieces_is_read_whole(aiohttp_client, ledger_client):
+    """Regression: the body was read with one StreamReader.read(n), which returns what has arrived so far; a
+    review split across TLS records by the API server was parsed half-read and answered 400."""
+    import asyncio
+
+    client = await aiohttp_client(create_app(config(), ledger_client))
+    whole = json.dumps(make_review(gpu_pod(1, annotations={"note": "z" * 3000}), uid="split")).encode()
+
+    async def pieces():
+        for i in range(0, len(whole), 700):
+            yield whole[i:i + 700]
+            await asyncio.sleep(0.005)  # let the server see a partial body
+
+    for headers in ({"Content-Type": "application/json"},
+                    {"Content-Type": "application/json", "Content-Length": str(len(whole))}):
+        resp = await client.post("/mutate", data=pieces(), headers=headers)
+        assert resp.status == 200, await resp.text()
+        answer = await resp.json()
+        assert answer["response"]["uid"] == "split" and answer["response"]["allowed"] is True
+
+
 async def test_not_an_admission_review_but_uid_known_is_a_denial_with_uid(aiohttp_client):
     client = await aiohttp_client(create_app(config(), ExplodingLedger()))
     body = {"apiVersion": "admission.k8s.io/v2", "kind": "AdmissionReview", "request": {"uid": "u-9"}}

@@ -44,12 +44,19 @@ async def _read_review(request: web.Request, limit: int) -> Any:
         return _plain(413, f"body of {request.content_length} bytes is over the {limit}-byte limit")
     if request.content_type != "application/json":
         return _plain(400, f"content type {request.content_type!r} is not accepted: expected application/json")
+    # StreamReader.read(n) returns what has arrived so far, not n bytes: read until EOF (a body split across
+    # TLS records must not be parsed half-read), stopping as soon as the cap is passed
+    chunks: list[bytes] = []
+    size = 0
     try:
-        body = await request.content.read(limit + 1)
+        while chunk := await request.content.read(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return _plain(413, f"body is over the {limit}-byte limit")
+            chunks.append(chunk)
     except (asyncio.IncompleteReadError, ConnectionError) as exc:
         return _plain(400, f"body could not be read: {exc}")
-    if len(body) > limit:
-        return _plain(413, f"body is over the {limit}-byte limit")
+    body = b"".join(chunks)
     if not body:
         return _plain(400, "empty body: expected an AdmissionReview")
     try:
