@@ -42,8 +42,12 @@ test-fast: venv
 demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,apiserver)
 	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
 
-bench: venv
-	$(PY) benchmarks/run_all.py
+# every benchmark, one after another (each prints ratios to a baseline measured in the same run)
+bench: venv apiserver
+	$(PY) tests/benchmarks/bench_allocator.py
+	$(PY) tests/benchmarks/bench_webhook.py --in-process
+	$(PY) tests/benchmarks/bench_pod_create.py
+	$(PY) tests/benchmarks/bench_simulator.py
 
 simulate: venv
 	$(VENV)/bin/gpuledger simulate --trace ../shared/traces/openb --workload default --seeds 10
