@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
-from allocator import strategies
+from allocator import kube, strategies
 from allocator.model import (
     GroupSpec,
     PinnedDevices,
@@ -225,6 +225,8 @@ def _container_gpus(pod: Mapping, resource: str) -> tuple[int, list[str]]:
     spec = _mapping(pod.get("spec"))
     total, init_max, gpu_containers = 0, 0, []
     for kind in ("containers", "initContainers"):
+        if spec.get(kind) is not None and not isinstance(spec.get(kind), list):
+            raise AnnotationError(f"spec.{kind}", spec.get(kind), "a list of containers")
         for i, container in enumerate(_list(spec.get(kind))):
             resources = _mapping(_mapping(container).get("resources"))
             limits, requests = _mapping(resources.get("limits")), _mapping(resources.get("requests"))
@@ -245,26 +247,41 @@ def _container_gpus(pod: Mapping, resource: str) -> tuple[int, list[str]]:
 
 
 def _container_resources(pod: Mapping) -> tuple[int, int]:
-    """(cpu milli, memory MiB) the pod requests, as the scheduler counts them."""
+    """(cpu milli, memory MiB) the pod requests, counted exactly as the ledger counts the stored pod
+    (`kube.pod_requests`: requests default to limits, restartable init sidecars, init peaks, overhead), so a
+    reservation and a rebuild from the pod agree. Every quantity is checked first: a bad one is a denial
+    naming its field, not a silently ignored value."""
     spec = _mapping(pod.get("spec"))
+    for kind in ("containers", "initContainers"):
+        if spec.get(kind) is not None and not isinstance(spec.get(kind), list):
+            raise AnnotationError(f"spec.{kind}", spec.get(kind), "a list of containers")
+        for i, container in enumerate(_list(spec.get(kind))):
+            if not isinstance(container, dict):
+                raise AnnotationError(f"spec.{kind}[{i}]", container, "a container object")
+            resources = _mapping(container.get("resources"))
+            for section in ("requests", "limits"):
+                for resource in ("cpu", "memory"):
+                    raw = _mapping(resources.get(section)).get(resource)
+                    if raw is not None:
+                        parse_quantity(f"spec.{kind}[{i}].resources.{section}.{resource}", raw)
+    for resource in ("cpu", "memory"):
+        raw = _mapping(spec.get("overhead")).get(resource)
+        if raw is not None:
+            parse_quantity(f"spec.overhead.{resource}", raw)
+    def sane(container: dict) -> dict:  # only the fields pod_requests reads, each of the type it expects
+        resources = _mapping(container.get("resources"))
+        return {"name": str(container.get("name", "")), "restartPolicy": container.get("restartPolicy"),
+                "resources": {"requests": _mapping(resources.get("requests")),
+                              "limits": _mapping(resources.get("limits"))}}
 
-    def one(kind: str, i: int, container: Any) -> tuple[int, int]:
-        resources = _mapping(_mapping(container).get("resources"))
-        requests, limits = _mapping(resources.get("requests")), _mapping(resources.get("limits"))
-        cpu = requests.get("cpu", limits.get("cpu"))
-        mem = requests.get("memory", limits.get("memory"))
-        cpu_milli = _ceil(parse_quantity(f"spec.{kind}[{i}].resources.requests.cpu", cpu) * 1000) if cpu is not None else 0
-        mem_mib = _ceil(parse_quantity(f"spec.{kind}[{i}].resources.requests.memory", mem) / 2**20) if mem is not None else 0
-        return cpu_milli, mem_mib
-
-    cpu = mem = init_cpu = init_mem = 0
-    for i, c in enumerate(_list(spec.get("containers"))):
-        a, b = one("containers", i, c)
-        cpu, mem = cpu + a, mem + b
-    for i, c in enumerate(_list(spec.get("initContainers"))):
-        a, b = one("initContainers", i, c)
-        init_cpu, init_mem = max(init_cpu, a), max(init_mem, b)
-    return max(cpu, init_cpu), max(mem, init_mem)
+    shaped = {kind: [sane(c) for c in _list(spec.get(kind))] for kind in ("containers", "initContainers")}
+    shaped["overhead"] = _mapping(spec.get("overhead"))
+    problems: list[str] = []
+    counted = kube.pod_requests({"metadata": {"name": str(_mapping(pod.get("metadata")).get("name", ""))},
+                                 "spec": shaped}, problems)
+    if problems:  # a quantity this parser takes but the ledger's does not: refuse rather than disagree
+        raise AnnotationError("spec.containers[*].resources", problems[0], 'quantities such as "500m", "2", "512Mi"')
+    return counted.cpu_milli, counted.memory_mib
 
 
 def _affinity_terms(pod: Mapping) -> tuple[tuple[SelectorRequirement, ...], ...]:

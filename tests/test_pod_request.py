@@ -267,3 +267,27 @@ def test_unknown_scheduling_strategy_lists_the_registered_ones():
         req(pod({"topology.scheduler/gpu-count": "1", "agentaflow.gpu/scheduling-strategy": "fastest"}))
     for name in strategies.strategy_names():
         assert name in str(err.value)
+
+
+def test_cpu_and_memory_are_counted_as_the_ledger_counts_the_stored_pod():
+    """Sidecars, init peaks and overhead: the reservation asks what a rebuild from the pod will hold."""
+    from allocator.kube import pod_requests
+
+    p = pod({"topology.scheduler/gpu-count": "1"})
+    p["spec"]["initContainers"] = [
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}}},
+        {"name": "fetch", "resources": {"limits": {"cpu": "4", "memory": "1Gi"}}},
+    ]
+    p["spec"]["overhead"] = {"cpu": "100m", "memory": "64Mi"}
+    r = req(p)
+    counted = pod_requests(p)
+    assert (r.cpu_milli, r.memory_mib) == (counted.cpu_milli, counted.memory_mib) == (4350, 2240)
+
+
+@pytest.mark.parametrize("field,value", [("containers", 7), ("initContainers", "x")])
+def test_containers_that_are_not_a_list_are_named(field, value):
+    p = pod({"topology.scheduler/gpu-count": "1"})
+    p["spec"][field] = value
+    with pytest.raises(AnnotationError) as err:
+        req(p)
+    assert f"spec.{field}" in str(err.value) and "a list of containers" in str(err.value)
