@@ -307,6 +307,8 @@ class FragmentationGradientDescent(_strategies.Strategy):
         self._meters: dict[int, tuple[TargetWorkload, FragmentationMeter]] = {}
         self._trackers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._last_ctx: _strategies.ScoreContext | None = None
+        self._last_cache: _NodeCache | None = None
 
     # ------------------------------------------------------------------ inputs
     def meter(self, ctx: _strategies.ScoreContext) -> FragmentationMeter:
@@ -332,10 +334,13 @@ class FragmentationGradientDescent(_strategies.Strategy):
         return None
 
     def _cache(self, ctx: _strategies.ScoreContext) -> _NodeCache:
+        if ctx is self._last_ctx:  # the ledger asks once per node with the same per-request context
+            return self._last_cache
         meter = self.meter(ctx)
         cache = self._caches.get(ctx.index)
         if cache is None or cache.meter is not meter:
             cache = self._caches[ctx.index] = _NodeCache(meter)
+        self._last_ctx, self._last_cache = ctx, cache
         return cache
 
     # ------------------------------------------------------------------ evaluation
