@@ -351,9 +351,11 @@ class FragmentationGradientDescent(_strategies.Strategy):
     uses_memory = False  # whether free host memory enters the evaluation (beyond the fit check)
 
     def _signature(self, node) -> tuple:
+        """The node's free state as far as an evaluation can tell (`fully_free` catches a device held only by
+        memory shares, whose free milli still reads 1000)."""
         if self.uses_memory:
-            return node.cpu_free, node.mem_free, node.unknown_gpus, tuple(node.dev_free_milli)
-        return node.cpu_free, node.unknown_gpus, tuple(node.dev_free_milli)
+            return node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free, tuple(node.dev_free_milli)
+        return node.cpu_free, node.unknown_gpus, node.fully_free, tuple(node.dev_free_milli)
 
     def _evaluate(self, node, request: Request, cache: _NodeCache):
         """(increase, Fit) for the request on this node, or None when its GPUs cannot hold it."""
@@ -371,6 +373,8 @@ class FragmentationGradientDescent(_strategies.Strategy):
         return result
 
     def _shared(self, node, request: Request, cache: _NodeCache, key: tuple, signature: tuple):
+        if node.fully_free != sum(1 for free in node.dev_free_milli if free >= MILLI_PER_GPU):
+            return self._compute(node, request, cache.meter)  # which device is memory-shared: not shareable
         shared_key = (key, cache.kind(node), signature)
         if shared_key in cache.shared:
             return cache.shared[shared_key]

@@ -114,3 +114,80 @@ def test_pods_ask_for_them_by_annotation_and_live_admission_learns_the_workload(
     assert led.reserve(first, 0.0).node == "a"
     second = request_from_pod(pod("p2", "FGD", 1), None, reservation_id="p2")
     assert second.strategy == "fgd" and led.reserve(second, 0.0).node == "b"
+
+
+class _Unmemoised(__import__("allocator.fragmentation", fromlist=["HostAwareFGD"]).HostAwareFGD):
+    """fgd_host without its fast path: every node scored by the ledger, every evaluation recomputed."""
+
+    name = "fgd_host_unmemoised"
+
+    def candidates(self, request, ctx, leaves):
+        return None
+
+    def _evaluate(self, node, request, cache):
+        return self._compute(node, request, cache.meter)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_fast_path_decides_exactly_as_a_plain_scan(seed):
+    """Memo, shared evaluations and candidate walk change nothing, with releases, memory shares, unhealthy
+    devices, CPU-only pods and product constraints in the mix."""
+    import random
+
+    from allocator.strategies import register
+
+    register("fgd_host_unmemoised", _Unmemoised)
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(8):
+        product = rng.choice(["T4", "V100M16", "V100M32"])
+        gpus = rng.choice([0, 1, 2, 4, 8])
+        devices = tuple(Device(d, product=product, memory_mib=16_000, healthy=rng.random() > 0.1)
+                        for d in range(gpus))
+        nodes.append(NodeInfo(f"n{i}", rng.choice([16_000, 64_000]), 256_000, devices, product=product))
+    requests = []
+    for i in range(120):
+        kind = rng.random()
+        cpu = rng.choice([0, 2000, 8000, 12_000])
+        product = rng.choice([None, None, "V100M16|V100M32", "T4"])
+        if kind < 0.35:
+            requests.append(Request(f"r{i}", gpus=rng.choice([1, 1, 2, 4]), cpu_milli=cpu, product=product))
+        elif kind < 0.6:
+            requests.append(Request(f"r{i}", gpu_milli=rng.choice([110, 250, 460, 810]), cpu_milli=cpu))
+        elif kind < 0.85:
+            requests.append(Request(f"r{i}", gpu_memory_mib=rng.choice([2000, 8000]), cpu_milli=cpu))
+        else:
+            requests.append(Request(f"r{i}", cpu_milli=cpu or 4000))
+    workload = TargetWorkload.from_requests(requests)
+
+    def decisions(strategy: str) -> list:
+        led = ledger(strategy, nodes, workload)
+        out, held = [], []
+        for request in requests:
+            if held and rng_release.random() < 0.2:
+                led.release(held.pop(rng_release.randrange(len(held))))
+            result = led.reserve(request, 0.0)
+            if isinstance(result, Placement):
+                held.append(request.id)
+                out.append((result.node, result.devices, tuple((s.device, s.milli) for s in result.shares)))
+            else:
+                out.append(None)
+        return out
+
+    rng_release = random.Random(seed)
+    fast = decisions("fgd_host")
+    rng_release = random.Random(seed)
+    plain = decisions("fgd_host_unmemoised")
+    assert fast == plain
+    assert sum(d is not None for d in fast) > 20
+
+
+def test_a_device_held_only_by_a_memory_share_is_not_taken_for_a_whole_gpu():
+    workload = TargetWorkload.from_shapes([PodShape(0, 1, 1000)])
+    gpu_node = NodeInfo("n", 64_000, 256_000, (Device(0, memory_mib=16_000), Device(1, memory_mib=16_000)))
+    led = ledger("fgd", [gpu_node], workload)
+    assert led.explain(Request("look", gpus=1)).result.devices == (0,)  # evaluated (and memoised) while idle
+    memory_share = led.reserve(Request("mem", gpu_memory_mib=4000), 0.0)
+    assert memory_share.shares[0].device == 0 and memory_share.shares[0].milli == 0
+    # device 0 still reads 1000 milli free, but it is shared now: the whole GPU must be device 1
+    assert led.reserve(Request("whole", gpus=1), 0.0).devices == (1,)
