@@ -1,4 +1,5 @@
-"""GPU fragmentation of a node with respect to a target workload (Weng et al., "Beware of Fragmentation", ATC'23).
+"""GPU fragmentation of a node with respect to a target workload (Weng et al., ATC'23, "Beware of
+Fragmentation").
 
 A node's free GPU milli is a *fragment* for a pod shape when that pod could not use it: every free milli on
 the node if the pod cannot run there at all (too little CPU, not enough GPUs that fit, wrong GPU model, or a
@@ -100,7 +101,8 @@ class TargetWorkload:
         return len(self.shapes)
 
 
-def node_fragmentation(cpu_free: int, gpu_free: Sequence[int], product: str, workload: TargetWorkload) -> float:
+def node_fragmentation(cpu_free: int, gpu_free: Sequence[int], product: str,
+                       workload: TargetWorkload) -> float:
     """Expected free GPU milli on the node that a pod drawn from `workload` could not use."""
     total = sum(gpu_free)
     if total <= 0:
@@ -189,7 +191,8 @@ class FragmentationMeter:
                 frag += mass * total
         return frag
 
-    def best_choice(self, cpu_free: int, gpu_free: Sequence[int], product: str, shape: PodShape) -> Choice | None:
+    def best_choice(self, cpu_free: int, gpu_free: Sequence[int], product: str,
+                    shape: PodShape) -> Choice | None:
         """The device choice on this node that raises fragmentation least; None if the pod does not fit.
 
         A share goes on the fitting device whose choice leaves the least fragmentation (ties: the fullest
@@ -251,8 +254,8 @@ class WorkloadTracker:
         seen = self.seen
         if self._meter is None or seen - self._seen_at_refresh >= self.refresh_every:
             memory = self.memory_mib / self.gpu_milli if self.gpu_milli else 0.0
-            self._meter = FragmentationMeter(TargetWorkload.from_shapes(self.counts.elements(), self.popularity,
-                                                                        memory))
+            workload = TargetWorkload.from_shapes(self.counts.elements(), self.popularity, memory)
+            self._meter = FragmentationMeter(workload)
             self._seen_at_refresh = seen
         return self._meter
 
@@ -284,12 +287,13 @@ class _NodeCache:
         self.kinds: dict[int, tuple] = {}
 
     def kind(self, node) -> tuple:
-        """What, besides free state, decides a node's evaluation: GPU model, device indices, health, products."""
+        """What, besides free state, decides a node's evaluation: model, device indices, health, products."""
         held = self.kinds.get(id(node.info))
         if held is None or held[0] is not node.info:
             info = node.info
-            held = self.kinds[id(info)] = (info, (info.product, tuple(node.dev_index), tuple(node.dev_healthy),
-                                                  tuple(d.product for d in info.devices)))
+            kind = (info.product, tuple(node.dev_index), tuple(node.dev_healthy),
+                    tuple(d.product for d in info.devices))
+            held = self.kinds[id(info)] = (info, kind)
         return held[1]
 
 
@@ -354,7 +358,8 @@ class FragmentationGradientDescent(_strategies.Strategy):
         """The node's free state as far as an evaluation can tell (`fully_free` catches a device held only by
         memory shares, whose free milli still reads 1000)."""
         if self.uses_memory:
-            return node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free, tuple(node.dev_free_milli)
+            return (node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free,
+                    tuple(node.dev_free_milli))
         return node.cpu_free, node.unknown_gpus, node.fully_free, tuple(node.dev_free_milli)
 
     def _evaluate(self, node, request: Request, cache: _NodeCache):
@@ -411,7 +416,8 @@ class FragmentationGradientDescent(_strategies.Strategy):
                     continue
                 trial = list(free)
                 trial[p] = free_milli - milli
-                candidate = (round(meter.fragmentation(cpu_after, trial, product) - before, 6), free_milli, p, trial)
+                increase = round(meter.fragmentation(cpu_after, trial, product) - before, 6)
+                candidate = (increase, free_milli, p, trial)
                 if best is None or candidate[:3] < best[:3]:
                     best = candidate
             if best is None:

@@ -89,7 +89,8 @@ class Run:
     free_at_100: dict[str, float] = field(default_factory=dict)  # where the free GPU is, % of capacity
 
     def allocation_pct_at(self, arrived_pct: float) -> float:
-        """Allocation ratio (%) once the arrived GPU request reaches `arrived_pct`% of capacity (step curve)."""
+        """Allocation ratio (%) once the arrived GPU request reaches `arrived_pct`% of capacity (a step
+        curve: the state after the last pod whose arrival keeps arrived at or below that point)."""
         i = bisect_right(self.arrived, arrived_pct / 100 * self.capacity_milli + 1e-9) - 1
         return 100.0 * self.allocated[i] / self.capacity_milli if i >= 0 else 0.0
 
@@ -198,24 +199,27 @@ class StrategyResult:
             "unallocated_at_100_by_seed": {str(r.seed): round(r.unallocated_at_100, 4) for r in self.runs},
             "failed_pods_median": statistics.median(r.failed for r in self.runs),
             "seconds_per_run": round(statistics.mean(r.seconds for r in self.runs), 3),
-            "free_at_100_pct": {key: round(statistics.median(r.free_at_100.get(key, 0.0) for r in self.runs), 4)
-                                for key in ("idle_without_host", "idle", "partial")},
+            "free_at_100_pct": {
+                key: round(statistics.median(r.free_at_100.get(key, 0.0) for r in self.runs), 4)
+                for key in ("idle_without_host", "idle", "partial")},
             "curve": {"arrived_pct": arrived, "allocation_pct": [round(a, 4) for a in allocation]},
         }
 
 
-def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Sequence[str], seeds: Sequence[int],
-             ratio: float = 1.3, shuffle: bool = True, ledger_factory: LedgerFactory = default_ledger,
-             progress_factory=None) -> list[StrategyResult]:
+def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Sequence[str],
+             seeds: Sequence[int], ratio: float = 1.3, shuffle: bool = True,
+             ledger_factory: LedgerFactory = default_ledger, progress_factory=None) -> list[StrategyResult]:
     capacity = gpu_capacity_milli(nodes)
     if capacity <= 0:
         raise TraceError("the cluster has no GPU; expected nodes with at least one GPU device")
     arrivals = {seed: build_arrivals(pods, capacity, ratio, seed, shuffle) for seed in seeds}
     workload = TargetWorkload.from_requests(pods)  # the trace's own pods, as the paper's "typical pods"
-    progress = progress_factory(sum(len(a) for a in arrivals.values()) * len(strategies)) if progress_factory else None
+    total = sum(len(a) for a in arrivals.values()) * len(strategies)
+    progress = progress_factory(total) if progress_factory else None
     results = []
     for strategy in strategies:
-        runs = [replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress) for seed in seeds]
+        runs = [replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress)
+                for seed in seeds]
         results.append(StrategyResult(strategy, runs))
     if progress is not None:
         progress.close()
@@ -281,9 +285,10 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--workload", default="default",
                      help=f"openb pod list: {' | '.join(WORKLOADS)} (any openb_pod_list_NAME.csv in DIR)")
     src.add_argument("--node-list", choices=("gpu", "all"), default="gpu",
-                     help="openb node list: the 1,213 GPU nodes (default, as the paper's artifact) or all 1,523")
+                     help="openb node list: the 1,213 GPU nodes (default, as the paper's artifact) "
+                          "or all 1,523")
     src.add_argument("--cluster", metavar="FILE", help="Node objects (YAML, e.g. kubectl get nodes -o yaml)")
-    src.add_argument("--pods", metavar="FILE", help="Pod objects (YAML), placed in file order before shuffling")
+    src.add_argument("--pods", metavar="FILE", help="Pod objects (YAML), the workload to replay")
     src.add_argument("--limit-nodes", type=int, default=0, metavar="N",
                      help="use N nodes spread over the list (the workload is scaled to their capacity)")
     run = p.add_argument_group("protocol")
@@ -292,8 +297,10 @@ def parser() -> argparse.ArgumentParser:
                           f"default {','.join(DEFAULT_STRATEGIES)})")
     run.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10; the paper's median)")
     run.add_argument("--seed", type=int, default=DEFAULT_SEED, help="first seed (default 42)")
-    run.add_argument("--ratio", type=float, default=1.3, help="workload as a multiple of GPU capacity (default 1.3)")
-    run.add_argument("--no-shuffle", action="store_true", help="keep the file order (after the sampled top-up)")
+    run.add_argument("--ratio", type=float, default=1.3,
+                     help="workload as a multiple of GPU capacity (default 1.3)")
+    run.add_argument("--no-shuffle", action="store_true",
+                     help="keep the file order (then the sampled top-up)")
     out = p.add_argument_group("output")
     out.add_argument("-o", "--output", choices=("table", "json"), default="table")
     out.add_argument("--plot", metavar="FILE.png", help="write the allocation curves as a PNG")
@@ -316,8 +323,8 @@ def strategy_names(requested: Sequence[str] | None) -> list[str]:
             try:
                 name = registry.canonical_name(name)
             except ValueError:
-                raise TraceError(f"--strategy {name!r} is not a registered strategy; accepted: {', '.join(known)}, "
-                                 f"all") from None
+                raise TraceError(f"--strategy {name!r} is not a registered strategy; accepted: "
+                                 f"{', '.join(known)}, all") from None
             if name not in names:
                 names.append(name)
     return names
@@ -326,7 +333,8 @@ def strategy_names(requested: Sequence[str] | None) -> list[str]:
 def load_workload(args) -> tuple[list[NodeInfo], list[Request], str]:
     if args.cluster or args.pods:
         if not (args.cluster and args.pods):
-            raise TraceError("--cluster and --pods go together; give both YAML files (or --trace DIR instead)")
+            raise TraceError("--cluster and --pods go together; give both YAML files "
+                             "(or --trace DIR instead)")
         nodes, pods = load_yaml(args.cluster, args.pods)
         label = f"{Path(args.pods).name} on {Path(args.cluster).name}"
     else:

@@ -17,7 +17,7 @@ from allocator.model import MILLI_PER_GPU, Device, NodeInfo, Request
 WORKLOADS = ("default", "multigpu50", "gpushare40")
 NODE_LISTS = {"gpu": "openb_node_list_gpu_node.csv", "all": "openb_node_list_all_node.csv"}
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
-POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # gpu_spec and the rest are optional
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # gpu_spec etc. are optional
 
 
 class TraceError(ValueError):
