@@ -3,13 +3,15 @@
 A `NodeState` keeps counters (free cpu, memory, per-device free milli-GPU and memory, whole-free devices)
 that change in O(devices) per placement. `ClusterIndex` keeps nodes in buckets by whole-free GPU count,
 globally and per leaf, each bucket a name-sorted list, so strategies that prefer fewer/more free GPUs
-walk buckets in score order and stop at the first node that fits.
+walk buckets in score order and stop at the first node that fits. Each bucket is also kept sorted by
+`fit_key` (free CPU and free milli-GPU, each weighted by the other's cluster maximum), the order of best fit.
 Strategies read `NodeState` as a view; only the ledger mutates it.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import Counter
 from dataclasses import dataclass
 
 from allocator.model import MILLI_PER_GPU, DeviceShare, NodeInfo
@@ -269,6 +271,63 @@ class ClusterIndex:
         self._heads: dict[int, list[tuple[int, str, LeafKey]]] = {}
         self._head_of: dict[LeafKey, tuple[int, tuple[int, str, LeafKey]]] = {}
         self._stale_heads: set[LeafKey] = set()
+        # best fit's order: whole-free count -> sorted (fit_key, name) of the placeable nodes with that count;
+        # rebuilt lazily (`fit_buckets`) when a cluster maximum, and so the key's weights, changes
+        self._by_fit: dict[int, list[tuple[int, str]]] = {}
+        self._fit_key: dict[str, int] = {}
+        self._fit_stale = False
+        self._cpu_sizes: Counter[int] = Counter()  # node cpu_milli -> nodes of that size (for the maximum)
+        self._gpu_sizes: Counter[int] = Counter()  # node device count -> nodes
+        self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
+        self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
+
+    # ------------------------------------------------------------------ best fit's order
+    def fit_key(self, node: NodeState) -> int:
+        """free cpu / max cpu + free milli-GPU / max milli-GPU, scaled by both maxima to stay an exact integer."""
+        return node.cpu_free * self.max_gpu_milli + node.free_milli * self.max_cpu_milli
+
+    def fit_buckets(self) -> dict[int, list[tuple[int, str]]]:
+        """Whole-free count -> (fit_key, name) of the placeable nodes with that count, ascending."""
+        if self._fit_stale:
+            by_fit: dict[int, list[tuple[int, str]]] = {}
+            keys = self._fit_key
+            keys.clear()
+            nodes = self.nodes
+            for name, k in self._key.items():
+                key = keys[name] = self.fit_key(nodes[name])
+                by_fit.setdefault(k, []).append((key, name))
+            for entries in by_fit.values():
+                entries.sort()
+            self._by_fit = by_fit
+            self._fit_stale = False
+        return self._by_fit
+
+    def _size(self, node: NodeState, delta: int) -> None:
+        """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""
+        cpu, gpus = node.info.cpu_milli, len(node.dev_index)
+        for sizes, value in ((self._cpu_sizes, cpu), (self._gpu_sizes, gpus)):
+            sizes[value] += delta
+            if sizes[value] <= 0:
+                del sizes[value]
+        max_cpu = max(1, max(self._cpu_sizes, default=1))
+        max_gpu = max(1, max(self._gpu_sizes, default=1)) * MILLI_PER_GPU
+        if (max_cpu, max_gpu) != (self.max_cpu_milli, self.max_gpu_milli):
+            self.max_cpu_milli, self.max_gpu_milli = max_cpu, max_gpu
+            self._fit_stale = True
+            self._by_fit = {}
+
+    def _fit_file(self, name: str, k: int, key: int) -> None:
+        self._fit_key[name] = key
+        entries = self._by_fit.get(k)
+        if entries is None:
+            self._by_fit[k] = [(key, name)]
+        else:
+            insort(entries, (key, name))
+
+    def _fit_unfile(self, name: str, k: int) -> None:
+        key = self._fit_key.pop(name)
+        entries = self._by_fit[k]
+        del entries[bisect_left(entries, (key, name))]
 
     def touch(self, name: str) -> None:
         """Record that a node's free state or presence changed (readers of `touched` recompute it)."""
@@ -341,6 +400,7 @@ class ClusterIndex:
         self.touch(node.name)
         self.leaf(node.leaf_key)
         self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
+        self._size(node, 1)
         if node.placeable:
             self._file(node)
 
@@ -351,6 +411,7 @@ class ClusterIndex:
         self._sorted_names = None
         self.touch(name)
         self._unfile(node)
+        self._size(node, -1)
         left = self.leaf_members[node.leaf_key] - 1
         if left:
             self.leaf_members[node.leaf_key] = left
@@ -372,6 +433,8 @@ class ClusterIndex:
         self._add_open(node.open_devices())
         k = node.whole_free
         self._key[node.name] = k
+        if not self._fit_stale:
+            self._fit_file(node.name, k, self.fit_key(node))
         self._stale_heads.add(node.leaf_key)
         self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], k)
         self.all.total_whole += k
@@ -386,6 +449,8 @@ class ClusterIndex:
         if k is None:
             return
         self._remove_open(node.open_devices())
+        if not self._fit_stale:
+            self._fit_unfile(node.name, k)
         self._stale_heads.add(node.leaf_key)
         self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], -k)
         self.all.total_whole -= k
@@ -411,6 +476,11 @@ class ClusterIndex:
         if open_old != open_new:
             self._remove_open(open_old)
             self._add_open(open_new)
+        if not self._fit_stale:
+            key = self.fit_key(node)
+            if k_new != k_old or key != self._fit_key[node.name]:
+                self._fit_unfile(node.name, k_old)
+                self._fit_file(node.name, k_new, key)
         leaf = self.leaves[node.leaf_key]
         if k_new != k_old:
             self._leaf_total(node.leaf_key, leaf, k_new - k_old)

@@ -260,25 +260,70 @@ def leaf_walk(
                     yield node
 
 
+def _taken_milli(request: Request) -> int:
+    return request.gpus * MILLI_PER_GPU if request.gpus > 0 else request.gpu_milli
+
+
+def best_fit_cost(node: "NodeState", request: Request, index: "ClusterIndex") -> int:
+    """best fit's node cost as an exact integer: `fit_key` after placement (lower is a tighter fit)."""
+    return (node.cpu_free - request.cpu_milli) * index.max_gpu_milli + (
+        node.free_milli - _taken_milli(request)
+    ) * index.max_cpu_milli
+
+
+def best_fit_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request: Request) -> Iterator["NodeState"]:
+    """Placeable nodes by best-fit cost, then name, skipping nodes that cannot hold the request's CPU, memory
+    or GPU amount. The cost is `fit_key` less a constant, so each whole-free bucket is already in cost order:
+    merging the buckets with `need` or more free GPUs is exact, and the first node that fits is the best."""
+    need = request.gpus
+    cpu, mem, taken = request.cpu_milli, request.memory_mib, _taken_milli(request)
+    nodes = index.nodes
+
+    def fits(node: "NodeState") -> bool:
+        return node.cpu_free >= cpu and node.mem_free >= mem and node.free_milli_raw >= taken  # all must hold
+
+    if leaves is not None:  # a few leaves: sort their nodes outright
+        picked = []
+        for leaf in leaves:
+            b = index.leaves.get(leaf)
+            if b is None:
+                continue
+            for k, names in b.by_free.items():
+                if k >= need:
+                    picked.extend(nodes[name] for name in names)
+        picked.sort(key=lambda node: (best_fit_cost(node, request, index), node.name))
+        yield from filter(fits, picked)
+        return
+    heads = [(entries[0], k, 0) for k, entries in index.fit_buckets().items() if k >= need and entries]
+    heapq.heapify(heads)
+    by_fit = index.fit_buckets()
+    while heads:
+        entry, k, i = heads[0]
+        node = nodes[entry[1]]
+        entries = by_fit[k]
+        if i + 1 < len(entries):
+            heapq.heapreplace(heads, (entries[i + 1], k, i + 1))
+        else:
+            heapq.heappop(heads)
+        if fits(node):
+            yield node
+
+
 class BestFit(Strategy):
-    """Fewest free whole GPUs that still fit (pack); for shares, the fullest device that holds it."""
+    """The tightest node counting CPU and GPU (Weng et al. ATC'23's BestFit): lowest
+    free CPU after / the cluster's largest node CPU + free milli-GPU after / its largest node GPU capacity,
+    ties by name; on the node, the shortest free run of whole GPUs, or the fullest device that holds a share."""
 
     name = "best_fit"
 
     def score(self, node, request, fit, ctx):
-        if request.gpus > 0:
-            return -float(node.whole_free)
-        if fit.shares:
-            free = _chosen_free(node, fit)
-            return -(free + (node.whole_free / 100.0 if free >= MILLI_PER_GPU else 0.0))
-        return -float(node.cpu_free)
+        index = ctx.index
+        return -best_fit_cost(node, request, index) / (2.0 * index.max_cpu_milli * index.max_gpu_milli)
 
     def candidates(self, request, ctx, leaves):
-        if request.gpus > 0:
-            return bucket_walk(ctx.index, leaves, request.gpus, descending=False)
-        if request.is_shared and type(self).choose_devices is Strategy.choose_devices:
-            return share_walk(ctx.index, leaves, request)
-        return None
+        if type(self).score is not BestFit.score:
+            return None
+        return best_fit_walk(ctx.index, leaves, request)
 
 
 class LeastUtilized(Strategy):

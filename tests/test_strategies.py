@@ -398,3 +398,105 @@ def test_distributed_takes_the_next_node_when_the_first_of_a_tied_group_is_refus
     led.apply_object(node("b1", 4, leaf="lb", cpu="1"), 0.0)
     p = led.reserve(Request(id="r3", gpus=1, cpu_milli=2000, strategy="distributed"), 0.0)
     assert p.node == "c2"
+
+
+# ------------------------------------------------------------------------------------------ best fit walk
+
+
+class _FullScan:
+    """The same strategy with its candidate walk switched off: the ledger scores every node."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def candidates(self, request, ctx, leaves):
+        return None
+
+
+_CPU_SIZES = (4_000, 16_000, 64_000, 96_000, 128_000)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(_CPU_SIZES), st.integers(0, 8), st.integers(0, 2), st.integers(0, 3)),
+        min_size=1,
+        max_size=14,
+    ),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["whole", "share", "cpu", "release", "foreign", "node"]),
+            st.integers(0, 1000),
+            st.integers(0, 40_000),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
+    """Heterogeneous CPU and GPU counts, unhealthy devices, shares, CPU-only pods, releases, GPUs held by
+    pods of unknown identity, nodes added later (maxima change) and soft domains: the best-fit walk places
+    every request exactly where scoring every node with the same score does."""
+    from allocator.inventory import Holding
+    from allocator.model import Device, NodeInfo
+
+    def info(i, cpu, gpus, unhealthy, leaf):
+        devices = tuple(Device(index=d, memory_mib=40960, healthy=d >= unhealthy) for d in range(gpus))
+        return NodeInfo(name=f"n{i:02d}", cpu_milli=cpu, memory_mib=65536, devices=devices,
+                        spine="s", leaf=f"l{leaf}")
+
+    fast, scan = Ledger(LedgerConfig()), Ledger(LedgerConfig())
+    for led in (fast, scan):
+        for i, (cpu, gpus, unhealthy, leaf) in enumerate(layout):
+            led.upsert_node(info(i, cpu, gpus, unhealthy, leaf))
+    original = strategies.get_strategy("best_fit")
+    placed: list[str] = []
+    for j, (kind, amount, cpu, in_domain) in enumerate(ops):
+        if kind == "release":
+            if placed:
+                rid = placed.pop(amount % len(placed))
+                assert fast.release(rid) == scan.release(rid)
+            continue
+        if kind == "node":
+            for led in (fast, scan):
+                led.upsert_node(info(50 + j, _CPU_SIZES[amount % 5], amount % 9, 0, amount % 4))
+            continue
+        if kind == "foreign":
+            name = sorted(fast.index.nodes)[amount % len(fast.index.nodes)]
+            for led in (fast, scan):
+                state = led.index.nodes[name]
+                led.index.change(state, lambda s=state: s.apply(Holding(f"u{j}", name, unknown_gpus=1)))
+            continue
+        shape = {"whole": {"gpus": 1 + amount % 4}, "share": {"gpu_milli": 100 + amount % 900}, "cpu": {}}[kind]
+        req = Request(id=f"r{j}", cpu_milli=cpu, memory_mib=amount * 8, strategy="best_fit",
+                      preferred_domain=f"l{amount % 3}" if in_domain else None, **shape)
+        got = fast.reserve(req, 0.0)
+        strategies._INSTANCES["best_fit"] = _FullScan(original)  # type: ignore[assignment]
+        try:
+            want = scan.reserve(req, 0.0)
+        finally:
+            strategies._INSTANCES["best_fit"] = original
+        assert type(got) is type(want)
+        if isinstance(want, Placement):
+            assert (got.node, got.devices, got.shares, got.score) == (want.node, want.devices, want.shares, want.score)
+            placed.append(req.id)
+
+
+def test_best_fit_counts_cpu_so_cpu_pods_leave_gpu_nodes_alone():
+    """A CPU-only pod goes to the CPU node, not to the GPU node with less free CPU (stranding its GPUs);
+    among GPU nodes, the one whose CPU and GPUs are both fullest after placement wins."""
+    from allocator.model import Device, NodeInfo
+
+    led = Ledger(LedgerConfig())
+    gpus = tuple(Device(index=d) for d in range(8))
+    led.upsert_node(NodeInfo(name="gpu-small-cpu", cpu_milli=16_000, memory_mib=65536, devices=gpus))
+    led.upsert_node(NodeInfo(name="gpu-big-cpu", cpu_milli=96_000, memory_mib=65536, devices=gpus))
+    led.upsert_node(NodeInfo(name="cpu-only", cpu_milli=64_000, memory_mib=65536, devices=()))
+    # cost after (cpu/96 + gpu/8): gpu-small-cpu 12/96+8/8, gpu-big-cpu 92/96+8/8, cpu-only 60/96+0
+    assert led.reserve(Request(id="c", cpu_milli=4000), 0.0).node == "cpu-only"
+    # a GPU pod: gpu-small-cpu 12/96+7/8 beats gpu-big-cpu 92/96+7/8
+    assert led.reserve(Request(id="g", gpus=1, cpu_milli=4000), 0.0).node == "gpu-small-cpu"
