@@ -477,10 +477,18 @@ class ClusterIndex:
             self._remove_open(open_old)
             self._add_open(open_new)
         if not self._fit_stale:
-            key = self.fit_key(node)
-            if k_new != k_old or key != self._fit_key[node.name]:
-                self._fit_unfile(node.name, k_old)
-                self._fit_file(node.name, k_new, key)
+            name = node.name
+            key = node.cpu_free * self.max_gpu_milli + milli_new * self.max_cpu_milli  # fit_key, inlined
+            key_old = self._fit_key[name]
+            if k_new != k_old or key != key_old:
+                entries = self._by_fit[k_old]
+                del entries[bisect_left(entries, (key_old, name))]
+                self._fit_key[name] = key
+                entries = self._by_fit.get(k_new)
+                if entries is None:
+                    self._by_fit[k_new] = [(key, name)]
+                else:
+                    insort(entries, (key, name))
         leaf = self.leaves[node.leaf_key]
         if k_new != k_old:
             self._leaf_total(node.leaf_key, leaf, k_new - k_old)

@@ -294,9 +294,9 @@ def best_fit_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request
         picked.sort(key=lambda node: (best_fit_cost(node, request, index), node.name))
         yield from filter(fits, picked)
         return
-    heads = [(entries[0], k, 0) for k, entries in index.fit_buckets().items() if k >= need and entries]
-    heapq.heapify(heads)
     by_fit = index.fit_buckets()
+    heads = [(entries[0], k, 0) for k, entries in by_fit.items() if k >= need and entries]
+    heapq.heapify(heads)
     while heads:
         entry, k, i = heads[0]
         node = nodes[entry[1]]
@@ -305,7 +305,7 @@ def best_fit_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request
             heapq.heapreplace(heads, (entries[i + 1], k, i + 1))
         else:
             heapq.heappop(heads)
-        if fits(node):
+        if node.cpu_free >= cpu and node.mem_free >= mem and node.free_milli_raw >= taken:  # fits(), inlined
             yield node
 
 
