@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import importlib
 import zlib
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
@@ -210,27 +210,6 @@ def bucket_walk(
             yield nodes[name]
 
 
-def share_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request: Request) -> Iterator["NodeState"]:
-    """Nodes in best-fit order for a share: first by the free milli of the used device the share would
-    take (the sorted `index.open` list), then nodes that would open an untouched device, fewest whole-free
-    first. A node is yielded at the entry of the device `choose_share_device` would pick."""
-    nodes = index.nodes
-    wanted = None if leaves is None else set(leaves)
-    entries = index.open
-    for j in range(bisect_left(entries, (request.gpu_milli, "", -1)), len(entries)):
-        free, name, dev = entries[j]
-        node = nodes[name]
-        if wanted is not None and node.leaf_key not in wanted:
-            continue
-        share = choose_share_device(node, request)
-        if share is not None and share.device == dev:
-            yield node
-    for node in bucket_walk(index, leaves, 1, descending=False):
-        share = choose_share_device(node, request)
-        if share is not None and node.dev_nshares[node.pos[share.device]] == 0:
-            yield node
-
-
 def leaf_walk(
     index: "ClusterIndex",
     leaves: list["LeafKey"] | None,
@@ -271,7 +250,9 @@ def best_fit_cost(node: "NodeState", request: Request, index: "ClusterIndex") ->
     ) * index.max_cpu_milli
 
 
-def best_fit_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request: Request) -> Iterator["NodeState"]:
+def best_fit_walk(
+    index: "ClusterIndex", leaves: list["LeafKey"] | None, request: Request
+) -> Iterator["NodeState"]:
     """Placeable nodes by best-fit cost, then name, skipping nodes that cannot hold the request's CPU, memory
     or GPU amount. The cost is `fit_key` less a constant, so each whole-free bucket is already in cost order:
     merging the buckets with `need` or more free GPUs is exact, and the first node that fits is the best."""
@@ -310,9 +291,9 @@ def best_fit_walk(index: "ClusterIndex", leaves: list["LeafKey"] | None, request
 
 
 class BestFit(Strategy):
-    """The tightest node counting CPU and GPU (Weng et al. ATC'23's BestFit): lowest
-    free CPU after / the cluster's largest node CPU + free milli-GPU after / its largest node GPU capacity,
-    ties by name; on the node, the shortest free run of whole GPUs, or the fullest device that holds a share."""
+    """The tightest node counting CPU and GPU (Weng et al. ATC'23's BestFit): lowest free CPU after / the
+    cluster's largest node CPU + free milli-GPU after / its largest node GPU capacity, ties by name; on the
+    node, the shortest free run of whole GPUs, or the fullest device that holds a share."""
 
     name = "best_fit"
 
