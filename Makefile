@@ -22,7 +22,7 @@ venv: $(VENV)/.installed
 
 # kube-apiserver and kube-controller-manager built from the k8s.io/kubernetes Go module, cached outside the repo
 $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER):
-	bash tests/controlplane/build_kube_apiserver.sh
+	bash devcluster/build_kube_components.sh
 
 apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER)
 
@@ -38,7 +38,7 @@ test-fast: venv
 	$(VENV)/bin/pytest -m "not e2e" $(PYTEST_ARGS)
 
 # local control plane (or the current kubeconfig with DEMO_ARGS=--use-current-kubeconfig), webhook + local Ray,
-# sample workloads. The demo drives the test control plane (tests/controlplane/demo.py) of this checkout.
+# sample workloads. The demo drives the test control plane (devcluster/demo.py) of this checkout.
 demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,apiserver)
 	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
 

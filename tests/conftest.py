@@ -1,4 +1,4 @@
-"""Shared fixtures. The control plane harness lives in tests/controlplane; this file only wires it into pytest."""
+"""Shared fixtures. The control plane harness lives in devcluster/; this file only wires it into pytest."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tests.controlplane.cluster import ControlPlane, missing_binaries
+from devcluster.cluster import ControlPlane, missing_binaries
 
 
 def _in_ci() -> bool:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 # subcommand -> (module, one-line help); each module exposes `main(argv: list[str]) -> int`
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("webhook.serve", "run the admission webhook backed by the Ray-held GPU ledger"),
     "explain": ("webhook.explain", "run the real mutating path for pods against a cluster file, offline"),
-    "simulate": ("allocator.simulator", "replay a GPU-cluster trace through the allocator core"),
-    "node-agent": ("allocator.node_agent", "publish this node's GPUs (NVML) as agentaflow.gpu/* labels and annotations"),
+    "simulate": ("allocator.sim.simulator", "replay a GPU-cluster trace through the allocator core"),
+    "node-agent": ("allocator.node_agent.agent", "publish this node's GPUs (NVML) as agentaflow.gpu/* labels and annotations"),
     "certs": ("certs.cli", "generate or rotate the webhook's CA and serving certificate"),
-    "demo": ("tests.controlplane.demo", "start a local control plane + webhook and place sample workloads"),
+    "demo": ("devcluster.demo", "start a local control plane + webhook and place sample workloads"),
 }
 
 
@@ -22,12 +21,6 @@ def usage() -> str:
     lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
-
-def _source_checkout_on_path() -> None:
-    """The demo drives the test control plane (tests/controlplane), which ships with the source, not the wheel."""
-    root = Path(__file__).resolve().parents[1]
-    if (root / "tests" / "controlplane" / "demo.py").is_file() and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"gpuledger: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    if name == "demo":
-        _source_checkout_on_path()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

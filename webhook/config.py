@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from allocator.ledger import LedgerConfig
-from allocator.model import BindingMode
+from allocator.service import LedgerConfig
+from allocator.service import BindingMode
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
 AFFINITY_KEYS = ("kubernetes.io/hostname", "metadata.name")

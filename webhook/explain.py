@@ -17,14 +17,14 @@ from typing import Any
 
 import yaml
 
-from allocator.cluster_file import load_objects
-from allocator.kube import iter_objects
-from allocator.ledger_service import LedgerService
-from webhook.admission import make_review, parse_review
+from allocator.sources import load_objects
+from allocator.service import iter_objects
+from allocator.service import LedgerService
+from webhook.admission.review import make_review, parse_review
 from webhook.config import WebhookConfig
-from webhook.handler import AdmissionHandler
+from webhook.admission.handler import AdmissionHandler
 from webhook.ledger_client import InProcessLedgerClient
-from webhook.owners import OWNER_KINDS, StaticOwners
+from webhook.admission.owners import OWNER_KINDS, StaticOwners
 
 EXPLAIN_KEY = "gpuledger-explain"  # signs the printed annotations when no key is configured
 

@@ -10,8 +10,8 @@ import asyncio
 import time
 from typing import Any, Callable, Protocol
 
-from allocator.ledger_service import AdmitCall, Held, LedgerService, Unavailable
-from allocator.model import Denial, Explanation, Placement, Request
+from allocator.service import AdmitCall, Held, LedgerService, Unavailable
+from allocator.service import Denial, Explanation, Placement, Request
 from webhook.batcher import Batcher
 
 

@@ -68,7 +68,7 @@ class WebhookMetrics:
                                         ["route"], registry=r)
 
     def update_from_stats(self, stats: Any) -> None:
-        """Copy the ledger's totals (an allocator.ledger.LedgerStats) into the gauges."""
+        """Copy the ledger's totals (an allocator.core.ledger.LedgerStats) into the gauges."""
         self.gpu_total.set(stats.gpus_total)
         self.gpu_available.set(stats.whole_free)
         ratio = stats.milli_allocated / stats.milli_total if stats.milli_total else 0.0

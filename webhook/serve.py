@@ -1,7 +1,7 @@
 """`gpuledger serve`: the admission webhook over TLS, backed by the shared Ray ledger actor.
 
 Joins the Ray cluster at --ray-address (or starts a local Ray), gets or creates the ledger actor, and, with
-the Kubernetes API as the source, runs the cluster sync (allocator.sync) that keeps the ledger true.
+the Kubernetes API as the source, runs the cluster sync (allocator.cluster_sync) that keeps the ledger true.
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ def _kube_client(kubeconfig: str | None):
 
 
 async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event) -> None:
-    from webhook.app import create_app
+    from webhook.transport.app import create_app
     from webhook.ledger_client import RayLedgerClient
-    from webhook.server import start_server, tune_gc
-    from webhook.tls import ReloadingTLS
+    from webhook.transport.server import start_server, tune_gc
+    from webhook.transport.tls import ReloadingTLS
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
     app = create_app(config, RayLedgerClient(handle), owners)
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from allocator.actor import RAY_NAMESPACE, get_or_create_ledger, wait_ready
-    from allocator.cluster_file import load_objects
-    from webhook.owners import KubeOwners, StaticOwners
+    from allocator.ray_actor import RAY_NAMESPACE, get_or_create_ledger, wait_ready
+    from allocator.sources import load_objects
+    from webhook.admission.owners import KubeOwners, StaticOwners
 
     if args.ray_address:
         ray.init(address=args.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("ledger actor ready: %s", status)
     sync = None
     if api_client is not None and not args.no_sync:
-        from allocator.sync import ClusterSync, RayLedgerTarget
+        from allocator.cluster_sync import ClusterSync, RayLedgerTarget
 
         sync = ClusterSync(api_client, RayLedgerTarget(handle)).start()
     stop = asyncio.Event()

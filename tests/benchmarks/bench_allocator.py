@@ -25,9 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from allocator import kube  # noqa: E402
-from allocator.ledger import Ledger, LedgerConfig  # noqa: E402
-from allocator.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
+from allocator.core import objects as kube  # noqa: E402
+from allocator.core.ledger import Ledger, LedgerConfig  # noqa: E402
+from allocator.core.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
 from allocator.strategies import Strategy  # noqa: E402
 
 KEY = b"bench-key"
@@ -84,7 +84,7 @@ class _NoIndex:
 
 
 def naive_rate(nodes, count, strategy) -> float:
-    import allocator.strategies as registry
+    import allocator.core.registry as registry
 
     led = fresh(nodes, strategy)
     canonical = registry.canonical_name(strategy)

@@ -81,7 +81,7 @@ def serve_noop(port: int, cert: str, key: str) -> None:
 
 def register_noop(cp, url: str, ca_pem: bytes) -> None:
     """The same two registrations as gpuledger's, renamed and selecting only the `noop` namespace."""
-    from tests.controlplane.webhooks import webhook_configurations
+    from devcluster.webhooks import webhook_configurations
 
     configs = webhook_configurations(url, ca_pem, "Fail", 10)
     for config in configs:
@@ -190,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         serve_noop(args.port, args.tls_cert, args.tls_key)
         return 0
 
-    from tests.controlplane.cluster import ControlPlane, free_port, missing_binaries
-    from tests.controlplane.nodes import create_nodes, make_sample_cluster
-    from tests.controlplane.serve_process import GpuledgerServe, ServedProcess
+    from devcluster.cluster import ControlPlane, free_port, missing_binaries
+    from devcluster.nodes import create_nodes, make_sample_cluster
+    from devcluster.serve_process import GpuledgerServe, ServedProcess
 
     if missing_binaries(with_controllers=False):
         print("kube-apiserver missing: run `make apiserver`", file=sys.stderr)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             create_nodes(cp.api_client(), make_sample_cluster())
             webhook = GpuledgerServe(cp)
             served.append(webhook)
-            tls, noop_port = webhook.tls, free_port()
+            tls, noop_port = webhook.transport.tls, free_port()
             noop = ServedProcess(
                 [sys.executable, __file__, "--serve-noop", "--port", str(noop_port), "--tls-cert", str(tls["tls.crt"]),
                  "--tls-key", str(tls["tls.key"])],

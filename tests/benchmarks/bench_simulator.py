@@ -23,10 +23,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from allocator import strategies  # noqa: E402
-from allocator.fragmentation import WORKLOAD_KEY, FragmentationGradientDescent, TargetWorkload  # noqa: E402
-from allocator.ledger import Ledger, LedgerConfig  # noqa: E402
-from allocator.model import Denial  # noqa: E402
-from allocator.simulator import DEFAULT_TRACE, build_arrivals, gpu_capacity_milli, replay  # noqa: E402
+from allocator.strategies.fragmentation import WORKLOAD_KEY, FragmentationGradientDescent, TargetWorkload  # noqa: E402
+from allocator.core.ledger import Ledger, LedgerConfig  # noqa: E402
+from allocator.core.model import Denial  # noqa: E402
+from allocator.sim.simulator import DEFAULT_TRACE, build_arrivals, gpu_capacity_milli, replay  # noqa: E402
 
 
 class TimedLedger(Ledger):
@@ -40,7 +40,7 @@ class TimedLedger(Ledger):
         if isinstance(result, Denial):
             self.denied_seconds += time.perf_counter() - started
         return result
-from allocator.traces import limit_nodes, load_openb  # noqa: E402
+from allocator.sim.traces import limit_nodes, load_openb  # noqa: E402
 
 
 class NaiveFGD(FragmentationGradientDescent):

@@ -213,8 +213,8 @@ def raw_admission_rate(handle, n: int) -> float:
     """One admission per actor call, sequential: the rate of a webhook that did not batch."""
     import ray
 
-    from allocator.ledger_service import AdmitCall
-    from allocator.pod_request import request_from_pod
+    from allocator.service import AdmitCall
+    from allocator.core.request import request_from_pod
 
     pod = json.loads(_pod_body(0, "raw"))["request"]["object"]
     calls = [AdmitCall(request_from_pod(pod, None, None, f"raw-{i}", namespace="bench")) for i in range(n)]
@@ -229,11 +229,11 @@ def raw_admission_rate(handle, n: int) -> float:
 async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     import ray
 
-    from webhook.app import create_app
+    from webhook.transport.app import create_app
     from webhook.config import WebhookConfig
     from webhook.ledger_client import RayLedgerClient
-    from webhook.server import start_server, tune_gc
-    from webhook.tls import ReloadingTLS
+    from webhook.transport.server import start_server, tune_gc
+    from webhook.transport.tls import ReloadingTLS
 
     def tls():
         return ReloadingTLS(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"), poll_interval_s=5)
@@ -244,7 +244,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     noop = await start_server(noop_app(), "127.0.0.1", 0, tls())
     inproc = None
     if args.in_process:  # the same webhook on an in-process ledger: what Ray adds
-        from allocator.ledger_service import LedgerService
+        from allocator.service import LedgerService
         from webhook.ledger_client import InProcessLedgerClient
 
         service = LedgerService(config.ledger_config(), {"kind": "file", "path": args.cluster_file}, time.time())
@@ -290,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import yaml
 
-    from allocator.actor import get_or_create_ledger, wait_ready
+    from allocator.ray_actor import get_or_create_ledger, wait_ready
     from certs.pki import make_ca, make_serving_cert, write_bundle
-    from tests.webhook_support import cluster
+    from tests.webhook.webhook_support import cluster
     from webhook.config import WebhookConfig
 
     workdir = Path(tempfile.mkdtemp(prefix="gpuledger-bench-"))

@@ -8,8 +8,8 @@ import time
 import pytest
 import yaml
 
-from tests.controlplane.nodes import create_nodes, make_sample_cluster
-from tests.controlplane.stack import Stack
+from devcluster.nodes import create_nodes, make_sample_cluster
+from devcluster.stack import Stack
 
 SAMPLE_NODES = make_sample_cluster()  # 2 spines, 4 leaves, 16 nodes x 8 GPUs; node-3 of each leaf tainted
 

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from tests.controlplane.cluster import ADMIN, ALICE
-from tests.controlplane.stack import placements_by_device
+from devcluster.cluster import ADMIN, ALICE
+from devcluster.stack import placements_by_device
 from tests.e2e.conftest import SAMPLE_NODES, wait_nodes_free
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from tests.controlplane import webhooks
+from devcluster import webhooks
 from tests.e2e.conftest import gpu_pod_yaml
 
 pytestmark = pytest.mark.e2e

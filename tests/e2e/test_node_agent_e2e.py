@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.kube import node_from_object
-from allocator.ledger import Ledger, LedgerConfig
-from allocator.model import Denial, Placement, Request, Taint, Toleration
-from tests.controlplane.nodes import create_nodes, make_node
+from allocator.core.objects import node_from_object
+from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.model import Denial, Placement, Request, Taint, Toleration
+from devcluster.nodes import create_nodes, make_node
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.controlplane.nodes import DEVICES_ANNOTATION, device_entries, make_node, create_nodes, patch_node
+from devcluster.nodes import DEVICES_ANNOTATION, device_entries, make_node, create_nodes, patch_node
 from tests.e2e.conftest import gpu_pod_yaml
 
 pytestmark = pytest.mark.e2e

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.kube import PLACEMENT_ANNOTATION, decode_placement
+from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
 from tests.conftest import require_binaries
-from tests.controlplane.cluster import ALICE, ControlPlane
-from tests.controlplane.nodes import create_nodes, make_sample_cluster
-from tests.controlplane.serve_process import HMAC_KEY, GpuledgerServe
+from devcluster.cluster import ALICE, ControlPlane
+from devcluster.nodes import create_nodes, make_sample_cluster
+from devcluster.serve_process import HMAC_KEY, GpuledgerServe
 from tests.e2e.conftest import gpu_pod_yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.controlplane.nodes import GPU_TAINT, LEAF_LABEL, SPINE_LABEL
+from devcluster.nodes import GPU_TAINT, LEAF_LABEL, SPINE_LABEL
 from tests.e2e.conftest import SAMPLE_NODES, gpu_pod_yaml, wait_nodes_free
 
 pytestmark = pytest.mark.e2e

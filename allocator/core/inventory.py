@@ -1,0 +1,502 @@
+"""Mutable free state of every node, and the index that finds a node without scanning them all.
+
+A `NodeState` keeps counters (free cpu, memory, per-device free milli-GPU and memory, whole-free devices)
+that change in O(devices) per placement. `ClusterIndex` keeps nodes in buckets by whole-free GPU count,
+globally and per leaf, each bucket a name-sorted list, so strategies that prefer fewer/more free GPUs
+walk buckets in score order and stop at the first node that fits. Each bucket is also kept sorted by
+`fit_key` (free CPU and free milli-GPU, each weighted by the other's cluster maximum), the order of best fit.
+Strategies read `NodeState` as a view; only the ledger mutates it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from dataclasses import dataclass
+
+from allocator.core.model import MILLI_PER_GPU, DeviceShare, NodeInfo
+
+LeafKey = tuple[str, str]  # (spine, leaf)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one holder (a reservation, an unclaimed group slot, a pod gpuledger did not place) uses on a node."""
+
+    id: str
+    node: str
+    devices: tuple[int, ...] = ()  # exclusive
+    shares: tuple[DeviceShare, ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    unknown_gpus: int = 0  # whole GPUs of unknown identity (pods that never went through gpuledger)
+
+
+class NodeState:
+    """Free state of one node. Read-only for strategies:
+
+    `info` (NodeInfo), `name`, `leaf_key` (spine, leaf), `placeable`, `cpu_free`, `mem_free`,
+    `dev_index[p]` (physical index of device position p), `dev_healthy[p]`, `dev_free_milli[p]`,
+    `dev_free_mem[p]`, `dev_mem_total[p]`, `dev_owner[p]` (exclusive holder id or None), `dev_nshares[p]`,
+    `unknown_gpus`, `whole_free` (devices a whole-GPU request may take), `free_milli` (free milli-GPU over
+    healthy devices, unknown whole GPUs deducted), `total_milli`.
+    """
+
+    __slots__ = (
+        "info",
+        "name",
+        "leaf_key",
+        "placeable",
+        "cpu_free",
+        "mem_free",
+        "dev_index",
+        "pos",
+        "dev_healthy",
+        "dev_free_milli",
+        "dev_free_mem",
+        "dev_mem_total",
+        "dev_owner",
+        "dev_nshares",
+        "dev_shares",
+        "unknown_gpus",
+        "fully_free",
+        "free_milli_raw",
+        "total_milli",
+        "holders",
+    )
+
+    def __init__(self, info: NodeInfo):
+        self.info = info
+        self.name = info.name
+        self.leaf_key: LeafKey = (info.spine, info.leaf)
+        self.placeable = info.ready and not info.unschedulable and info.gpu_schedulable
+        self.cpu_free = info.cpu_milli
+        self.mem_free = info.memory_mib
+        devs = sorted(info.devices, key=lambda d: d.index)
+        self.dev_index = [d.index for d in devs]
+        self.pos = {d.index: p for p, d in enumerate(devs)}
+        self.dev_healthy = [d.healthy for d in devs]
+        self.dev_mem_total = [d.memory_mib for d in devs]
+        self.dev_free_milli = [MILLI_PER_GPU] * len(devs)
+        self.dev_free_mem = list(self.dev_mem_total)
+        self.dev_owner: list[str | None] = [None] * len(devs)
+        self.dev_nshares = [0] * len(devs)
+        self.dev_shares: list[dict[str, DeviceShare] | None] = [None] * len(devs)
+        self.unknown_gpus = 0
+        self.fully_free = sum(self.dev_healthy)
+        self.total_milli = self.fully_free * MILLI_PER_GPU
+        self.free_milli_raw = self.total_milli
+        self.holders: dict[str, Holding] = {}
+
+    # ------------------------------------------------------------------ views
+    @property
+    def whole_free(self) -> int:
+        free = self.fully_free - self.unknown_gpus
+        return free if free > 0 else 0
+
+    @property
+    def free_milli(self) -> int:
+        free = self.free_milli_raw - self.unknown_gpus * MILLI_PER_GPU
+        return free if free > 0 else 0
+
+    def is_fully_free(self, p: int) -> bool:
+        return self.dev_healthy[p] and self.dev_owner[p] is None and self.dev_nshares[p] == 0
+
+    def whole_free_devices(self) -> list[int]:
+        """Physical indices of healthy devices nobody holds (unknown-identity GPUs not deducted)."""
+        return [self.dev_index[p] for p in range(len(self.dev_index)) if self.is_fully_free(p)]
+
+    def open_devices(self) -> list[tuple[int, str, int]]:
+        """(free milli, node, index) of healthy devices that hold shares and no exclusive holder."""
+        if not any(self.dev_nshares):
+            return []
+        return [
+            (self.dev_free_milli[p], self.name, self.dev_index[p])
+            for p in range(len(self.dev_index))
+            if self.dev_nshares[p] and self.dev_owner[p] is None and self.dev_healthy[p]
+        ]
+
+    def utilization(self) -> float:
+        if not self.total_milli:
+            return 1.0
+        return 1.0 - self.free_milli / self.total_milli
+
+    # ------------------------------------------------------------------ mutation (ledger only)
+    def _device_changed(self, p: int, was_free: bool) -> None:
+        now_free = self.is_fully_free(p)
+        if was_free != now_free:
+            self.fully_free += 1 if now_free else -1
+
+    def apply(self, h: Holding) -> None:
+        self.holders[h.id] = h
+        self.cpu_free -= h.cpu_milli
+        self.mem_free -= h.memory_mib
+        self.unknown_gpus += h.unknown_gpus
+        for d in h.devices:
+            p = self.pos.get(d)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            self.dev_owner[p] = h.id
+            self.dev_free_milli[p] -= MILLI_PER_GPU
+            self.dev_free_mem[p] -= self.dev_mem_total[p]
+            if self.dev_healthy[p]:
+                self.free_milli_raw -= MILLI_PER_GPU
+            self._device_changed(p, was)
+        for s in h.shares:
+            p = self.pos.get(s.device)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            shares = self.dev_shares[p]
+            if shares is None:
+                shares = self.dev_shares[p] = {}
+            shares[h.id] = s
+            self.dev_nshares[p] += 1
+            self.dev_free_milli[p] -= s.milli
+            self.dev_free_mem[p] -= s.memory_mib
+            if self.dev_healthy[p]:
+                self.free_milli_raw -= s.milli
+            self._device_changed(p, was)
+
+    def remove(self, hid: str) -> Holding | None:
+        h = self.holders.pop(hid, None)
+        if h is None:
+            return None
+        self.cpu_free += h.cpu_milli
+        self.mem_free += h.memory_mib
+        self.unknown_gpus -= h.unknown_gpus
+        for d in h.devices:
+            p = self.pos.get(d)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            if self.dev_owner[p] == hid:
+                self.dev_owner[p] = None
+            self.dev_free_milli[p] += MILLI_PER_GPU
+            self.dev_free_mem[p] += self.dev_mem_total[p]
+            if self.dev_healthy[p]:
+                self.free_milli_raw += MILLI_PER_GPU
+            self._device_changed(p, was)
+        for s in h.shares:
+            p = self.pos.get(s.device)
+            if p is None:
+                continue
+            was = self.is_fully_free(p)
+            shares = self.dev_shares[p]
+            if shares is not None:
+                shares.pop(hid, None)
+            self.dev_nshares[p] -= 1
+            self.dev_free_milli[p] += s.milli
+            self.dev_free_mem[p] += s.memory_mib
+            if self.dev_healthy[p]:
+                self.free_milli_raw += s.milli
+            self._device_changed(p, was)
+        return h
+
+    def conflicts(self, devices: tuple[int, ...], shares: tuple[DeviceShare, ...]) -> set[str]:
+        """Holders that stand in the way of holding these devices/shares (empty = it fits on the devices)."""
+        out: set[str] = set()
+        for d in devices:
+            p = self.pos.get(d)
+            if p is None:
+                continue
+            if self.dev_owner[p] is not None:
+                out.add(self.dev_owner[p])
+            if self.dev_shares[p]:
+                out.update(self.dev_shares[p])
+        for s in shares:
+            p = self.pos.get(s.device)
+            if p is None:
+                continue
+            if self.dev_owner[p] is not None:
+                out.add(self.dev_owner[p])
+            elif self.dev_free_milli[p] < s.milli or (self.dev_mem_total[p] and self.dev_free_mem[p] < s.memory_mib):
+                out.update(self.dev_shares[p] or ())
+        return out
+
+
+class _Buckets:
+    """Name-sorted lists of node names keyed by whole-free GPU count."""
+
+    __slots__ = ("by_free", "total_whole", "total_milli", "free_milli", "count")
+
+    def __init__(self) -> None:
+        self.by_free: dict[int, list[str]] = {}
+        self.total_whole = 0  # sum of whole_free
+        self.total_milli = 0
+        self.free_milli = 0
+        self.count = 0
+
+    def add(self, name: str, k: int) -> None:
+        bucket = self.by_free.get(k)
+        if bucket is None:
+            bucket = self.by_free[k] = []
+        insort(bucket, name)
+
+    def discard(self, name: str, k: int) -> None:
+        bucket = self.by_free.get(k)
+        if bucket:
+            i = bisect_left(bucket, name)
+            if i < len(bucket) and bucket[i] == name:
+                del bucket[i]
+
+    def keys_from(self, need: int, descending: bool = False) -> list[int]:
+        keys = [k for k, b in self.by_free.items() if k >= need and b]
+        keys.sort(reverse=descending)
+        return keys
+
+
+class ClusterIndex:
+    """Placeable nodes bucketed by whole-free GPUs, globally and per leaf; per-leaf free totals."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.all = _Buckets()
+        self.leaves: dict[LeafKey, _Buckets] = {}
+        self._key: dict[str, int] = {}  # name -> bucket key it is filed under (placeable nodes only)
+        # devices holding shares on placeable nodes, sorted: (free milli, node, index) — best fit for shares
+        self.open: list[tuple[int, str, int]] = []
+        # leaves by their whole-free total, for strategies that rank leaves (consolidated, distributed)
+        self.leaves_by_total: dict[int, set[LeafKey]] = {}
+        self.leaf_members: dict[LeafKey, int] = {}  # nodes per leaf, placeable or not
+        self._sorted_names: list[str] | None = None
+        # names of nodes added, removed or changed, oldest first; `touched_base` is the position of touched[0]
+        # in the whole history, so a reader that remembers a position re-reads only what changed since
+        self.touched: list[str] = []
+        self.touched_base = 0
+        # per leaf total: sorted (-most whole-free, first name in that bucket, leaf) of each leaf with placeable
+        # nodes, so a walk that ranks leaves by total finds a tied group's first node without merging its leaves;
+        # recomputed lazily for the leaves in `_stale_heads`
+        self._heads: dict[int, list[tuple[int, str, LeafKey]]] = {}
+        self._head_of: dict[LeafKey, tuple[int, tuple[int, str, LeafKey]]] = {}
+        self._stale_heads: set[LeafKey] = set()
+        # best fit's order: whole-free count -> sorted (fit_key, name) of the placeable nodes with that count;
+        # rebuilt lazily (`fit_buckets`) when a cluster maximum, and so the key's weights, changes
+        self._by_fit: dict[int, list[tuple[int, str]]] = {}
+        self._fit_key: dict[str, int] = {}
+        self._fit_stale = False
+        self._cpu_sizes: Counter[int] = Counter()  # node cpu_milli -> nodes of that size (for the maximum)
+        self._gpu_sizes: Counter[int] = Counter()  # node device count -> nodes
+        self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
+        self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
+
+    # ------------------------------------------------------------------ best fit's order
+    def fit_key(self, node: NodeState) -> int:
+        """free cpu / max cpu + free milli-GPU / max milli-GPU, scaled by both maxima to stay an exact integer."""
+        return node.cpu_free * self.max_gpu_milli + node.free_milli * self.max_cpu_milli
+
+    def fit_buckets(self) -> dict[int, list[tuple[int, str]]]:
+        """Whole-free count -> (fit_key, name) of the placeable nodes with that count, ascending."""
+        if self._fit_stale:
+            by_fit: dict[int, list[tuple[int, str]]] = {}
+            keys = self._fit_key
+            keys.clear()
+            nodes = self.nodes
+            for name, k in self._key.items():
+                key = keys[name] = self.fit_key(nodes[name])
+                by_fit.setdefault(k, []).append((key, name))
+            for entries in by_fit.values():
+                entries.sort()
+            self._by_fit = by_fit
+            self._fit_stale = False
+        return self._by_fit
+
+    def _size(self, node: NodeState, delta: int) -> None:
+        """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""
+        cpu, gpus = node.info.cpu_milli, len(node.dev_index)
+        for sizes, value in ((self._cpu_sizes, cpu), (self._gpu_sizes, gpus)):
+            sizes[value] += delta
+            if sizes[value] <= 0:
+                del sizes[value]
+        max_cpu = max(1, max(self._cpu_sizes, default=1))
+        max_gpu = max(1, max(self._gpu_sizes, default=1)) * MILLI_PER_GPU
+        if (max_cpu, max_gpu) != (self.max_cpu_milli, self.max_gpu_milli):
+            self.max_cpu_milli, self.max_gpu_milli = max_cpu, max_gpu
+            self._fit_stale = True
+            self._by_fit = {}
+
+    def _fit_file(self, name: str, k: int, key: int) -> None:
+        self._fit_key[name] = key
+        entries = self._by_fit.get(k)
+        if entries is None:
+            self._by_fit[k] = [(key, name)]
+        else:
+            insort(entries, (key, name))
+
+    def _fit_unfile(self, name: str, k: int) -> None:
+        key = self._fit_key.pop(name)
+        entries = self._by_fit[k]
+        del entries[bisect_left(entries, (key, name))]
+
+    def touch(self, name: str) -> None:
+        """Record that a node's free state or presence changed (readers of `touched` recompute it)."""
+        log = self.touched
+        log.append(name)
+        if len(log) > 2 * len(self.nodes) + 1024:  # readers this far behind recompute everything anyway
+            self.touched_base += len(log)
+            log.clear()
+
+    def sorted_names(self) -> list[str]:
+        if self._sorted_names is None:
+            self._sorted_names = sorted(self.nodes)
+        return self._sorted_names
+
+    def first_most_free(self, total: int) -> tuple[int, str] | None:
+        """(whole-free, name) of the node with the most whole-free GPUs, then the lowest name, among the leaves
+        whose whole-free total is `total`: the first node `bucket_walk(..., descending=True)` yields over them."""
+        if self._stale_heads:
+            self._refresh_heads()
+        entries = self._heads.get(total)
+        if not entries:
+            return None
+        k, name, _ = entries[0]
+        return -k, name
+
+    def _refresh_heads(self) -> None:
+        heads = self._heads
+        for key in self._stale_heads:
+            old = self._head_of.pop(key, None)
+            if old is not None:
+                entries = heads[old[0]]
+                del entries[bisect_left(entries, old[1])]
+                if not entries:
+                    del heads[old[0]]
+            b = self.leaves.get(key)
+            if b is None:
+                continue
+            top = max((k for k, names in b.by_free.items() if names), default=None)
+            if top is None:
+                continue
+            entry = (-top, b.by_free[top][0], key)
+            self._head_of[key] = (b.total_whole, entry)
+            entries = heads.get(b.total_whole)
+            if entries is None:
+                heads[b.total_whole] = [entry]
+            else:
+                insort(entries, entry)
+        self._stale_heads.clear()
+
+    def leaf(self, key: LeafKey) -> _Buckets:
+        b = self.leaves.get(key)
+        if b is None:
+            b = self.leaves[key] = _Buckets()
+            self.leaves_by_total.setdefault(0, set()).add(key)
+        return b
+
+    def _leaf_total(self, key: LeafKey, b: _Buckets, delta: int) -> None:
+        if not delta:
+            return
+        group = self.leaves_by_total[b.total_whole]
+        group.discard(key)
+        if not group:
+            del self.leaves_by_total[b.total_whole]
+        b.total_whole += delta
+        self.leaves_by_total.setdefault(b.total_whole, set()).add(key)
+
+    def add(self, node: NodeState) -> None:
+        self.nodes[node.name] = node
+        self._sorted_names = None
+        self.touch(node.name)
+        self.leaf(node.leaf_key)
+        self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
+        self._size(node, 1)
+        if node.placeable:
+            self._file(node)
+
+    def remove(self, name: str) -> NodeState | None:
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return None
+        self._sorted_names = None
+        self.touch(name)
+        self._unfile(node)
+        self._size(node, -1)
+        left = self.leaf_members[node.leaf_key] - 1
+        if left:
+            self.leaf_members[node.leaf_key] = left
+        else:
+            del self.leaf_members[node.leaf_key]
+        return node
+
+    def _add_open(self, entries) -> None:
+        for e in entries:
+            insort(self.open, e)
+
+    def _remove_open(self, entries) -> None:
+        for e in entries:
+            i = bisect_left(self.open, e)
+            if i < len(self.open) and self.open[i] == e:
+                del self.open[i]
+
+    def _file(self, node: NodeState) -> None:
+        self._add_open(node.open_devices())
+        k = node.whole_free
+        self._key[node.name] = k
+        if not self._fit_stale:
+            self._fit_file(node.name, k, self.fit_key(node))
+        self._stale_heads.add(node.leaf_key)
+        self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], k)
+        self.all.total_whole += k
+        for b in (self.all, self.leaves[node.leaf_key]):
+            b.add(node.name, k)
+            b.total_milli += node.total_milli
+            b.free_milli += node.free_milli
+            b.count += 1
+
+    def _unfile(self, node: NodeState) -> None:
+        k = self._key.pop(node.name, None)
+        if k is None:
+            return
+        self._remove_open(node.open_devices())
+        if not self._fit_stale:
+            self._fit_unfile(node.name, k)
+        self._stale_heads.add(node.leaf_key)
+        self._leaf_total(node.leaf_key, self.leaves[node.leaf_key], -k)
+        self.all.total_whole -= k
+        for b in (self.all, self.leaves[node.leaf_key]):
+            b.discard(node.name, k)
+            b.total_milli -= node.total_milli
+            b.free_milli -= node.free_milli
+            b.count -= 1
+
+    def change(self, node: NodeState, mutate) -> None:
+        """Run `mutate()` on a node and keep the buckets and leaf totals true."""
+        self.touch(node.name)
+        if node.name not in self._key:
+            mutate()
+            return
+        k_old = self._key[node.name]
+        milli_old = node.free_milli
+        open_old = node.open_devices()
+        mutate()
+        k_new = node.whole_free
+        milli_new = node.free_milli
+        open_new = node.open_devices()
+        if open_old != open_new:
+            self._remove_open(open_old)
+            self._add_open(open_new)
+        if not self._fit_stale:
+            name = node.name
+            key = node.cpu_free * self.max_gpu_milli + milli_new * self.max_cpu_milli  # fit_key, inlined
+            key_old = self._fit_key[name]
+            if k_new != k_old or key != key_old:
+                entries = self._by_fit[k_old]
+                del entries[bisect_left(entries, (key_old, name))]
+                self._fit_key[name] = key
+                entries = self._by_fit.get(k_new)
+                if entries is None:
+                    self._by_fit[k_new] = [(key, name)]
+                else:
+                    insort(entries, (key, name))
+        leaf = self.leaves[node.leaf_key]
+        if k_new != k_old:
+            self._leaf_total(node.leaf_key, leaf, k_new - k_old)
+            self.all.total_whole += k_new - k_old
+            self._stale_heads.add(node.leaf_key)
+        for b in (self.all, leaf):
+            if k_new != k_old:
+                b.discard(node.name, k_old)
+                b.add(node.name, k_new)
+            b.free_milli += milli_new - milli_old
+        self._key[node.name] = k_new

@@ -1,0 +1,245 @@
+"""The allocator core's vocabulary: what a node offers, what a pod asks for, what the ledger answers.
+
+Plain frozen dataclasses so that decisions can be compared, hashed, pickled across Ray and
+rebuilt from the API server; nothing here knows about Kubernetes client objects, Ray or HTTP.
+Kubernetes objects enter as plain dicts and are turned into these by `allocator.core.objects`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+MILLI_PER_GPU = 1000
+
+
+@dataclass(frozen=True)
+class Device:
+    """One physical GPU on a node."""
+
+    index: int
+    uuid: str = ""
+    product: str = ""
+    memory_mib: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty = every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True)
+class SelectorRequirement:
+    """One `matchExpressions` entry of a required node affinity term."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What one node offers, as read from its Node object (and its device annotation)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    devices: tuple[Device, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    ready: bool = True
+    unschedulable: bool = False
+    spine: str = ""
+    leaf: str = ""
+    product: str = ""  # nvidia.com/gpu.product or accelerator label
+    cheap: bool = False  # gpu-orchestrator/cheap-node
+    gpu_schedulable: bool = True  # agentaflow.gpu/schedulable
+
+    def label(self, key: str, default: str | None = None) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+class BindingMode(str, Enum):
+    NODE_NAME = "nodeName"
+    AFFINITY = "affinity"
+    BOTH = "both"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A multi-pod workload placed all-or-nothing: a Job with parallelism, a StatefulSet, an explicit key."""
+
+    key: str  # e.g. "job/ns/name" or "sts/ns/name" or the explicit group key
+    size: int  # number of pods (nodes) in the group
+    max_nodes_per_leaf: int = 0  # 0 = no limit
+    max_gpus_per_leaf: int = 0  # 0 = no limit
+
+
+@dataclass(frozen=True)
+class PinnedDevices:
+    """An explicit `gpu-scheduling-map` entry: this pod goes to that node on those devices."""
+
+    node: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one pod asks of the ledger. `id` is the reservation key chosen by the caller."""
+
+    id: str
+    gpus: int = 0  # whole, exclusive GPUs
+    gpu_milli: int = 0  # a share of one GPU (1..999) when gpus == 0 and exclusive access is off
+    gpu_memory_mib: int = 0  # memory needed on each GPU (whole) or on the shared GPU
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    product: str | None = None  # GPU product or accelerator the pod insists on (substring match, case-insensitive)
+    node_selector: tuple[tuple[str, str], ...] = ()
+    # required node affinity: OR of terms, each an AND of requirements
+    affinity_terms: tuple[tuple[SelectorRequirement, ...], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    preferred_domain: str | None = None  # a leaf or spine name, or "leaf"/"spine" as a scope
+    strategy: str | None = None  # None = the ledger's configured default
+    priority: int = 0
+    pinned: PinnedDevices | None = None
+    group: GroupSpec | None = None
+    latency_sensitive: bool = False
+    network_bandwidth: str | None = None  # e.g. "high" | "medium" | "low"
+    seed: int = 0
+    namespace: str = ""
+    name: str = ""  # pod name if known (may be empty at admission)
+
+    @property
+    def is_shared(self) -> bool:
+        return self.gpus == 0 and (self.gpu_milli > 0 or self.gpu_memory_mib > 0)
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.gpus > 0 or self.is_shared
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """A share of one device held by a non-exclusive placement."""
+
+    device: int
+    milli: int
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class GroupSlot:
+    """One pod's place in a group plan: slot number, node and exclusive devices."""
+
+    slot: int
+    node: str
+    devices: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+    shares: tuple[DeviceShare, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A reservation's answer: where the pod goes and on which devices."""
+
+    id: str
+    node: str
+    devices: tuple[int, ...] = ()  # exclusive devices (physical indices)
+    shares: tuple[DeviceShare, ...] = ()  # shared devices
+    uuids: tuple[str, ...] = ()  # uuids of devices + shares, in the same order
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    group: str | None = None
+    slot: int | None = None
+    strategy: str = ""
+    score: float = 0.0
+    tolerated_taints: tuple[Taint, ...] = ()  # taints on the node the webhook must tolerate for the pod
+    # groups only: every slot of the group (so a rebuild restores unclaimed slots) and the time at which
+    # slots no pod has claimed are released
+    group_plan: tuple[GroupSlot, ...] = ()
+    group_deadline: float | None = None
+
+
+class ReservationState(str, Enum):
+    RESERVED = "reserved"
+    CONFIRMED = "confirmed"
+
+
+class Reason(str, Enum):
+    """Why a node could not take a request; denials group candidates by these."""
+
+    NOT_ENOUGH_GPUS = "not enough GPUs"
+    NOT_ENOUGH_GPU_SHARE = "not enough GPU share (milli/memory)"
+    NOT_ENOUGH_CPU = "not enough cpu"
+    NOT_ENOUGH_MEMORY = "not enough memory"
+    PRODUCT_MISMATCH = "GPU product mismatch"
+    GPU_MEMORY_TOO_SMALL = "GPU memory too small"
+    TAINT = "untolerated taint"
+    SELECTOR = "nodeSelector/affinity mismatch"
+    UNHEALTHY_DEVICE = "unhealthy device"
+    NOT_READY = "node not ready or cordoned"
+    NOT_GPU_SCHEDULABLE = "node marked not GPU-schedulable"
+    LEAF_CONSTRAINT = "leaf/spine constraint"
+    DOMAIN = "outside preferred domain"
+    PINNED = "explicit map mismatch"
+    PRIORITY_HEADROOM = "capacity kept as headroom for higher priority"
+    UNKNOWN_NODE = "unknown node"
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    node: str
+    reasons: tuple[Reason, ...]
+    free_gpus: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Denial:
+    """Why a request could not be placed, grouped by reason, with the closest candidates."""
+
+    id: str
+    message: str
+    by_reason: tuple[tuple[Reason, int], ...] = ()  # reason -> number of nodes rejected for it
+    near_misses: tuple[NearMiss, ...] = ()
+    strategy: str = ""
+
+
+@dataclass(frozen=True)
+class NodeScore:
+    node: str
+    score: float | None  # None = infeasible
+    reasons: tuple[Reason, ...] = ()
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """`explain`: the decision the ledger would make, with per-node scores, reserving nothing."""
+
+    result: Placement | Denial
+    scores: tuple[NodeScore, ...] = field(default_factory=tuple)

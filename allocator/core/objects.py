@@ -1,0 +1,537 @@
+"""The one parsing layer between Kubernetes objects (plain dicts) and the core's types.
+
+Nodes become `NodeInfo`, pods become `PodUsage` (what a pod holds on its node), and placements travel
+on pods as the signed `gpuledger.io/placement` annotation so that a ledger can be rebuilt from a pod list.
+Nothing here raises on bad cluster data: a malformed value is reported and ignored, because one odd
+object must never stop the ledger from following the cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Iterable, Iterator
+
+from allocator.core.model import (
+    Device,
+    DeviceShare,
+    GroupSlot,
+    NodeInfo,
+    Placement,
+    Taint,
+)
+
+PLACEMENT_ANNOTATION = "gpuledger.io/placement"
+RESERVATION_ID_KEY = "gpuledger.io/reservation-id"
+DEVICES_ANNOTATION = "agentaflow.gpu/devices"
+GPU_RESOURCE = "nvidia.com/gpu"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+ACCELERATOR_LABEL = "accelerator"
+CHEAP_LABEL = "gpu-orchestrator/cheap-node"
+SCHEDULABLE_LABEL = "agentaflow.gpu/schedulable"
+DEFAULT_SPINE_LABEL = "topology.scheduler/spine"
+DEFAULT_LEAF_LABEL = "topology.scheduler/leaf"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+PLACEMENT_VERSION = 1
+
+_QUANTITY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_SUFFIX = {
+    None: Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+_MIB = 2**20
+
+
+class QuantityError(ValueError):
+    """A Kubernetes resource quantity that does not parse."""
+
+
+def parse_quantity(value: Any) -> Fraction:
+    """Exact value of a Kubernetes quantity ('500m', '2', '4Gi', '1G', '128974848', '1e3')."""
+    if isinstance(value, bool):
+        raise QuantityError(f"quantity {value!r}: expected a number or a string like 500m, 2, 4Gi, 1G")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(value).limit_denominator(10**9)
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise QuantityError(
+            f"quantity {value!r}: expected a number with an optional suffix "
+            "(n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei), e.g. 500m, 2, 4Gi, 1G"
+        )
+    number, suffix = match.groups()
+    return Fraction(number) * _SUFFIX[suffix]
+
+
+def _scaled(value: Any, scale: Fraction, round_up: bool) -> int:
+    q = parse_quantity(value) * scale
+    return math.ceil(q) if round_up else math.floor(q)
+
+
+# quantities repeat across pods ("500m", "4Gi"): parse each spelling once
+@lru_cache(maxsize=4096)
+def _cpu_text(text: str, round_up: bool) -> int:
+    return _scaled(text, Fraction(1000), round_up)
+
+
+@lru_cache(maxsize=4096)
+def _mib_text(text: str, round_up: bool) -> int:
+    return _scaled(text, Fraction(1, _MIB), round_up)
+
+
+@lru_cache(maxsize=1024)
+def _count_text(text: str) -> int:
+    return _scaled(text, Fraction(1), True)
+
+
+def cpu_milli(value: Any, round_up: bool = True) -> int:
+    if isinstance(value, str):
+        return _cpu_text(value, round_up)
+    return _scaled(value, Fraction(1000), round_up)
+
+
+def memory_mib(value: Any, round_up: bool = True) -> int:
+    if isinstance(value, str):
+        return _mib_text(value, round_up)
+    return _scaled(value, Fraction(1, _MIB), round_up)
+
+
+def count(value: Any) -> int:
+    if isinstance(value, str):
+        return _count_text(value)
+    return _scaled(value, Fraction(1), True)
+
+
+# ---------------------------------------------------------------------------------------------- objects
+
+
+def iter_objects(objects: Any) -> Iterator[dict]:
+    """Every object in a `kubectl get -o yaml` document, a v1 List, a list of either, or single objects."""
+    if objects is None:
+        return
+    if isinstance(objects, dict):
+        if objects.get("kind") in ("Pod", "Node"):
+            yield objects
+        elif isinstance(objects.get("items"), list) and (
+            str(objects.get("kind") or "").endswith("List") or "metadata" not in objects or objects.get("kind") is None
+        ):
+            for item in objects["items"]:
+                yield from iter_objects(item)
+        else:
+            yield objects
+        return
+    if isinstance(objects, (str, bytes)) or not hasattr(objects, "__iter__"):
+        return  # not an object: ignored
+    for obj in objects:
+        if isinstance(obj, dict) and obj.get("kind") in ("Pod", "Node"):
+            yield obj  # the common case, without a nested generator
+        else:
+            yield from iter_objects(obj)
+
+
+def kind_of(obj: dict) -> str:
+    """'Node' or 'Pod' (inferring it from the shape when `kind` is missing, as in some List items)."""
+    kind = obj.get("kind")
+    if kind:
+        return str(kind)
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    if "containers" in spec:
+        return "Pod"
+    status = obj.get("status")
+    status = status if isinstance(status, dict) else {}
+    if "allocatable" in status or "capacity" in status or "taints" in spec or "podCIDR" in spec:
+        return "Node"
+    return ""
+
+
+def _labels(obj: dict) -> dict[str, str]:
+    return {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
+
+
+def _annotations(obj: dict) -> dict[str, str]:
+    return {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items()}
+
+
+def _safe(parse, value, default, problems: list[str] | None, what: str):
+    if value is None:
+        return default
+    try:
+        return parse(value)
+    except (QuantityError, ValueError, TypeError) as err:
+        if problems is not None:
+            problems.append(f"{what}: {err}")
+        return default
+
+
+def _is_true(value: str | None) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def node_from_object(obj: dict, config: Any = None, problems: list[str] | None = None) -> NodeInfo:
+    """A Node dict as `NodeInfo`. `config` supplies `spine_label`/`leaf_label` (a LedgerConfig or None).
+
+    Malformed values are appended to `problems` (when given) and replaced by safe defaults: a bad device
+    annotation falls back to devices 0..N-1 from allocatable `nvidia.com/gpu`.
+    """
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    labels = _labels(obj)
+    annotations = _annotations(obj)
+    spine_label = getattr(config, "spine_label", DEFAULT_SPINE_LABEL)
+    leaf_label = getattr(config, "leaf_label", DEFAULT_LEAF_LABEL)
+
+    cpu = _safe(lambda v: cpu_milli(v, round_up=False), alloc.get("cpu"), 0, problems, f"node {name} cpu")
+    mem = _safe(lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems, f"node {name} memory")
+    gpus = _safe(count, alloc.get(GPU_RESOURCE), 0, problems, f"node {name} {GPU_RESOURCE}")
+    product = labels.get(PRODUCT_LABEL) or labels.get(ACCELERATOR_LABEL) or ""
+    gpu_mem = _safe(int, labels.get(GPU_MEMORY_LABEL), 0, problems, f"node {name} label {GPU_MEMORY_LABEL}")
+
+    devices = None
+    if DEVICES_ANNOTATION in annotations:
+        devices = _devices_from_annotation(annotations[DEVICES_ANNOTATION], product, gpu_mem, name, problems)
+    if devices is None:
+        devices = tuple(Device(index=i, product=product, memory_mib=gpu_mem) for i in range(max(0, gpus)))
+
+    ready = True
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            ready = str(cond.get("status")) == "True"
+    taints = tuple(
+        Taint(key=str(t.get("key", "")), value=str(t.get("value", "") or ""), effect=str(t.get("effect", "")))
+        for t in spec.get("taints") or []
+        if isinstance(t, dict)
+    )
+    return NodeInfo(
+        name=name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        devices=devices,
+        labels=tuple(sorted(labels.items())),
+        taints=taints,
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable", False)),
+        spine=labels.get(spine_label, ""),
+        leaf=labels.get(leaf_label, ""),
+        product=product,
+        cheap=_is_true(labels.get(CHEAP_LABEL)),
+        gpu_schedulable=labels.get(SCHEDULABLE_LABEL, "true").strip().lower() not in ("false", "0", "no"),
+    )
+
+
+def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[Device, ...] | None:
+    accepted = 'a JSON list of {"index": int, "uuid": str, "product": str, "memoryMiB": int, "healthy": bool}'
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, list):
+            raise ValueError("not a list")
+        devices = []
+        seen = set()
+        for entry in raw:
+            if not isinstance(entry, dict) or "index" not in entry:
+                raise ValueError(f"entry {entry!r} has no index")
+            index = int(entry["index"])
+            if index in seen or index < 0:
+                raise ValueError(f"index {index} repeated or negative")
+            seen.add(index)
+            healthy = entry.get("healthy", True)
+            devices.append(
+                Device(
+                    index=index,
+                    uuid=str(entry.get("uuid", "") or ""),
+                    product=str(entry.get("product") or product),
+                    memory_mib=int(entry.get("memoryMiB") or gpu_mem or 0),
+                    healthy=healthy if isinstance(healthy, bool) else _is_true(healthy),
+                )
+            )
+        return tuple(sorted(devices, key=lambda d: d.index))
+    except (ValueError, TypeError) as err:
+        if problems is not None:
+            problems.append(
+                f"node {node} annotation {DEVICES_ANNOTATION}={text[:200]!r} ignored ({err}); accepted: {accepted}"
+            )
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- pods
+
+
+@dataclass(frozen=True)
+class PodRequests:
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+
+
+def _container_requests(container: dict, problems: list[str] | None, where: str) -> tuple[int, int, int]:
+    resources = container.get("resources") or {}
+    requests = dict(resources.get("limits") or {})  # requests default to limits, resource by resource
+    requests.update(resources.get("requests") or {})
+    cpu = _safe(cpu_milli, requests.get("cpu"), 0, problems, f"{where} cpu")
+    mem = _safe(memory_mib, requests.get("memory"), 0, problems, f"{where} memory")
+    gpus = _safe(count, requests.get(GPU_RESOURCE), 0, problems, f"{where} {GPU_RESOURCE}")
+    return cpu, mem, gpus
+
+
+def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
+    """Effective requests: sum of containers (and restartable init sidecars), max with each init container,
+    plus the pod overhead — the rule the scheduler uses."""
+    spec = pod.get("spec") or {}
+    name = (pod.get("metadata") or {}).get("name", "")
+    cpu = mem = gpus = 0
+    sidecar = [0, 0, 0]
+    init_peak = [0, 0, 0]
+    for c in spec.get("initContainers") or []:
+        c_cpu, c_mem, c_gpu = _container_requests(c, problems, f"pod {name} init container {c.get('name')}")
+        if c.get("restartPolicy") == "Always":
+            sidecar = [sidecar[0] + c_cpu, sidecar[1] + c_mem, sidecar[2] + c_gpu]
+        else:
+            # an init container runs alongside the sidecars started before it
+            init_peak = [
+                max(init_peak[0], sidecar[0] + c_cpu),
+                max(init_peak[1], sidecar[1] + c_mem),
+                max(init_peak[2], sidecar[2] + c_gpu),
+            ]
+    for c in spec.get("containers") or []:
+        c_cpu, c_mem, c_gpu = _container_requests(c, problems, f"pod {name} container {c.get('name')}")
+        cpu, mem, gpus = cpu + c_cpu, mem + c_mem, gpus + c_gpu
+    cpu, mem, gpus = cpu + sidecar[0], mem + sidecar[1], gpus + sidecar[2]
+    cpu, mem, gpus = max(cpu, init_peak[0]), max(mem, init_peak[1]), max(gpus, init_peak[2])
+    overhead = spec.get("overhead") or {}
+    cpu += _safe(cpu_milli, overhead.get("cpu"), 0, problems, f"pod {name} overhead cpu")
+    mem += _safe(memory_mib, overhead.get("memory"), 0, problems, f"pod {name} overhead memory")
+    return PodRequests(cpu, mem, gpus)
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """What one pod holds, as the ledger needs it."""
+
+    key: str  # namespace/name (uid when nameless)
+    node: str  # spec.nodeName, "" when not bound yet
+    terminal: bool  # Succeeded or Failed: holds nothing
+    cpu_milli: int
+    memory_mib: int
+    gpus: int  # nvidia.com/gpu requested (whole GPUs of unknown identity unless placed by gpuledger)
+    placement: Placement | None  # a valid (signed) gpuledger placement
+    placement_problem: str = ""  # why a present placement annotation was not accepted
+
+
+def pod_key(pod: dict) -> str:
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or ""
+    if not name:
+        return f"uid:{meta.get('uid', '')}"
+    return f"{meta.get('namespace') or 'default'}/{name}"
+
+
+def pod_usage(
+    pod: dict, key: bytes | str = b"", problems: list[str] | None = None, lazy: bool = False
+) -> PodUsage:
+    """What `pod` holds: its requests, its node, and its verified placement (if gpuledger placed it).
+
+    `lazy=True` skips parsing the containers when nothing needs them (a terminal pod, or a valid placement,
+    whose cpu/memory then stand in for the requests) — the ledger's rebuild path."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    terminal = status.get("phase") in TERMINAL_PHASES
+    placement = None
+    problem = ""
+    text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    if text is not None:
+        placement = decode_placement(str(text), key)
+        if placement is None:
+            problem = f"annotation {PLACEMENT_ANNOTATION} ignored: bad signature or malformed"
+            if problems is not None:
+                problems.append(f"pod {pod_key(pod)}: {problem}")
+    if lazy and terminal:
+        cpu = mem = gpus = 0
+    elif lazy and placement is not None:
+        cpu, mem, gpus = placement.cpu_milli, placement.memory_mib, len(placement.devices)
+    else:
+        req = pod_requests(pod, problems)
+        cpu, mem, gpus = req.cpu_milli, req.memory_mib, req.gpus
+    return PodUsage(
+        key=pod_key(pod),
+        node=str(spec.get("nodeName") or ""),
+        terminal=terminal,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=gpus,
+        placement=placement,
+        placement_problem=problem,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- placements
+
+
+def placement_to_dict(p: Placement) -> dict:
+    d: dict[str, Any] = {"v": PLACEMENT_VERSION, "id": p.id, "node": p.node}
+    if p.devices:
+        d["devices"] = list(p.devices)
+    if p.shares:
+        d["shares"] = [[s.device, s.milli, s.memory_mib] for s in p.shares]
+    if p.uuids:
+        d["uuids"] = list(p.uuids)
+    if p.cpu_milli:
+        d["cpu"] = p.cpu_milli
+    if p.memory_mib:
+        d["mem"] = p.memory_mib
+    if p.group is not None:
+        d["group"] = p.group
+    if p.slot is not None:
+        d["slot"] = p.slot
+    if p.strategy:
+        d["strategy"] = p.strategy
+    if p.score:
+        d["score"] = p.score
+    if p.tolerated_taints:
+        d["taints"] = [[t.key, t.value, t.effect] for t in p.tolerated_taints]
+    if p.group_plan:
+        d["plan"] = [
+            [s.slot, s.node, list(s.devices), list(s.uuids), [[x.device, x.milli, x.memory_mib] for x in s.shares]]
+            for s in p.group_plan
+        ]
+    if p.group_deadline is not None:
+        d["deadline"] = p.group_deadline
+    return d
+
+
+def _shares(raw) -> tuple[DeviceShare, ...]:
+    return tuple(DeviceShare(int(a), int(b), int(c)) for a, b, c in raw) if raw else ()
+
+
+def placement_from_dict(d: dict) -> Placement:
+    get = d.get
+    pid, node = get("id"), get("node")
+    if not isinstance(pid, str) or not isinstance(node, str):
+        raise ValueError("placement needs string id and node")
+    devices = get("devices")
+    uuids = get("uuids")
+    slot = get("slot")
+    taints = get("taints")
+    plan = get("plan")
+    deadline = get("deadline")
+    return Placement(
+        id=pid,
+        node=node,
+        devices=tuple(map(int, devices)) if devices else (),
+        shares=_shares(get("shares")),
+        uuids=tuple(map(str, uuids)) if uuids else (),
+        cpu_milli=int(get("cpu", 0)),
+        memory_mib=int(get("mem", 0)),
+        group=get("group"),
+        slot=None if slot is None else int(slot),
+        strategy=str(get("strategy", "")),
+        score=float(get("score", 0.0)),
+        tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
+        group_plan=tuple(
+            GroupSlot(
+                int(s[0]),
+                str(s[1]),
+                tuple(map(int, s[2])),
+                tuple(map(str, s[3])),
+                _shares(s[4] if len(s) > 4 else ()),
+            )
+            for s in plan
+        )
+        if plan
+        else (),
+        group_deadline=None if deadline is None else float(deadline),
+    )
+
+
+def _canonical(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _sign(text: str, key: bytes | str) -> str:
+    if isinstance(key, str):
+        key = key.encode()
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+_SIG_FIELD = ',"sig":"'
+
+
+def encode_placement(placement: Placement, key: bytes | str = b"") -> str:
+    """The `gpuledger.io/placement` annotation value: the placement as canonical JSON (sorted keys, no
+    spaces) with an HMAC-SHA256 `sig` of that canonical text appended as the last member. An empty key
+    writes an unsigned annotation (development only)."""
+    text = _canonical(placement_to_dict(placement))
+    if not key:
+        return text
+    return f'{text[:-1]}{_SIG_FIELD}{_sign(text, key)}"}}'
+
+
+def decode_placement(text: str, key: bytes | str = b"") -> Placement | None:
+    """The placement in an annotation, or None when it is malformed or its signature does not verify
+    (the signed text is the annotation with its trailing `sig` member removed).
+
+    With an empty key signatures are not checked (development only)."""
+    try:
+        if not isinstance(text, str):
+            return None
+        if key:
+            cut = text.rfind(_SIG_FIELD)
+            if cut < 0 or not text.endswith('"}'):
+                return None
+            signed = text[:cut] + "}"
+            sig = text[cut + len(_SIG_FIELD) : -2]
+            if not hmac.compare_digest(sig, _sign(signed, key)):
+                return None
+            d = json.loads(signed)
+        else:
+            d = json.loads(text)
+            if isinstance(d, dict):
+                d.pop("sig", None)
+        if not isinstance(d, dict) or d.get("v", PLACEMENT_VERSION) != PLACEMENT_VERSION:
+            return None
+        return placement_from_dict(d)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that orders 'leaf-2' before 'leaf-10'."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
+
+
+def split_objects(objects: Iterable[dict]) -> tuple[list[dict], list[dict]]:
+    """(nodes, pods) from any mix of objects and Lists."""
+    nodes, pods = [], []
+    for obj in iter_objects(objects):
+        kind = kind_of(obj)
+        if kind == "Node":
+            nodes.append(obj)
+        elif kind == "Pod":
+            pods.append(obj)
+    return nodes, pods

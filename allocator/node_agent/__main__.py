@@ -1,0 +1,5 @@
+"""`python -m allocator.node_agent`: the node agent's entry point (the DaemonSet runs `gpuledger node-agent`)."""
+
+from allocator.node_agent.agent import main
+
+raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""The ledger held by a Ray actor: named and detached in its own namespace, shared by every webhook replica.
+
+A thin shell around `LedgerService`: every method takes a batch, so one actor call (~1.2 ms of Ray overhead
+here) carries many admissions. It is an async actor whose methods never await, so each call runs to the end
+before the next starts (the ledger needs no lock), while the sweeper runs between calls on the same loop.
+On a restart Ray calls `__init__` again with the same arguments: the ledger is rebuilt from its source (the
+cluster file, or an empty ledger marked unsynced that allocator.cluster_sync refills with `resync`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import uuid
+from typing import Any
+
+import ray
+
+from allocator.service import LedgerConfig
+from allocator.service import AdmitCall, LedgerService
+from allocator.service import Request
+
+ACTOR_NAME = "gpu-ledger"
+RAY_NAMESPACE = "gpuledger"
+MAX_TASK_RETRIES = 3  # calls in flight when the actor dies are re-run on its successor (keyed by id: safe)
+
+log = logging.getLogger("gpuledger.actor")
+
+
+class LedgerActor:
+    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, sweep_interval_s: float = 1.0):
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.started_at = time.time()
+        self.sweep_interval_s = sweep_interval_s
+        self.service = LedgerService(config, source_spec, now=self.started_at)
+        # the inventory lives for the actor's life: keep full collections from walking it (latency spikes)
+        gc.collect()
+        gc.freeze()
+        self.calls = 0
+        self.items = 0
+        self._sweeper: asyncio.Task | None = None
+
+    def _tick(self, n: int = 1) -> None:
+        self.calls += 1
+        self.items += n
+        if self._sweeper is None and self.sweep_interval_s > 0 and not self.service.status()["external_source"]:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                expired = self.service.sweep(time.time())
+                if expired:
+                    log.info("expired %d unconfirmed reservation(s)", len(expired))
+            except Exception:  # noqa: BLE001 - a bad sweep must not end the sweeper
+                log.exception("sweep failed")
+
+    # ------------------------------------------------------------ admission (the webhook)
+    async def admit(self, calls: list[AdmitCall | tuple]) -> list:
+        self._tick(len(calls))
+        return self.service.admit(calls, time.time())
+
+    async def lookup(self, ids: list[str]) -> list:
+        self._tick(len(ids))
+        return self.service.lookup(ids)
+
+    async def claim(self, ids: list[str]) -> list:
+        self._tick(len(ids))
+        return self.service.claim(ids)
+
+    async def explain(self, request: Request):
+        self._tick()
+        return self.service.explain(request)
+
+    # ------------------------------------------------------------ cluster (allocator.cluster_sync)
+    async def apply_events(self, events: list[tuple[str, dict]]) -> int:
+        self._tick(len(events))
+        return self.service.apply_events(events, time.time())
+
+    async def resync(self, objects: list[dict]) -> dict:
+        self._tick(len(objects))
+        return self.service.resync(objects, time.time())
+
+    async def confirm(self, ids: list[str]) -> list[bool]:
+        self._tick(len(ids))
+        return self.service.confirm(ids, time.time())
+
+    async def release(self, ids: list[str]) -> list[bool]:
+        self._tick(len(ids))
+        return self.service.release(ids)
+
+    async def expiry_candidates(self, now: float | None = None) -> list[str]:
+        self._tick()
+        return self.service.expiry_candidates(time.time() if now is None else now)
+
+    async def sweep(self, now: float | None = None) -> list[str]:
+        self._tick()
+        return self.service.sweep(time.time() if now is None else now)
+
+    # ------------------------------------------------------------ reading
+    async def status(self) -> dict[str, Any]:
+        self._tick()
+        return {**self.service.status(), "incarnation": self.incarnation, "started_at": self.started_at,
+                "calls": self.calls, "items": self.items}
+
+    async def stats(self):
+        self._tick()
+        return self.service.stats()
+
+    async def snapshot(self) -> dict:
+        self._tick()
+        return self.service.snapshot()
+
+    async def ping(self) -> str:
+        return self.incarnation
+
+
+def get_or_create_ledger(
+    config: LedgerConfig,
+    source_spec: dict | None = None,
+    *,
+    name: str = ACTOR_NAME,
+    namespace: str = RAY_NAMESPACE,
+    sweep_interval_s: float = 1.0,
+) -> Any:
+    """The shared ledger actor's handle; created by whichever replica gets there first.
+
+    `get_if_exists` makes get-or-create atomic in Ray's GCS, so replicas starting together race safely; the
+    arguments of the replica that created it win (later replicas' config is ignored).
+    """
+    if not ray.is_initialized():
+        raise RuntimeError("ray.init() first (gpuledger serve does it from --ray-address)")
+    cls = ray.remote(LedgerActor)
+    return cls.options(
+        name=name,
+        namespace=namespace,
+        get_if_exists=True,
+        lifetime="detached",
+        max_restarts=-1,
+        max_task_retries=MAX_TASK_RETRIES,
+        num_cpus=0,
+        max_concurrency=64,
+    ).remote(config, source_spec, sweep_interval_s)
+
+
+def wait_ready(handle: Any, timeout_s: float = 60.0) -> dict:
+    """Block until the actor answers `status` (its __init__ has run)."""
+    return ray.get(handle.status.remote(), timeout=timeout_s)

@@ -1,0 +1,270 @@
+"""One ledger and the source it is rebuilt from, behind batched methods: what the Ray actor holds.
+
+The Ray actor (allocator.ray_actor) and the in-process client (webhook.ledger_client) both wrap this class, so
+the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from allocator import strategies  # noqa: F401  (registers the built-in strategies with the core's registry)
+from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.model import (
+    BindingMode,
+    Denial,
+    Explanation,
+    PinnedDevices,
+    Placement,
+    ReservationState,
+    Request,
+    Taint,
+)
+from allocator.core.objects import (
+    PLACEMENT_ANNOTATION,
+    RESERVATION_ID_KEY,
+    decode_placement,
+    encode_placement,
+    iter_objects,
+)
+from allocator.core.request import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
+from allocator.sources import ExternalSource, reservation_ids, source_from_spec
+
+# The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
+# from a core module, so the core can be rearranged without touching them.
+__all__ = [
+    "PLACEMENT_ANNOTATION",
+    "RESERVATION_ID_KEY",
+    "AdmitCall",
+    "AnnotationError",
+    "BindingMode",
+    "Denial",
+    "Explanation",
+    "Held",
+    "LedgerConfig",
+    "LedgerService",
+    "Placement",
+    "PodRequestConfig",
+    "Request",
+    "Taint",
+    "Unavailable",
+    "controller_owner",
+    "decode_placement",
+    "encode_placement",
+    "iter_objects",
+    "request_from_pod",
+]
+
+
+@dataclass(frozen=True)
+class AdmitCall:
+    """One admission. `prior_id`: the id of a validly signed placement the pod already carries."""
+
+    request: Request
+    dry_run: bool = False
+    prior_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """The ledger cannot decide yet (restarted, inventory not synced): the webhook's fail-open/closed rule
+    applies. Deciding on a half-known cluster could hand out GPUs that stored pods hold."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Held:
+    """A live reservation as the validating webhook checks it. `claimed`: a pod's CREATE already passed
+    validation with it (a second pod carrying the same placement is a copy)."""
+
+    placement: Placement
+    confirmed: bool
+    claimed: bool = False
+
+
+class LedgerService:
+    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, now: float = 0.0):
+        self.config = config
+        self.source = source_from_spec(source_spec)
+        self.ledger = Ledger(config)
+        self.synced = False
+        self.rebuilds = 0
+        # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
+        self._pending: dict[str, Request] = {}
+        # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
+        self._claimed: set[str] = set()
+        self.rebuild_from_source(now)
+
+    # ---------------------------------------------------------------- sources
+    def rebuild_from_source(self, now: float) -> bool:
+        """Rebuild from the source's current objects; False for a source fed from outside (the API)."""
+        objects = self.source.objects()
+        if objects is None:
+            return False
+        self.resync(objects, now)
+        return True
+
+    def resync(self, objects: list[dict], now: float) -> dict:
+        """A full list replaces the ledger; reservations whose pod is not stored yet are kept."""
+        objects = list(objects)
+        stored = reservation_ids(objects)
+        fresh = Ledger.rebuild(objects, self.config, now)
+        kept = lost = 0
+        for rid, request in list(self._pending.items()):
+            if rid in stored:
+                del self._pending[rid]
+                continue
+            old = self.ledger.get(rid)
+            if old is None:
+                del self._pending[rid]
+                continue
+            if request.group is not None:
+                # a gang member is restored from its pod's annotation when the pod is stored (the plan travels
+                # on it); replaying the request would draw a new plan that disagrees with the annotation
+                del self._pending[rid]
+                continue
+            # the same devices again, if they are still free in the rebuilt ledger
+            result = fresh.reserve(replace(request, pinned=_pin(old)), now)
+            if isinstance(result, Placement):
+                kept += 1
+            else:
+                lost += 1
+                del self._pending[rid]
+        self.ledger = fresh
+        self._claimed &= set(self._pending)
+        self.synced = True
+        self.rebuilds += 1
+        return {"kept": kept, "lost": lost, "objects": len(objects)}
+
+    # ---------------------------------------------------------------- admission
+    def _unsynced(self) -> Unavailable:
+        return Unavailable(f"the GPU ledger has not synced its inventory from {self.source!r} yet "
+                           "(it just started or restarted)")
+
+    def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial | Unavailable]:
+        if not self.synced:
+            return [self._unsynced() for _ in calls]
+        out: list[Placement | Denial | Unavailable] = []
+        for call in calls:
+            if not isinstance(call, AdmitCall):
+                call = AdmitCall(*call)
+            out.append(self._admit_one(call, now))
+        return out
+
+    def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial:
+        request = call.request
+        if call.prior_id and call.prior_id != request.id:
+            held = self._held(call.prior_id)
+            if held is not None and not held.confirmed and not held.claimed:
+                # a reinvocation or retry of the same admission: the same answer, nothing new reserved
+                return held.placement
+        if call.dry_run:
+            return self.ledger.explain(request).result
+        result = self.ledger.reserve(request, now)
+        if isinstance(result, Placement):
+            self._pending[request.id] = request
+        return result
+
+    def _held(self, rid: str) -> Held | None:
+        placement = self.ledger.get(rid)
+        if placement is None:
+            return None
+        return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED, rid in self._claimed)
+
+    def lookup(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
+        if not self.synced:
+            return [self._unsynced() for _ in ids]
+        return [self._held(i) for i in ids]
+
+    def claim(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
+        """The validating webhook's check: each reservation as it was, then marked claimed by this pod."""
+        if not self.synced:
+            return [self._unsynced() for _ in ids]
+        out = []
+        for rid in ids:
+            held = self._held(rid)
+            if held is not None and not held.confirmed:
+                self._claimed.add(rid)
+            out.append(held)
+        return out
+
+    def explain(self, request: Request) -> Explanation:
+        return self.ledger.explain(request)
+
+    # ---------------------------------------------------------------- lifecycle
+    def _forget(self, rid: str) -> None:
+        self._pending.pop(rid, None)
+        self._claimed.discard(rid)
+
+    def confirm(self, ids: Iterable[str], now: float) -> list[bool]:
+        ids = list(ids)
+        for i in ids:
+            self._forget(i)
+        return [self.ledger.confirm(i, now) for i in ids]
+
+    def release(self, ids: Iterable[str]) -> list[bool]:
+        ids = list(ids)
+        for i in ids:
+            self._forget(i)
+        return [self.ledger.release(i) for i in ids]
+
+    def apply_events(self, events: Iterable[tuple[str, dict]], now: float) -> int:
+        n = 0
+        touched: list[str] = []
+        for event_type, obj in events:
+            if event_type == "DELETED":
+                self.ledger.delete_object(obj)
+            else:
+                self.ledger.apply_object(obj, now)
+            rid = ((obj.get("metadata") or {}).get("labels") or {}).get(RESERVATION_ID_KEY)
+            if rid is not None:
+                touched.append(str(rid))
+            n += 1
+        # a reservation confirmed (or released) by its stored pod needs no replay on resync
+        for rid in touched:
+            if rid in self._pending and self.ledger.state_of(rid) != ReservationState.RESERVED:
+                self._forget(rid)
+        return n
+
+    def expiry_candidates(self, now: float) -> list[str]:
+        return self.ledger.expiry_candidates(now)
+
+    def sweep(self, now: float) -> list[str]:
+        """For a source we can read: confirm what is stored, expire the rest. The API's sweep is the sync's."""
+        candidates = self.ledger.expiry_candidates(now)
+        if not candidates:
+            return []
+        objects = self.source.objects()
+        if objects is None:
+            return []
+        stored = reservation_ids(objects)
+        self.confirm([c for c in candidates if c in stored], now)
+        expired = self.ledger.expire(now)
+        for rid in expired:
+            self._forget(rid)
+        return expired
+
+    # ---------------------------------------------------------------- reading
+    def status(self) -> dict[str, Any]:
+        return {
+            "ready": True,
+            "synced": self.synced,
+            "nodes": len(self.ledger.index.nodes),
+            "source": repr(self.source),
+            "external_source": isinstance(self.source, ExternalSource),
+            "rebuilds": self.rebuilds,
+            "pending": len(self._pending),
+        }
+
+    def stats(self):
+        return self.ledger.stats()
+
+    def snapshot(self) -> dict:
+        return self.ledger.snapshot()
+
+
+def _pin(placement: Placement) -> PinnedDevices:
+    devices = placement.devices or tuple(s.device for s in placement.shares)
+    return PinnedDevices(node=placement.node, devices=devices)

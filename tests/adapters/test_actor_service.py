@@ -1,0 +1,136 @@
+"""LedgerService (what the Ray actor holds), in-process: resync keeps admissions in flight, sweeps, sources."""
+
+from __future__ import annotations
+
+import json
+
+import jsonpatch
+import yaml
+
+from allocator.service import AdmitCall, LedgerService, Unavailable
+from allocator.core.model import GroupSpec, Placement, Request
+from tests.webhook.webhook_support import cluster, config
+
+NOW = 1000.0
+
+
+def svc(objects, source_kind="objects"):
+    spec = {"kind": "objects", "objects": objects} if source_kind == "objects" else source_kind
+    return LedgerService(config().ledger_config(), spec, now=NOW)
+
+
+def test_resync_keeps_reservations_not_yet_on_a_pod():
+    nodes = cluster(2, 8)
+    s = svc(nodes)
+    [p] = s.admit([AdmitCall(Request(id="a", gpus=3))], NOW)
+    assert isinstance(p, Placement)
+    report = s.resync(nodes, NOW + 1)  # a watch error: the pod is not stored yet
+    assert report["kept"] == 1
+    [held] = s.lookup(["a"])
+    assert (held.placement.node, held.placement.devices, held.confirmed) == (p.node, p.devices, False)
+    # the devices stay taken
+    [q] = s.admit([AdmitCall(Request(id="b", gpus=8))], NOW + 1)
+    assert isinstance(q, Placement) and q.node != p.node
+
+
+def test_resync_confirms_what_the_list_stores():
+    from webhook.admission.handler import AdmissionHandler
+    from webhook.ledger_client import InProcessLedgerClient
+    from tests.webhook.webhook_support import Clock, gpu_pod, review
+    import asyncio
+
+    nodes = cluster(2, 8)
+    s = svc(nodes)
+    h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
+    pod = gpu_pod(2)
+    d = asyncio.run(h.mutate(review(pod)))
+    stored = jsonpatch.apply_patch(pod, d.patch)
+    stored["spec"]["nodeName"] = d.node
+    s.resync([*nodes, stored], NOW + 1)
+    [held] = s.lookup([d.reservation_id])
+    assert held.confirmed and held.placement.devices == d.devices
+    assert s.status()["pending"] == 0
+
+
+def test_group_members_in_flight_are_not_replayed():
+    nodes = cluster(4, 8)
+    s = svc(nodes)
+    group = GroupSpec("job/ns/j", 2)
+    [p] = s.admit([AdmitCall(Request(id="g0", gpus=4, group=group))], NOW)
+    assert isinstance(p, Placement) and p.group == "job/ns/j"
+    report = s.resync(nodes, NOW + 1)
+    assert report["kept"] == 0 and s.lookup(["g0"]) == [None]
+
+
+def test_sweep_confirms_stored_and_expires_the_rest(tmp_path):
+    nodes = cluster(1, 8)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump_all(nodes))
+    s = svc(None, {"kind": "file", "path": str(path)})
+    a, b = s.admit([AdmitCall(Request(id="a", gpus=1)), AdmitCall(Request(id="b", gpus=1))], NOW)
+    stored = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "pa", "namespace": "x", "labels": {"gpuledger.io/reservation-id": "a"}},
+              "spec": {"nodeName": a.node, "containers": [{"name": "c"}]}}
+    path.write_text(yaml.safe_dump_all([*nodes, stored]))
+    assert s.sweep(NOW + 10) == []  # not old enough
+    assert s.sweep(NOW + 31) == ["b"]
+    assert s.lookup(["a"])[0].confirmed and s.lookup(["b"]) == [None]
+
+
+def test_dry_run_and_prior_ids():
+    s = svc(cluster(1, 8))
+    [dry] = s.admit([AdmitCall(Request(id="d", gpus=8), dry_run=True)], NOW)
+    assert isinstance(dry, Placement) and s.lookup(["d"]) == [None]
+    [first] = s.admit([AdmitCall(Request(id="r1", gpus=2))], NOW)
+    [again] = s.admit([AdmitCall(Request(id="r2", gpus=2), prior_id="r1")], NOW)
+    assert again == first and s.lookup(["r2"]) == [None]
+    s.confirm(["r1"], NOW)
+    [fresh] = s.admit([AdmitCall(Request(id="r3", gpus=2), prior_id="r1")], NOW)
+    assert fresh.id == "r3" and not set(fresh.devices) & set(first.devices)
+
+
+def test_kubernetes_source_waits_for_resync():
+    s = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW)
+    assert s.status()["synced"] is False and s.status()["external_source"] is True
+    [u] = s.admit([AdmitCall(Request(id="x", gpus=1))], NOW)
+    assert isinstance(u, Unavailable) and "not synced" in u.message
+    assert isinstance(s.lookup(["x"])[0], Unavailable)
+    assert s.sweep(NOW + 100) == []
+    s.resync(cluster(1, 8), NOW)
+    assert isinstance(s.admit([AdmitCall(Request(id="x", gpus=1))], NOW)[0], Placement)
+    assert json.loads(json.dumps(s.status()))["nodes"] == 1
+
+
+def test_claims_mark_one_pod_per_reservation_and_clear_on_confirm():
+    s = svc(cluster(1, 8))
+    [p] = s.admit([AdmitCall(Request(id="a", gpus=1))], NOW)
+    [first] = s.claim(["a"])
+    assert first.claimed is False and s.lookup(["a"])[0].claimed is True
+    [reuse] = s.admit([AdmitCall(Request(id="b", gpus=1), prior_id="a")], NOW)
+    assert reuse.id == "b"  # a claimed reservation is not handed out again as a reinvocation
+    s.confirm(["a"], NOW)
+    assert s.lookup(["a"])[0] == s.lookup(["a"])[0] and s.lookup(["a"])[0].confirmed
+    assert "a" not in s._claimed
+    assert s.claim(["nope"]) == [None]
+
+
+def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
+    """A reservation confirmed by its stored pod (a watch event, not a resync) is no longer replayed."""
+    from webhook.admission.handler import AdmissionHandler
+    from webhook.ledger_client import InProcessLedgerClient
+    from tests.webhook.webhook_support import Clock, gpu_pod, review
+    import asyncio
+
+    s = svc(cluster(2, 8))
+    h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
+    pod = gpu_pod(2)
+    d = asyncio.run(h.mutate(review(pod)))
+    assert s.status()["pending"] == 1
+    stored = jsonpatch.apply_patch(pod, d.patch)
+    stored["spec"]["nodeName"] = d.node
+    s.apply_events([("ADDED", stored)], NOW + 1)
+    assert s.status()["pending"] == 0
+    [held] = s.lookup([d.reservation_id])
+    assert held.confirmed
+    s.apply_events([("DELETED", stored)], NOW + 2)
+    assert s.lookup([d.reservation_id]) == [None] and s.status()["pending"] == 0

@@ -1,0 +1,76 @@
+"""The node agent's patch is what the ledger reads: device identity, health, and the selection labels."""
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from allocator.node_agent.probes import DeviceReport, FakeProbe, NvmlProbe, ProbeError
+from allocator.node_agent.agent import node_patch, utilization_tier
+from webhook.cli import main as cli_main
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+
+
+def test_fake_spec_marks_unhealthy_devices():
+    reports = FakeProbe.from_spec("4xNVIDIA-A100-SXM4-80GB:81920,unhealthy=1,3").devices()
+    assert [r.index for r in reports] == [0, 1, 2, 3]
+    assert [r.healthy for r in reports] == [True, False, True, False]
+    assert {r.memory_mib for r in reports} == {81920}
+    assert len({r.uuid for r in reports}) == 4
+
+
+@pytest.mark.parametrize("spec", ["eightxA100:80", "8xA100", "8xA100:80,broken=1", ""])
+def test_bad_fake_spec_names_the_value_and_the_form(spec):
+    with pytest.raises(ValueError) as err:
+        FakeProbe.from_spec(spec)
+    assert "COUNTxPRODUCT:MEMORY_MIB" in str(err.value) or "unhealthy=I,J" in str(err.value)
+
+
+def test_patch_carries_devices_labels_and_time():
+    patch = node_patch(FakeProbe.from_spec("2xH100:81559,unhealthy=1").devices(), NOW)
+    labels, annotations = patch["metadata"]["labels"], patch["metadata"]["annotations"]
+    assert labels == {
+        "agentaflow.gpu/enabled": "true",
+        "agentaflow.gpu/schedulable": "true",
+        "agentaflow.gpu/count": "2",
+        "agentaflow.gpu/utilization-tier": "low",
+    }
+    devices = json.loads(annotations["agentaflow.gpu/devices"])
+    assert [(d["index"], d["healthy"], d["memoryMiB"], d["product"]) for d in devices] == [
+        (0, True, 81559, "H100"),
+        (1, False, 81559, "H100"),
+    ]
+    assert annotations["agentaflow.gpu/status"] == "degraded"
+    assert annotations["agentaflow.gpu/last-update"] == "2026-11-22T12:00:00Z"
+
+
+def test_all_unhealthy_node_is_not_schedulable():
+    patch = node_patch(FakeProbe.from_spec("2xH100:81559,unhealthy=0,1").devices(), NOW)
+    assert patch["metadata"]["labels"]["agentaflow.gpu/schedulable"] == "false"
+    assert patch["metadata"]["annotations"]["agentaflow.gpu/status"] == "unhealthy"
+
+
+@pytest.mark.parametrize(
+    "utilizations, tier", [([], "none"), ([0, 10], "low"), ([50, 60], "medium"), ([90, 80], "high")]
+)
+def test_utilization_tier(utilizations, tier):
+    reports = [DeviceReport(i, f"u{i}", "A100", 1, True, utilization_pct=u) for i, u in enumerate(utilizations)]
+    assert utilization_tier(reports) == tier
+
+
+def test_nvml_probe_without_a_gpu_is_a_clear_error():
+    try:
+        probe = NvmlProbe()
+    except ProbeError as exc:
+        assert "NVML is not available" in str(exc)
+    else:  # a machine with a GPU: the real path must report real devices
+        reports = probe.devices()
+        probe.close()
+        assert reports and all(r.uuid.startswith(("GPU-", "MIG-")) for r in reports)
+
+
+def test_cli_prints_the_patch(capsys):
+    assert cli_main(["node-agent", "--node", "n1", "--fake", "1xT4:15360", "--print"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["metadata"]["labels"]["agentaflow.gpu/count"] == "1"

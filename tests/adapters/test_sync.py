@@ -1,0 +1,237 @@
+"""Cluster sync against the real kube-apiserver: what reaches the ledger, in what batches, and when it resyncs.
+
+The target here records the calls the Ray actor would receive (same method names and arguments), so these
+tests pin the sync's own behaviour; tests/test_sync_ledger.py drives a real Ledger through the same path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from allocator.cluster_sync import RESERVATION_LABEL, ClusterSync, SyncConfig, slim
+from devcluster.cluster import WEBHOOK_USER
+from devcluster.nodes import create_nodes, make_node, patch_node
+
+pytestmark = pytest.mark.e2e
+
+
+class RecordingTarget:
+    """Records every batched call; `fail_next` makes the next call raise, `synced` is what status() reports."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.events: list[tuple[str, dict]] = []
+        self.batches: list[int] = []
+        self.resyncs: list[list[dict]] = []
+        self.confirmed: list[str] = []
+        self.released: list[str] = []
+        self.candidates: list[str] = []
+        self.synced = True
+        self.fail_next = 0
+
+    def _maybe_fail(self):
+        with self.lock:
+            if self.fail_next:
+                self.fail_next -= 1
+                raise ConnectionError("ledger actor unavailable (restarting)")
+
+    def apply_events(self, events):
+        self._maybe_fail()
+        with self.lock:
+            self.events.extend(events)
+            self.batches.append(len(events))
+
+    def resync(self, objects):
+        self._maybe_fail()
+        with self.lock:
+            self.resyncs.append(list(objects))
+            self.synced = True
+
+    def expiry_candidates(self, now):
+        with self.lock:
+            out, self.candidates = self.candidates, []
+            return out
+
+    def confirm(self, ids):
+        with self.lock:
+            self.confirmed.extend(ids)
+
+    def release(self, ids):
+        with self.lock:
+            self.released.extend(ids)
+
+    def status(self):
+        return {"ready": True, "synced": self.synced}
+
+    def seen(self, etype: str, kind: str, name: str) -> bool:
+        with self.lock:
+            return any(
+                t == etype and o.get("kind") == kind and o["metadata"]["name"] == name for t, o in self.events
+            )
+
+
+def pod(name: str, labels: dict | None = None, node: str | None = None) -> dict:
+    spec = {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+@pytest.fixture
+def plain_ns(apiserver):
+    """A namespace outside admission: these pods reach the sync without any webhook."""
+    name = f"sync-{uuid.uuid4().hex[:6]}"
+    apiserver.create_namespace(name, admission=False)
+    return name
+
+
+@pytest.fixture
+def core(apiserver):
+    from kubernetes import client
+
+    return client.CoreV1Api(apiserver.api_client())
+
+
+@pytest.fixture
+def running(apiserver):
+    """A started sync over a recording target; stopped after the test."""
+    target = RecordingTarget()
+    sync = ClusterSync(
+        apiserver.api_client(WEBHOOK_USER), target, SyncConfig(expiry_interval_s=3600, status_interval_s=0.2, retry_backoff_s=(0.05, 0.5))
+    )
+    sync.start()
+    assert sync.wait_synced(30), sync.stats
+    yield sync, target
+    sync.stop()
+
+
+def test_slim_drops_managed_fields_and_names_the_kind():
+    obj = {"metadata": {"name": "p", "managedFields": [{"manager": "kubectl"}]}, "spec": {}}
+    out = slim(obj, "Pod")
+    assert out == {"metadata": {"name": "p"}, "spec": {}, "kind": "Pod", "apiVersion": "v1"}
+    assert "managedFields" in obj["metadata"]  # the input is not mutated
+
+
+def test_initial_resync_lists_nodes_and_pods(apiserver, core, plain_ns):
+    node = make_node(f"sync-init-{uuid.uuid4().hex[:5]}", "spine-9", "leaf-90")
+    create_nodes(apiserver.api_client(), [node])
+    core.create_namespaced_pod(plain_ns, pod("before-start"))
+    target = RecordingTarget()
+    with ClusterSync(apiserver.api_client(), target) as sync:
+        assert sync.wait_synced(30)
+        objects = target.resyncs[0]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("Node", node["metadata"]["name"]) in names
+    assert ("Pod", "before-start") in names
+    listed = next(o for o in objects if o["metadata"]["name"] == node["metadata"]["name"])
+    assert listed["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert all("managedFields" not in o["metadata"] for o in objects)
+
+
+def test_pod_and_node_changes_are_forwarded(apiserver, core, plain_ns, running):
+    sync, target = running
+    name = f"sync-node-{uuid.uuid4().hex[:5]}"
+    create_nodes(apiserver.api_client(), [make_node(name, "spine-9", "leaf-91")])
+    core.create_namespaced_pod(plain_ns, pod("p1", node=name))
+    apiserver.wait_for(lambda: target.seen("ADDED", "Pod", "p1"), what="pod ADDED")
+    apiserver.wait_for(lambda: target.seen("ADDED", "Node", name), what="node ADDED")
+
+    patch_node(apiserver.api_client(), name, {"spec": {"unschedulable": True}})
+    apiserver.wait_for(
+        lambda: any(
+            t == "MODIFIED" and o["metadata"]["name"] == name and o["spec"].get("unschedulable")
+            for t, o in list(target.events)
+        ),
+        what="cordon MODIFIED",
+    )
+    apiserver.force_delete("pod", "p1", namespace=plain_ns)
+    apiserver.wait_for(lambda: target.seen("DELETED", "Pod", "p1"), what="pod DELETED")
+    assert len(target.resyncs) == 1  # nothing above needed a rebuild
+
+
+def test_events_arrive_in_batches(apiserver, core, plain_ns, running):
+    sync, target = running
+    for i in range(60):
+        core.create_namespaced_pod(plain_ns, pod(f"b{i}"))
+    apiserver.wait_for(lambda: all(target.seen("ADDED", "Pod", f"b{i}") for i in range(60)), what="60 pods")
+    assert sync.stats.batches < sync.stats.events_applied  # at least one call carried several events
+
+
+def test_apiserver_restart_410_gone_leads_to_full_resync():
+    """A restarted API server's watch cache starts over: resuming watches get 410 Gone and the sync relists.
+
+    Its own control plane (no controllers; a few seconds) so that the shared one never restarts under others.
+    """
+    from kubernetes import client
+
+    from tests.conftest import require_binaries
+    from devcluster.cluster import ControlPlane
+
+    require_binaries(with_controllers=False)
+    with ControlPlane(with_controllers=False) as cp:
+        cp.create_namespace("restart", admission=False)
+        core = client.CoreV1Api(cp.api_client())
+        core.create_namespaced_pod("restart", pod("before"))
+        target = RecordingTarget()
+        config = SyncConfig(status_interval_s=0.2, retry_backoff_s=(0.05, 0.5), expiry_interval_s=3600)
+        with ClusterSync(cp.api_client(), target, config) as sync:
+            assert sync.wait_synced(30)
+            cp.wait_for(lambda: target.resyncs, what="first list")
+            for i in range(20):  # move etcd's revision past the one the watches resume from
+                core.create_namespaced_pod("restart", pod(f"churn-{i}"))
+            cp.wait_for(lambda: target.seen("ADDED", "Pod", "churn-19"), what="churn events")
+            cp.restart_apiserver()
+            core = client.CoreV1Api(cp.api_client())
+            core.create_namespaced_pod("restart", pod("after-restart"))
+            cp.wait_for(lambda: len(target.resyncs) >= 2, timeout=60, what="resync after restart")
+            assert sync.stats.gone >= 1, sync.stats
+            assert any("410" in r for r in sync.stats.resync_reasons)
+            # nothing lost: the pod created while the watch was down is either in the relist or an event
+            cp.wait_for(
+                lambda: target.seen("ADDED", "Pod", "after-restart")
+                or any(o["metadata"]["name"] == "after-restart" for o in target.resyncs[-1]),
+                what="pod created across the restart",
+            )
+
+
+def test_ledger_restart_triggers_resync(apiserver, core, plain_ns, running):
+    sync, target = running
+    before = len(target.resyncs)
+    target.synced = False  # what a freshly restarted actor reports
+    apiserver.wait_for(lambda: len(target.resyncs) > before, what="resync after ledger restart")
+    assert "ledger restarted empty" in sync.stats.resync_reasons
+
+
+def test_failed_ledger_call_is_followed_by_resync(apiserver, core, plain_ns, running):
+    sync, target = running
+    before = len(target.resyncs)
+    target.fail_next = 2  # the batch and the first resync attempt fail
+    core.create_namespaced_pod(plain_ns, pod("during-outage"))
+    apiserver.wait_for(lambda: len(target.resyncs) > before, timeout=30, what="resync after ledger outage")
+    # the pod whose event was lost with the failed batch is in the rebuild
+    assert any(o["metadata"]["name"] == "during-outage" for o in target.resyncs[-1])
+    assert sync.stats.target_errors >= 2
+
+
+def test_expiry_confirms_stored_pods_and_releases_the_rest(apiserver, core, plain_ns):
+    target = RecordingTarget()
+    sync = ClusterSync(apiserver.api_client(), target)
+    stored = f"r-{uuid.uuid4().hex}"
+    core.create_namespaced_pod(plain_ns, pod("carrier", labels={RESERVATION_LABEL: stored}))
+    target.candidates = [stored, "r-never-stored", "id with spaces"]
+    confirmed, released = sync.check_expiry(time.time())
+    assert confirmed == [stored] and target.confirmed == [stored]
+    assert released == ["r-never-stored", "id with spaces"] == target.released
+
+
+def test_stop_ends_threads_promptly(apiserver):
+    sync = ClusterSync(apiserver.api_client(), RecordingTarget()).start()
+    assert sync.wait_synced(30)
+    started = time.monotonic()
+    sync.stop()
+    assert all(not t.is_alive() for t in sync._threads)
+    assert time.monotonic() - started < 5

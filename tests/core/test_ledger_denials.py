@@ -1,0 +1,157 @@
+"""Denials answered from the per-request-shape diagnosis equal the full walk over every node, whatever happened
+to the nodes in between (placements, releases, foreign pods, node updates, cordons, removals, returns)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocator import strategies as registry
+from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.model import Denial, GroupSpec, Placement, Reason, Request, Toleration
+from tests.core.core_factory import node, pod
+from tests.core.test_properties import node_objects, node_spec
+
+# a few fixed shapes, asked again and again, so the cached diagnosis is reused across changes
+PROBES = [
+    Request(id="probe-1gpu", gpus=1, cpu_milli=2000, memory_mib=1024),
+    Request(id="probe-3gpu", gpus=3, gpu_memory_mib=12000),
+    Request(id="probe-share", gpu_milli=600, gpu_memory_mib=4000, cpu_milli=500),
+    Request(id="probe-tol", gpus=2, tolerations=(Toleration(key="dedicated", operator="Exists"),)),
+    Request(id="probe-prod", gpus=1, product="H100"),
+    Request(id="probe-cpu", cpu_milli=20000),
+]
+
+change = st.one_of(
+    st.tuples(st.just("place"), st.integers(1, 4), st.sampled_from(["best_fit", "distributed", "least_utilized"])),
+    st.tuples(st.just("share"), st.integers(1, 19), st.just("")),
+    st.tuples(st.just("release"), st.integers(0, 99), st.just("")),
+    st.tuples(st.just("foreign"), st.integers(0, 99), st.sampled_from(["0", "1", "4"])),
+    st.tuples(st.just("node_update"), st.integers(0, 99), st.sampled_from(["cordon", "sick", "plain"])),
+    st.tuples(st.just("remove"), st.integers(0, 99), st.just("")),
+    st.tuples(st.just("return"), st.integers(0, 99), st.just("")),
+)
+
+
+def full_walk(led: Ledger, req: Request, exclude=frozenset()):
+    strategy = registry.get_strategy(req.strategy or led.config.default_strategy)
+    return led._diagnose_full(req, strategy, led._context(req), exclude)
+
+
+def cached(led: Ledger, req: Request, exclude=frozenset()):
+    strategy = registry.get_strategy(req.strategy or led.config.default_strategy)
+    return led._diagnose(req, strategy, led._context(req), exclude)
+
+
+def uncached_answer(led: Ledger, req: Request):
+    led._diagnose = led._diagnose_full  # type: ignore[method-assign]
+    try:
+        return led.explain(req, with_scores=False).result
+    finally:
+        del led._diagnose
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(node_spec, min_size=1, max_size=7), st.lists(change, min_size=1, max_size=40), st.integers(0, 5))
+def test_cached_diagnosis_equals_full_walk_across_changes(specs, changes, exclude_mod):
+    objs = node_objects(specs)
+    led = Ledger(LedgerConfig(placement_key=b"k"))
+    for o in objs:
+        led.apply_object(o, 0.0)
+    placed: list[str] = []
+    removed: set[int] = set()
+    for step, (kind, a, b) in enumerate(changes):
+        i = a % len(objs)
+        if kind == "place":
+            r = led.reserve(Request(id=f"p{step}", gpus=a, cpu_milli=1000, strategy=b), 0.0)
+            if isinstance(r, Placement):
+                placed.append(r.id)
+        elif kind == "share":
+            r = led.reserve(Request(id=f"s{step}", gpu_milli=a * 50, cpu_milli=100), 0.0)
+            if isinstance(r, Placement):
+                placed.append(r.id)
+        elif kind == "release" and placed:
+            led.release(placed.pop(a % len(placed)))
+        elif kind == "foreign":
+            led.apply_object(pod(f"f{step}", namespace="other", node_name=f"n{i}", gpus=int(b), cpu="1"), 0.0)
+        elif kind == "node_update":
+            updated = node_objects([dict(specs[i], unhealthy={0} if b == "sick" else set())])[0]
+            updated["metadata"]["name"] = f"n{i}"
+            if b == "cordon":
+                updated["spec"]["unschedulable"] = True
+            objs[i] = updated
+            if i not in removed:
+                led.apply_object(updated, 0.0)
+        elif kind == "remove":
+            led.delete_object(objs[i])
+            removed.add(i)
+        elif kind == "return" and i in removed:
+            removed.discard(i)
+            led.apply_object(objs[i], 0.0)
+        exclude = {f"n{j}" for j in range(len(objs)) if exclude_mod and j % exclude_mod == 0} | {"gone"}
+        for req in PROBES:
+            assert cached(led, req) == full_walk(led, req), (step, req)
+            assert cached(led, req, exclude) == full_walk(led, req, exclude), (step, req, exclude)
+            assert led.explain(req, with_scores=False).result == uncached_answer(led, req)
+
+
+def test_flood_of_denials_is_answered_from_the_diagnosis_and_follows_changes():
+    led = Ledger()
+    for i in range(4):
+        led.apply_object(node(f"n{i}", 2, cpu="8", taints=[{"key": "dedicated", "effect": "NoSchedule"}] if i == 3 else []), 0.0)
+    for i in range(6):
+        assert isinstance(led.reserve(Request(id=f"w{i}", gpus=1), 0.0), Placement)
+    first = led.reserve(Request(id="d0", gpus=2, cpu_milli=1000), 0.0)
+    assert isinstance(first, Denial)
+    assert dict(first.by_reason) == {Reason.NOT_ENOUGH_GPUS: 3, Reason.TAINT: 1}
+    assert "strategy best_fit" in first.message and "2 whole GPU(s)" in first.message
+    assert len(led._diagnoses) == 1
+    # the same shape again: nothing re-walked, the same answer (its own id)
+    again = led.reserve(Request(id="d1", gpus=2, cpu_milli=1000), 0.0)
+    assert again == Denial(**{**first.__dict__, "id": "d1"})
+    # a node frees up: the next identical request is placed, not answered from a stale diagnosis
+    led.release("w0")
+    led.release("w1")
+    assert isinstance(led.reserve(Request(id="d2", gpus=2, cpu_milli=1000), 0.0), Placement)
+    # a node update (more cpu) changes a near miss's detail; the cached answer follows it
+    led.apply_object(node("n2", 2, cpu="16"), 0.0)
+    after = led.reserve(Request(id="d3", gpus=2, cpu_milli=1000), 0.0)
+    assert after == uncached_answer(led, Request(id="d3", gpus=2, cpu_milli=1000))
+    assert any("16000m cpu" in m.detail for m in after.near_misses)
+
+
+def test_group_and_claim_denials_match_the_full_walk():
+    led = Ledger()
+    for i in range(3):
+        led.apply_object(node(f"n{i}", 2, leaf=f"l{i}"), 0.0)
+    gang = Request(id="g0", gpus=2, group=GroupSpec(key="job/x", size=4))
+    denied = led.reserve(gang, 0.0)
+    assert isinstance(denied, Denial) and dict(denied.by_reason) == {Reason.LEAF_CONSTRAINT: 3}
+    assert denied == uncached_answer(led, gang)
+    small = Request(id="g1", gpus=2, group=GroupSpec(key="job/y", size=2))
+    assert isinstance(led.reserve(small, 0.0), Placement)
+    assert isinstance(led.reserve(Request(id="g2", gpus=2, group=GroupSpec(key="job/y", size=2)), 0.0), Placement)
+    led.apply_object(node("n2", 2, leaf="l2", taints=[{"key": "dedicated", "effect": "NoSchedule"}]), 0.0)
+    third = Request(id="g3", gpus=2, group=GroupSpec(key="job/y", size=3))  # a pod beyond the plan: new slot
+    claim = led.reserve(third, 0.0)
+    assert isinstance(claim, Denial)
+    assert claim == uncached_answer(led, third)
+
+
+def test_a_diagnosis_behind_a_trimmed_change_log_is_rebuilt():
+    led = Ledger()
+    led.apply_object(node("n0", 1), 0.0)
+    led.apply_object(node("n1", 1), 0.0)
+    for rid in ("w0", "w1"):
+        assert isinstance(led.reserve(Request(id=rid, gpus=1), 0.0), Placement)
+    req = Request(id="d", gpus=1)
+    assert isinstance(led.reserve(req, 0.0), Denial)
+    led.apply_object(node("n1", 1, cpu="3"), 0.0)  # a change the log forgets below
+    holder = led.get("w0").node
+    for i in range(1100):  # more changes than the log keeps, all on the other node: the log is trimmed
+        led.release("w0")
+        assert led.reserve(Request(id="w0", gpus=1, cpu_milli=i % 2), 0.0).node == holder
+    assert led.index.touched_base > 0
+    answer = led.reserve(req, 0.0)
+    assert answer == uncached_answer(led, req)
+    assert any("3000m cpu" in m.detail for m in answer.near_misses)

@@ -1,0 +1,128 @@
+"""The ledger following cluster objects: node updates and removals, adoption of placements found on pods,
+collisions, stats, explain for gangs."""
+
+from __future__ import annotations
+
+from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.model import Denial, GroupSpec, Placement, ReservationState, Request
+from tests.core.core_factory import leafy_cluster, node, pod
+
+KEY = b"objects"
+
+
+def make(*objs, **config) -> Ledger:
+    led = Ledger(LedgerConfig(placement_key=KEY, **config))
+    for o in objs:
+        led.apply_object(o, 0.0)
+    return led
+
+
+def test_node_update_keeps_holdings_and_unhealthy_device_is_avoided():
+    led = make(node("a", 4))
+    p = led.reserve(Request(id="r", gpus=1), 0.0)
+    assert p.devices == (0,)
+    led.apply_object(node("a", 4, devices=[{"index": i, "healthy": i != 1} for i in range(4)]), 1.0)
+    n = led.index.nodes["a"]
+    assert n.dev_owner[0] == "r" and n.whole_free == 2
+    q = led.reserve(Request(id="q", gpus=2), 1.0)
+    assert q.devices == (2, 3)
+
+
+def test_cordon_takes_a_node_out_and_uncordon_brings_it_back():
+    led = make(node("a", 4))
+    led.apply_object(node("a", 4, unschedulable=True), 1.0)
+    assert isinstance(led.reserve(Request(id="r", gpus=1), 1.0), Denial)
+    led.apply_object(node("a", 4), 2.0)
+    assert isinstance(led.reserve(Request(id="r", gpus=1), 2.0), Placement)
+
+
+def test_removed_node_keeps_what_is_held_until_it_returns():
+    led = make(node("a", 4), node("b", 4))
+    p = led.reserve(Request(id="r", gpus=3), 0.0)
+    led.apply_object(pod("p", placement=p, key=KEY), 0.0)
+    led.delete_object(node(p.node, 4))
+    assert p.node not in led.index.nodes and led.get("r") == p
+    led.apply_object(node(p.node, 4), 1.0)
+    assert led.index.nodes[p.node].whole_free == 1
+
+
+def test_pod_seen_before_its_node_is_applied_when_the_node_arrives():
+    led = make()
+    placed = Placement(id="x", node="late", devices=(1,), cpu_milli=100)
+    led.apply_object(pod("p", placement=placed, key=KEY), 0.0)
+    led.apply_object(node("late", 2), 0.0)
+    n = led.index.nodes["late"]
+    assert n.dev_owner[1] == "x" and n.cpu_free == 64000 - 100
+
+
+def test_pod_placement_displaces_an_unconfirmed_reservation():
+    led = make(node("a", 1))
+    led.reserve(Request(id="tentative", gpus=1), 0.0)
+    real = Placement(id="real", node="a", devices=(0,))
+    led.apply_object(pod("p", placement=real, key=KEY), 1.0)
+    assert led.get("tentative") is None
+    assert led.state_of("real") == ReservationState.CONFIRMED
+    assert led.index.nodes["a"].dev_owner[0] == "real"
+
+
+def test_colliding_confirmed_placements_count_the_second_as_unknown():
+    led = make(node("a", 2))
+    first = Placement(id="one", node="a", devices=(0,))
+    second = Placement(id="two", node="a", devices=(0,))
+    led.apply_object(pod("p1", placement=first, key=KEY), 0.0)
+    led.apply_object(pod("p2", placement=second, key=KEY), 0.0)
+    n = led.index.nodes["a"]
+    assert n.dev_owner[0] == "one" and n.unknown_gpus == 1 and n.whole_free == 0
+    assert any("collides" in msg for msg in led.problems)
+    led.delete_object(pod("p2", placement=second, key=KEY))
+    assert n.unknown_gpus == 0 and n.whole_free == 1
+
+
+def test_pending_pod_without_node_confirms_but_holds_nothing_extra():
+    led = make(node("a", 2))
+    p = led.reserve(Request(id="r", gpus=1, cpu_milli=500), 0.0)
+    unbound = pod("p", placement=p, key=KEY)
+    del unbound["spec"]["nodeName"]
+    led.apply_object(unbound, 1.0)
+    assert led.state_of("r") == ReservationState.CONFIRMED
+    assert led.index.nodes["a"].cpu_free == 64000 - 500
+
+
+def test_foreign_pod_update_replaces_its_usage():
+    led = make(node("a", 4))
+    led.apply_object(pod("f", node_name="a", gpus=1, cpu="1"), 0.0)
+    led.apply_object(pod("f", node_name="a", gpus=2, cpu="1"), 1.0)
+    assert led.index.nodes["a"].unknown_gpus == 2
+    led.apply_object(pod("f", node_name="a", gpus=2, phase="Failed"), 2.0)
+    assert led.index.nodes["a"].unknown_gpus == 0 and led.index.nodes["a"].cpu_free == 64000
+
+
+def test_stats_totals_per_leaf_and_spine():
+    led = make(*leafy_cluster(spines=2, leaves=2, per_leaf=2, gpus=4))
+    led.reserve(Request(id="w", gpus=2), 0.0)
+    led.reserve(Request(id="s", gpu_milli=500), 0.0)
+    led.confirm("w", 0.0)
+    st = led.stats()
+    assert (st.nodes, st.gpus_total, st.milli_total) == (8, 32, 32000)
+    assert st.milli_allocated == 2500 and st.reservations_pending == 1 and st.reservations_confirmed == 1
+    assert len(st.leaves) == 4 and len(st.spines) == 2
+    assert sum(s.milli_free for s in st.spines) == 32000 - 2500
+    d = st.as_dict()
+    assert d["leaves"][0]["utilization"] >= 0 and "fragmentation" in d
+
+
+def test_explain_for_a_gang_reserves_nothing():
+    led = make(*leafy_cluster(leaves=2, per_leaf=4))
+    before = led.snapshot()
+    ex = led.explain(Request(id="g0", gpus=8, group=GroupSpec("job/x", 4)))
+    assert isinstance(ex.result, Placement) and len(ex.result.group_plan) == 4
+    assert led.snapshot() == before
+    assert led.explain(Request(id="g0", gpus=1), with_scores=False).scores == ()
+
+
+def test_release_of_reserved_first_gang_pod_drops_the_whole_gang():
+    led = make(*leafy_cluster(leaves=1, per_leaf=4))
+    before = led.snapshot()
+    led.reserve(Request(id="g0", gpus=8, group=GroupSpec("job/x", 3)), 0.0)
+    led.release("g0")  # e.g. the admission failed after reserving
+    assert led.snapshot() == before and led.groups() == {}

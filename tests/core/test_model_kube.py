@@ -1,0 +1,261 @@
+"""The parsing layer: quantities, nodes, pod requests, signed placements, object lists."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+import yaml
+
+from allocator.core import objects as kube
+from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.model import DeviceShare, GroupSlot, Placement, Taint
+from tests.core.core_factory import node, pod
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("500m", Fraction(1, 2)),
+        ("2", Fraction(2)),
+        ("4Gi", Fraction(4 * 2**30)),
+        ("1G", Fraction(10**9)),
+        ("128974848", Fraction(128974848)),
+        ("1e3", Fraction(1000)),
+        ("0.5", Fraction(1, 2)),
+        ("100Mi", Fraction(100 * 2**20)),
+        ("1k", Fraction(1000)),
+        (3, Fraction(3)),
+    ],
+)
+def test_parse_quantity(text, value):
+    assert kube.parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "5 Gi", "1Zi", True])
+def test_bad_quantity_names_value_and_accepted_forms(bad):
+    with pytest.raises(kube.QuantityError) as err:
+        kube.parse_quantity(bad)
+    assert repr(bad) in str(err.value) and "Gi" in str(err.value)
+
+
+def test_unit_conversions_round_requests_up_and_capacity_down():
+    assert kube.cpu_milli("250m") == 250 and kube.cpu_milli("1.5") == 1500 and kube.cpu_milli("1u") == 1
+    assert kube.memory_mib("1G") == 954  # 1e9 bytes = 953.67 MiB, requests round up
+    assert kube.memory_mib("1G", round_up=False) == 953
+    assert kube.memory_mib("128974848") == 123
+    assert kube.count("2") == 2
+
+
+def test_pod_requests_sum_containers_max_init_sidecars_and_limits_default():
+    p = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [
+                {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}},
+                {"name": "init", "resources": {"requests": {"cpu": "3", "memory": "1Gi"}}},
+            ],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"nvidia.com/gpu": 2}}},
+                {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}},  # requests default to limits
+            ],
+            "overhead": {"cpu": "10m"},
+        },
+    }
+    r = kube.pod_requests(p)
+    # containers 1500m + sidecar 100m = 1600m < init (sidecar 100m + 3000m) = 3100m; + overhead 10m
+    assert r.cpu_milli == 3110
+    assert r.memory_mib == 3072
+    assert r.gpus == 2
+
+
+def test_node_from_object_reads_labels_conditions_taints():
+    obj = node(
+        "n1",
+        4,
+        spine="sp",
+        leaf="lf",
+        labels={"gpu-orchestrator/cheap-node": "true", "agentaflow.gpu/schedulable": "false", "accelerator": "x"},
+        taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        ready=False,
+        unschedulable=True,
+    )
+    info = kube.node_from_object(obj)
+    assert (info.name, info.cpu_milli, info.memory_mib) == ("n1", 64000, 512 * 1024)
+    assert [d.index for d in info.devices] == [0, 1, 2, 3]
+    assert all(d.memory_mib == 40960 and d.product == "NVIDIA-A100-SXM4-40GB" for d in info.devices)
+    assert (info.spine, info.leaf, info.cheap, info.gpu_schedulable) == ("sp", "lf", True, False)
+    assert (info.ready, info.unschedulable) == (False, True)
+    assert info.taints == (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
+    assert info.label("accelerator") == "x"
+
+
+def test_topology_label_keys_are_configurable():
+    obj = node("n1", 1, labels={"rack": "r7", "row": "row2"})
+    info = kube.node_from_object(obj, LedgerConfig(spine_label="row", leaf_label="rack"))
+    assert (info.spine, info.leaf) == ("row2", "r7")
+
+
+def test_device_annotation_wins_and_bad_annotation_falls_back():
+    devices = [
+        {"index": 1, "uuid": "GPU-b", "product": "H100", "memoryMiB": 81920, "healthy": False},
+        {"index": 0, "uuid": "GPU-a", "product": "H100", "memoryMiB": 81920, "healthy": True},
+    ]
+    info = kube.node_from_object(node("n", 8, devices=devices))
+    assert [(d.index, d.uuid, d.healthy, d.memory_mib) for d in info.devices] == [
+        (0, "GPU-a", True, 81920),
+        (1, "GPU-b", False, 81920),
+    ]
+    bad = node("n", 2)
+    bad["metadata"]["annotations"][kube.DEVICES_ANNOTATION] = "{not json"
+    problems: list[str] = []
+    info = kube.node_from_object(bad, None, problems)
+    assert len(info.devices) == 2
+    assert problems and kube.DEVICES_ANNOTATION in problems[0] and "accepted" in problems[0]
+
+
+def test_unhealthy_devices_are_never_placed_on():
+    devices = [{"index": i, "healthy": i != 0} for i in range(2)]
+    led = Ledger()
+    led.apply_object(node("n", 2, devices=devices), 0)
+    p = led.reserve(kube_request("a", 1), 0)
+    assert p.devices == (1,)
+    d = led.reserve(kube_request("b", 1), 0)
+    assert not isinstance(d, Placement)
+
+
+def kube_request(rid, gpus):
+    from allocator.core.model import Request
+
+    return Request(id=rid, gpus=gpus)
+
+
+PLACEMENT = Placement(
+    id="rid-1",
+    node="n1",
+    devices=(2, 3),
+    uuids=("GPU-2", "GPU-3"),
+    cpu_milli=1500,
+    memory_mib=2048,
+    group="job/ns/train",
+    slot=1,
+    strategy="best_fit",
+    score=-3.5,
+    tolerated_taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),),
+    group_plan=(
+        GroupSlot(0, "n0", (0, 1)),
+        GroupSlot(1, "n1", (2, 3), ("GPU-2", "GPU-3")),
+        GroupSlot(2, "n2", (), (), (DeviceShare(0, 250, 100),)),
+    ),
+    group_deadline=30.5,
+)
+
+
+def test_placement_annotation_roundtrip_and_signature():
+    text = kube.encode_placement(PLACEMENT, b"key")
+    assert json.loads(text)["sig"]
+    assert kube.decode_placement(text, b"key") == PLACEMENT
+    assert kube.decode_placement(text, b"other") is None
+    tampered = text.replace('"n1"', '"n9"', 1)
+    assert kube.decode_placement(tampered, b"key") is None
+    unsigned = kube.encode_placement(PLACEMENT, b"")
+    assert "sig" not in json.loads(unsigned)
+    assert kube.decode_placement(unsigned, b"") == PLACEMENT
+    assert kube.decode_placement(unsigned, b"key") is None  # a signing ledger refuses unsigned placements
+
+
+def test_share_placement_roundtrip():
+    p = Placement(id="s", node="n", shares=(DeviceShare(1, 300, 2048),))
+    assert kube.decode_placement(kube.encode_placement(p, b"k"), b"k") == p
+
+
+def test_pod_usage():
+    p = pod("p", node_name="n1", gpus=2, cpu="1", memory="1Gi", phase="Running")
+    u = kube.pod_usage(p)
+    assert (u.key, u.node, u.terminal, u.gpus, u.cpu_milli, u.memory_mib) == ("default/p", "n1", False, 2, 1000, 1024)
+    assert u.placement is None
+    done = kube.pod_usage(pod("p", node_name="n1", phase="Succeeded"))
+    assert done.terminal
+    signed = kube.pod_usage(pod("q", placement=PLACEMENT, key=b"k"), b"k")
+    assert signed.placement == PLACEMENT and signed.node == "n1"
+    forged = kube.pod_usage(pod("q", placement=PLACEMENT, key=b"x"), b"k")
+    assert forged.placement is None and kube.PLACEMENT_ANNOTATION in forged.placement_problem
+
+
+KUBECTL_YAML = """
+apiVersion: v1
+items:
+- apiVersion: v1
+  kind: Node
+  metadata:
+    labels:
+      nvidia.com/gpu.product: Tesla-T4
+      nvidia.com/gpu.memory: "15360"
+      topology.scheduler/leaf: leaf-a
+      topology.scheduler/spine: spine-1
+    name: gpu-1
+  spec:
+    taints:
+    - effect: NoSchedule
+      key: nvidia.com/gpu
+      value: present
+  status:
+    allocatable:
+      cpu: 7910m
+      memory: 31574984Ki
+      nvidia.com/gpu: "4"
+      pods: "110"
+    conditions:
+    - status: "True"
+      type: Ready
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: legacy
+    namespace: ml
+  spec:
+    nodeName: gpu-1
+    containers:
+    - name: c
+      resources:
+        limits:
+          nvidia.com/gpu: "1"
+        requests:
+          cpu: 500m
+          memory: 1G
+  status:
+    phase: Running
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: finished
+    namespace: ml
+  spec:
+    nodeName: gpu-1
+    containers:
+    - name: c
+      resources:
+        limits:
+          nvidia.com/gpu: "2"
+  status:
+    phase: Succeeded
+kind: List
+metadata:
+  resourceVersion: ""
+"""
+
+
+def test_kubectl_get_yaml_is_valid_input():
+    doc = yaml.safe_load(KUBECTL_YAML)
+    led = Ledger.rebuild(doc, LedgerConfig(), now=0.0)
+    n = led.index.nodes["gpu-1"]
+    assert n.info.product == "Tesla-T4" and n.info.leaf == "leaf-a"
+    assert n.cpu_free == 7910 - 500 and n.unknown_gpus == 1 and n.whole_free == 3
+    assert n.mem_free == 31574984 // 1024 - 954
+    # the List's items alone work too
+    assert Ledger.rebuild(doc["items"], LedgerConfig(), now=0.0).snapshot() == led.snapshot()
+
+
+def test_natural_key_orders_numbers():
+    assert sorted(["leaf-10", "leaf-2", "leaf-1"], key=kube.natural_key) == ["leaf-1", "leaf-2", "leaf-10"]

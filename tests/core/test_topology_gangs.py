@@ -1,0 +1,203 @@
+"""Topology order and gangs: the 2/4/8/16 leaf rules, per-leaf limits, all-or-nothing, slots, rebuild."""
+
+from __future__ import annotations
+
+from allocator.core.ledger import Ledger, LedgerConfig, slot_hid
+from allocator.core.model import Denial, GroupSpec, PinnedDevices, Placement, Request
+from allocator.core.topology import Topology, plan_leaves
+from tests.core.core_factory import leafy_cluster, node, pod
+
+KEY = b"k"
+
+
+def make(objs, **config) -> Ledger:
+    led = Ledger(LedgerConfig(placement_key=KEY, **config))
+    for o in objs:
+        led.apply_object(o, 0.0)
+    return led
+
+
+def gang(rid, key, size, gpus=8, **kw) -> Request:
+    return Request(id=rid, gpus=gpus, group=GroupSpec(key=key, size=size, **{k: v for k, v in kw.items()
+                                                                           if k.startswith("max_")}),
+                   **{k: v for k, v in kw.items() if not k.startswith("max_")})
+
+
+def leaves_of(led: Ledger, p: Placement) -> list[str]:
+    return [led.index.nodes[s.node].info.leaf for s in p.group_plan]
+
+
+def fill(led: Ledger, node_name: str, rid: str) -> None:
+    n = led.index.nodes[node_name]
+    assert isinstance(
+        led.reserve(Request(id=rid, gpus=n.whole_free, pinned=PinnedDevices(node_name, tuple(n.whole_free_devices()))), 0.0),
+        Placement,
+    )
+
+
+def test_topology_natural_and_configured_leaf_order():
+    keys = [("s2", "leaf-10"), ("s2", "leaf-2"), ("s10", "x"), ("s2", "leaf-1")]
+    topo = Topology.build(keys)
+    assert topo.spines == ("s2", "s10")
+    assert [leaf for _, leaf in topo.leaves_of["s2"]] == ["leaf-1", "leaf-2", "leaf-10"]
+    topo2 = Topology.build(keys, leaf_order=("leaf-10", "leaf-1"))
+    assert [leaf for _, leaf in topo2.leaves_of["s2"]] == ["leaf-10", "leaf-1", "leaf-2"]
+
+
+def test_plan_leaves_prefers_lowest_switch_then_tightest():
+    topo = Topology.build([("s", f"l{i}") for i in range(1, 5)])
+    caps = {("s", "l1"): 4, ("s", "l2"): 3, ("s", "l3"): 4, ("s", "l4"): 2}
+    assert plan_leaves(topo, caps, 2) == [(("s", "l4"), 2)]  # one leaf, the tightest
+    assert plan_leaves(topo, caps, 4) == [(("s", "l1"), 4)]
+    assert plan_leaves(topo, caps, 6) == [(("s", "l3"), 4), (("s", "l4"), 2)]  # spare 0 beats l1+l2 (spare 1)
+    assert plan_leaves(topo, caps, 14) is None
+
+
+def test_two_pods_share_one_leaf():
+    led = make(leafy_cluster(leaves=4, per_leaf=4))
+    p = led.reserve(gang("g-0", "job/a", 2), 0.0)
+    assert isinstance(p, Placement) and len(set(leaves_of(led, p))) == 1
+    assert len({s.node for s in p.group_plan}) == 2  # one pod per node
+
+
+def test_four_pods_fill_one_leaf():
+    led = make(leafy_cluster(leaves=4, per_leaf=4))
+    fill(led, "s1-l01-n1", "pre")  # leaf 1 can no longer hold four
+    p = led.reserve(gang("g-0", "job/a", 4), 0.0)
+    assert leaves_of(led, p) == ["s1-leaf2"] * 4
+
+
+def test_eight_pods_take_two_adjacent_leaves():
+    led = make(leafy_cluster(leaves=4, per_leaf=4))
+    fill(led, "s1-l02-n1", "pre")
+    p = led.reserve(gang("g-0", "job/a", 8), 0.0)
+    assert sorted(set(leaves_of(led, p))) == ["s1-leaf3", "s1-leaf4"]
+    assert [s.slot for s in p.group_plan] == list(range(8))
+
+
+def test_sixteen_pods_take_four_adjacent_leaves():
+    led = make(leafy_cluster(leaves=8, per_leaf=4))
+    fill(led, "s1-l03-n2", "pre")
+    p = led.reserve(gang("g-0", "job/a", 16), 0.0)
+    assert sorted(set(leaves_of(led, p))) == ["s1-leaf4", "s1-leaf5", "s1-leaf6", "s1-leaf7"]
+
+
+def test_fewest_spines_when_one_spine_is_not_enough():
+    led = make(leafy_cluster(spines=3, leaves=2, per_leaf=4))
+    fill(led, "s2-l01-n1", "pre")
+    p = led.reserve(gang("g-0", "job/a", 12), 0.0)
+    spines = {led.index.nodes[s.node].info.spine for s in p.group_plan}
+    assert len(spines) == 2 and "s2" not in spines
+
+
+def test_max_nodes_and_gpus_per_leaf():
+    led = make(leafy_cluster(leaves=4, per_leaf=4))
+    p = led.reserve(gang("g-0", "job/a", 4, max_nodes_per_leaf=2), 0.0)
+    counts = {leaf: leaves_of(led, p).count(leaf) for leaf in set(leaves_of(led, p))}
+    assert sorted(counts.values()) == [2, 2] and sorted(counts) == ["s1-leaf1", "s1-leaf2"]
+    q = led.reserve(gang("h-0", "job/b", 6, gpus=8, max_gpus_per_leaf=24), 0.0)
+    counts = {leaf: leaves_of(led, q).count(leaf) for leaf in set(leaves_of(led, q))}
+    assert max(counts.values()) <= 3 and sum(counts.values()) == 6
+    d = led.reserve(gang("i-0", "job/c", 2, gpus=8, max_gpus_per_leaf=4), 0.0)
+    assert isinstance(d, Denial) and "max_gpus_per_leaf=4" in d.message
+
+
+def test_gang_is_all_or_nothing():
+    led = make(leafy_cluster(leaves=2, per_leaf=4))
+    before = led.snapshot()
+    d = led.reserve(gang("g-0", "job/a", 9), 0.0)
+    assert isinstance(d, Denial) and "group job/a" in d.message and "8 node(s) could take one pod" in d.message
+    assert led.snapshot() == before
+
+
+def test_distributed_spreads_gang_across_leaves():
+    led = make(leafy_cluster(leaves=4, per_leaf=4))
+    p = led.reserve(gang("g-0", "job/a", 4, strategy="distributed"), 0.0)
+    assert sorted(leaves_of(led, p)) == ["s1-leaf1", "s1-leaf2", "s1-leaf3", "s1-leaf4"]
+
+
+def test_preferred_domain_for_gang_is_soft():
+    led = make(leafy_cluster(spines=2, leaves=2, per_leaf=4))
+    p = led.reserve(gang("g-0", "job/a", 4, preferred_domain="s2"), 0.0)
+    assert {led.index.nodes[s.node].info.spine for s in p.group_plan} == {"s2"}
+    q = led.reserve(gang("h-0", "job/b", 8, preferred_domain="s2-leaf1"), 0.0)  # cannot: falls back
+    assert isinstance(q, Placement)
+
+
+def test_slots_are_claimed_released_and_expire():
+    led = make(leafy_cluster(leaves=2, per_leaf=4), reservation_ttl_s=30)
+    first = led.reserve(gang("pod-0", "job/a", 4), 0.0)
+    assert first.slot == 0 and first.group == "job/a" and first.group_deadline == 30.0
+    plan_nodes = [s.node for s in first.group_plan]
+    assert all(led.index.nodes[n].whole_free == 0 for n in plan_nodes)  # every slot is held now
+    second = led.reserve(gang("pod-1", "job/a", 4), 1.0)
+    assert (second.slot, second.node) == (1, plan_nodes[1]) and second.group_plan == first.group_plan
+    assert led.reserve(gang("pod-1", "job/a", 4), 2.0) == second  # idempotent
+    assert led.stats().unclaimed_slots == 2
+    # a pod released before the deadline gives its slot back to the group
+    assert led.release("pod-1")
+    assert led.stats().unclaimed_slots == 3 and led.index.nodes[plan_nodes[1]].whole_free == 0
+    again = led.reserve(gang("pod-1b", "job/a", 4), 3.0)
+    assert again.slot == 1
+    # unclaimed slots expire at the deadline
+    assert led.expiry_candidates(29.0) == []
+    led.confirm("pod-0", 4.0)
+    led.confirm("pod-1b", 4.0)
+    assert led.expiry_candidates(30.0) == [slot_hid("job/a", 2), slot_hid("job/a", 3)]
+    led.expire(30.0)
+    assert led.index.nodes[plan_nodes[2]].whole_free == 8 and led.index.nodes[plan_nodes[3]].whole_free == 8
+    # after the deadline a released pod's slot is freed at once
+    led.release("pod-1b")
+    assert led.index.nodes[plan_nodes[1]].whole_free == 8 and led.stats().unclaimed_slots == 0
+    # a later pod of the group gets a new slot near the group
+    late = led.reserve(gang("pod-9", "job/a", 4), 40.0)
+    assert isinstance(late, Placement) and late.node not in {plan_nodes[0]}
+    assert led.index.nodes[late.node].info.leaf == led.index.nodes[plan_nodes[0]].info.leaf
+    led.release("pod-0")
+    led.release("pod-9")
+    assert led.groups() == {} and led.stats().whole_free == 64
+
+
+def test_group_full_is_denied():
+    led = make(leafy_cluster(leaves=1, per_leaf=4))
+    for i in range(2):
+        assert isinstance(led.reserve(gang(f"p{i}", "job/a", 2), 0.0), Placement)
+    d = led.reserve(gang("p2", "job/a", 2), 0.0)
+    assert isinstance(d, Denial) and "already has 2 pod(s)" in d.message
+
+
+def test_rebuild_restores_unclaimed_slots_until_deadline():
+    nodes = leafy_cluster(leaves=2, per_leaf=4)
+    led = make(nodes, reservation_ttl_s=30)
+    p0 = led.reserve(gang("pod-0", "job/a", 4), 0.0)
+    p1 = led.reserve(gang("pod-1", "job/a", 4), 1.0)
+    pods = [pod("w-0", placement=p0, key=KEY), pod("w-1", placement=p1, key=KEY)]
+    for o in pods:
+        led.apply_object(o, 2.0)
+    rebuilt = Ledger.rebuild(nodes + pods[::-1], led.config, now=5.0)
+    assert rebuilt.snapshot() == led.snapshot()
+    assert rebuilt.stats().unclaimed_slots == 2
+    # after the deadline a rebuild has no unclaimed slots, as the live ledger after expiry
+    led.expire(31.0)
+    late = Ledger.rebuild(nodes + pods, led.config, now=31.0)
+    assert late.snapshot() == led.snapshot() and late.stats().unclaimed_slots == 0
+    # and a later pod of the group claims a restored slot
+    fresh = Ledger.rebuild(nodes + pods, led.config, now=5.0)
+    p2 = fresh.reserve(gang("pod-2", "job/a", 4), 6.0)
+    assert p2.slot == 2 and p2.node == p0.group_plan[2].node
+
+
+def test_gang_slots_carry_gpu_taints_to_tolerate():
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    led = make([node(f"n{i}", 8, taints=[taint]) for i in range(2)])
+    p0 = led.reserve(gang("a", "job/t", 2), 0.0)
+    p1 = led.reserve(gang("b", "job/t", 2), 0.0)
+    assert p0.tolerated_taints and p1.tolerated_taints == p0.tolerated_taints
+
+
+def test_shared_gang_pods():
+    led = make(leafy_cluster(leaves=1, per_leaf=4))
+    p = led.reserve(Request(id="s0", gpu_milli=500, group=GroupSpec("job/s", 3)), 0.0)
+    assert len({s.node for s in p.group_plan}) == 3 and all(s.shares for s in p.group_plan)
+    q = led.reserve(Request(id="s1", gpu_milli=500, group=GroupSpec("job/s", 3)), 0.0)
+    assert q.shares == p.group_plan[1].shares and q.node == p.group_plan[1].node

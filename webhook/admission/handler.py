@@ -1,0 +1,275 @@
+"""The admission decisions: decode -> ask the ledger -> encode the patch. No HTTP here, so tests and
+`gpuledger explain` drive exactly the code the server runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from typing import Callable
+
+from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement, encode_placement
+from allocator.service import AdmitCall, Unavailable
+from allocator.service import Denial, Placement
+from allocator.service import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
+from webhook.admission.review import Decision, Review
+from webhook.config import WebhookConfig
+from webhook.ledger_client import LedgerClient, LedgerUnavailable
+from webhook.metrics import WebhookMetrics
+from webhook.admission.owners import NoOwners, OwnerLookup, OwnerLookupError
+from webhook.admission.patch import LEDGER_PREFIX, apply_placement, diff, shallow_pod, strip_ledger_keys
+
+log = logging.getLogger("gpuledger.webhook")
+
+
+def _annotations(obj: dict | None) -> dict:
+    meta = (obj or {}).get("metadata")
+    value = meta.get("annotations") if isinstance(meta, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _labels(obj: dict | None) -> dict:
+    meta = (obj or {}).get("metadata")
+    value = meta.get("labels") if isinstance(meta, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _ledger_keys(obj: dict | None) -> dict[str, object]:
+    keys = {f"annotation {k}": v for k, v in _annotations(obj).items() if str(k).startswith(LEDGER_PREFIX)}
+    keys.update({f"label {k}": v for k, v in _labels(obj).items() if str(k).startswith(LEDGER_PREFIX)})
+    return keys
+
+
+def _pod_name(review: Review, pod: dict) -> str:
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    name = review.name or meta.get("name") or (f"{meta.get('generateName')}<generated>"
+                                                if meta.get("generateName") else "<unnamed>")
+    return f"pod {review.namespace or meta.get('namespace') or 'default'}/{name}"
+
+
+def describe_placement(p: Placement) -> str:
+    devices = ",".join(map(str, p.devices)) if p.devices else ",".join(
+        f"{s.device}({s.milli}m)" for s in p.shares)
+    group = f" group {p.group} slot {p.slot}" if p.group else ""
+    return f"node {p.node} devices [{devices}] by {p.strategy or 'default'}{group}"
+
+
+def reservation_ids() -> Callable[[], str]:
+    """Fresh reservation ids: a random per-process prefix and a counter (unique across replicas, and
+    cheaper than a uuid4 per admission). Valid label values (hex, 28 characters)."""
+    prefix = uuid.uuid4().hex[:12]
+    counter = itertools.count(1)
+    return lambda: f"{prefix}{next(counter):016x}"
+
+
+class AdmissionHandler:
+    def __init__(
+        self,
+        config: WebhookConfig,
+        ledger: LedgerClient,
+        owners: OwnerLookup | None = None,
+        metrics: WebhookMetrics | None = None,
+        key: bytes | None = None,
+        id_factory: Callable[[], str] | None = None,
+    ):
+        self.config = config
+        self.ledger = ledger
+        self.owners = owners or NoOwners()
+        self.metrics = metrics or WebhookMetrics()
+        self.key = config.placement_key() if key is None else key
+        self.new_id = id_factory or reservation_ids()
+        self.parse_config = PodRequestConfig(gpu_resource=config.gpu_resource)
+
+    # ------------------------------------------------------------------ mutate
+    async def mutate(self, review: Review) -> Decision:
+        try:
+            return await self._mutate(review)
+        except Exception as exc:  # a bug must still answer: a denial with code 500, never a dropped request
+            log.exception("mutating admission %s failed", review.uid)
+            self.metrics.handler_failures.labels("mutate").inc()
+            return Decision(False, code=500, reason="InternalError", outcome="error",
+                            message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc}); "
+                                    "the pod was not placed, retry or report this")
+
+    async def _mutate(self, review: Review) -> Decision:
+        if review.operation != "CREATE" or review.sub_resource or review.kind not in ("Pod", ""):
+            return Decision(True, outcome="allowed")
+        pod = review.object
+        if pod is None:
+            return Decision(False, code=400, reason="BadRequest", outcome="invalid",
+                            message="AdmissionReview request.object is missing or not an object")
+        if not isinstance(pod.get("metadata", {}), dict):
+            return Decision(False, code=400, reason="BadRequest", outcome="invalid",
+                            message="pod metadata is not an object")
+        who = _pod_name(review, pod)
+        work = shallow_pod(pod)
+        removed = strip_ledger_keys(work)
+        prior = decode_placement(str(_annotations(pod).get(PLACEMENT_ANNOTATION, "")), self.key) \
+            if PLACEMENT_ANNOTATION in _annotations(pod) and self.key else None
+        warnings = []
+        if removed and prior is None:
+            warnings.append(f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*")
+        namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
+        started = time.perf_counter()
+        strategy = "none"
+        try:
+            async with asyncio.timeout(self.config.deadline_s):
+                owner = await self._owner(pod, namespace)
+                try:
+                    request = request_from_pod(pod, owner, self.parse_config, self.new_id(), namespace=namespace)
+                except AnnotationError as exc:
+                    self.metrics.placement_decisions.labels("none", "invalid").inc()
+                    return Decision(False, code=422, reason="Invalid", outcome="invalid",
+                                    message=f"gpuledger: {who}: {exc}")
+                if request is None:
+                    return Decision(True, patch=diff(pod, work), warnings=warnings, outcome="no_gpu",
+                                    message="")
+                strategy = request.strategy or "default"
+                if self.config.visibility_mode == "device-plugin" and request.is_shared:
+                    self.metrics.placement_decisions.labels(strategy, "invalid").inc()
+                    return Decision(False, code=422, reason="Invalid", outcome="invalid",
+                                    message=f"gpuledger: {who}: a shared GPU (agentaflow.gpu/milli, "
+                                            "agentaflow.gpu/memory with exclusive-access \"false\") is not "
+                                            "available in device-plugin visibility mode; accepted: whole GPUs, or "
+                                            "ask the operator for host-indices or runtime-uuids mode")
+                asked = time.perf_counter()
+                result = await self.ledger.admit(AdmitCall(request, review.dry_run, prior.id if prior else None))
+                self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
+        except TimeoutError:
+            return self._unavailable(pod, work, warnings,
+                                     f"the GPU ledger did not answer within {self.config.deadline_s:g}s")
+        except (LedgerUnavailable, OwnerLookupError) as exc:
+            return self._unavailable(pod, work, warnings, f"the GPU ledger is unavailable ({exc})")
+        finally:
+            self.metrics.scheduler_latency.labels(strategy).observe(time.perf_counter() - started)
+
+        if isinstance(result, Unavailable):
+            return self._unavailable(pod, work, warnings, result.message)
+        if isinstance(result, Denial):
+            self.metrics.placement_decisions.labels(strategy, "denied").inc()
+            return Decision(False, code=403, reason="Forbidden", outcome="denied",
+                            message=f"gpuledger: no placement for {who} ({_summary(request)}): {result.message}")
+        if not isinstance(result, Placement):
+            raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
+        apply_placement(
+            work, result, encode_placement(result, self.key),
+            binding_mode=self.config.binding_mode, visibility_mode=self.config.visibility_mode,
+            affinity_key=self.config.affinity_key, gpu_resource=self.config.gpu_resource,
+        )
+        reused = prior is not None and result.id == prior.id
+        outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
+        self.metrics.placement_decisions.labels(strategy, outcome).inc()
+        return Decision(True, patch=diff(pod, work), warnings=warnings, node=result.node,
+                        devices=tuple(result.devices) + tuple(s.device for s in result.shares),
+                        reservation_id=result.id, outcome=outcome,
+                        message=("dry run: nothing reserved; " if review.dry_run else "")
+                        + ("reinvocation: same placement; " if reused else "") + describe_placement(result))
+
+    async def _owner(self, pod: dict, namespace: str) -> dict | None:
+        ref = controller_owner(pod)
+        if ref is None:
+            return None
+        return await self.owners.get(ref[0], namespace, ref[1])
+
+    def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision:
+        self.metrics.placement_decisions.labels("none", "unavailable").inc()
+        if self.config.fail_open:
+            return Decision(True, patch=diff(pod, work), outcome="unavailable",
+                            warnings=[*warnings, f"gpuledger: {why}; admitted WITHOUT a GPU placement (fail_open)"])
+        return Decision(False, code=503, reason="ServiceUnavailable", outcome="unavailable",
+                        message=f"gpuledger: {why}; the pod is denied because the webhook fails closed "
+                                "(fail_open: false). Retry in a moment.")
+
+    # ------------------------------------------------------------------ validate
+    async def validate(self, review: Review) -> Decision:
+        try:
+            if review.kind not in ("Pod", "") or review.sub_resource:
+                return Decision(True, outcome="allowed")
+            if review.operation == "CREATE":
+                return await self._validate_create(review)
+            if review.operation == "UPDATE":
+                return self._validate_update(review)
+            return Decision(True, outcome="allowed")
+        except Exception as exc:
+            log.exception("validating admission %s failed", review.uid)
+            self.metrics.handler_failures.labels("validate").inc()
+            return Decision(False, code=500, reason="InternalError", outcome="error",
+                            message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})")
+
+    async def _validate_create(self, review: Review) -> Decision:
+        pod = review.object
+        if pod is None:
+            return Decision(False, code=400, reason="BadRequest", outcome="invalid",
+                            message="AdmissionReview request.object is missing or not an object")
+        who = _pod_name(review, pod)
+        annotations, labels = _annotations(pod), _labels(pod)
+        text = annotations.get(PLACEMENT_ANNOTATION)
+        label = labels.get(RESERVATION_ID_KEY)
+        if text is None:
+            if label is not None:
+                return _forbidden(f"{who}: label {RESERVATION_ID_KEY}={label!r} without a placement annotation; "
+                                  "only the gpuledger webhook writes gpuledger.io/* (remove it)")
+            return Decision(True, outcome="allowed")
+        placement = decode_placement(str(text), self.key)
+        if placement is None:
+            return _forbidden(f"{who}: annotation {PLACEMENT_ANNOTATION} has a bad signature or is malformed; "
+                              "accepted: only a placement written by the gpuledger webhook (remove it)")
+        if label != placement.id:
+            return _forbidden(f"{who}: label {RESERVATION_ID_KEY}={label!r} does not match the placement's "
+                              f"reservation id {placement.id!r}")
+        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        if spec.get("nodeName") and spec.get("nodeName") != placement.node:
+            return _forbidden(f"{who}: spec.nodeName={spec.get('nodeName')!r} differs from the placement's "
+                              f"node {placement.node!r}")
+        if review.dry_run:
+            return Decision(True, outcome="allowed")  # dry runs reserve nothing: the signature is the check
+        try:
+            async with asyncio.timeout(self.config.deadline_s):
+                held = await self.ledger.claim(placement.id)
+        except TimeoutError:
+            return self._unavailable(pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s")
+        except LedgerUnavailable as exc:
+            return self._unavailable(pod, pod, [], f"the GPU ledger is unavailable ({exc})")
+        if isinstance(held, Unavailable):
+            return self._unavailable(pod, pod, [], held.message)
+        if held is None:
+            return _forbidden(f"{who}: placement {placement.id!r} matches no live reservation "
+                              "(expired, released or never made)")
+        if (held.placement.node, held.placement.devices, held.placement.shares) != (
+                placement.node, placement.devices, placement.shares):
+            return _forbidden(f"{who}: placement {placement.id!r} differs from the ledger's reservation "
+                              f"({describe_placement(held.placement)})")
+        if held.confirmed or held.claimed:
+            return _forbidden(f"{who}: placement {placement.id!r} belongs to another pod "
+                              f"({'stored' if held.confirmed else 'already admitted'}); "
+                              "a copied placement annotation cannot be reused")
+        return Decision(True, outcome="allowed")
+
+    def _validate_update(self, review: Review) -> Decision:
+        before, after = _ledger_keys(review.old_object), _ledger_keys(review.object)
+        if before == after or review.username in self.config.privileged_usernames:
+            return Decision(True, outcome="allowed")
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        who = _pod_name(review, review.object or review.old_object or {})
+        return _forbidden(f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
+                          "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
+                          f"({', '.join(self.config.privileged_usernames) or 'no user configured'})")
+
+
+def _forbidden(message: str) -> Decision:
+    return Decision(False, code=403, reason="Forbidden", outcome="denied", message=f"gpuledger: {message}")
+
+
+def _summary(request) -> str:
+    if request.is_shared:
+        what = f"shared GPU {request.gpu_milli}m" + (f" {request.gpu_memory_mib}MiB" if request.gpu_memory_mib else "")
+    else:
+        what = f"{request.gpus} GPU" + ("s" if request.gpus != 1 else "")
+    if request.group:
+        what += f" in group {request.group.key} of {request.group.size}"
+    if request.pinned:
+        what += f" pinned to {request.pinned.node}:{','.join(map(str, request.pinned.devices))}"
+    return f"{what}, strategy {request.strategy or 'default'}"

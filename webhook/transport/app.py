@@ -1,0 +1,158 @@
+"""The HTTP surface: POST /mutate, POST /validate, GET /healthz, /readyz, /metrics.
+
+Transport problems (no body, wrong content type, bad JSON, too big) are answered 400/413 before anything
+else runs; everything past that point answers an AdmissionReview that echoes the request's uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from webhook.admission.review import Decision, ReviewError, encode_response, parse_review
+from webhook.config import WebhookConfig
+from webhook.admission.handler import AdmissionHandler
+from webhook.ledger_client import LedgerClient
+from webhook.metrics import WebhookMetrics
+from webhook.admission.owners import OwnerLookup
+
+log = logging.getLogger("gpuledger.webhook")
+
+HANDLER_KEY = web.AppKey("handler", AdmissionHandler)
+METRICS_KEY = web.AppKey("metrics", WebhookMetrics)
+LEDGER_KEY = web.AppKey("ledger", object)
+CONFIG_KEY = web.AppKey("config", WebhookConfig)
+_READY_KEY = web.AppKey("ready_cache", dict)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _plain(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, dumps=_dumps)
+
+
+async def _read_review(request: web.Request, limit: int) -> Any:
+    """The decoded JSON body, or a 400/413 Response."""
+    if request.content_length is not None and request.content_length > limit:
+        return _plain(413, f"body of {request.content_length} bytes is over the {limit}-byte limit")
+    if request.content_type != "application/json":
+        return _plain(400, f"content type {request.content_type!r} is not accepted: expected application/json")
+    # StreamReader.read(n) returns what has arrived so far, not n bytes: read until EOF (a body split across
+    # TLS records must not be parsed half-read), stopping as soon as the cap is passed
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while chunk := await request.content.read(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return _plain(413, f"body is over the {limit}-byte limit")
+            chunks.append(chunk)
+    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        return _plain(400, f"body could not be read: {exc}")
+    body = b"".join(chunks)
+    if not body:
+        return _plain(400, "empty body: expected an AdmissionReview")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _plain(400, f"body is not JSON: {exc}")
+
+
+def _route(kind: str):
+    async def handle(request: web.Request) -> web.Response:
+        app = request.app
+        metrics, handler, config = app[METRICS_KEY], app[HANDLER_KEY], app[CONFIG_KEY]
+        started = time.perf_counter()
+        metrics.in_flight.inc()
+        outcome = "transport"
+        try:
+            data = await _read_review(request, config.max_body_bytes)
+            if isinstance(data, web.Response):
+                return data
+            try:
+                review = parse_review(data)
+            except ReviewError as exc:
+                outcome = "invalid"
+                if not exc.uid:
+                    return _plain(400, str(exc))
+                decision = Decision(False, code=400, reason="BadRequest", message=f"gpuledger: {exc}")
+                return web.json_response(encode_response(exc.uid, decision, exc.api_version), dumps=_dumps)
+            try:
+                decision = await (handler.mutate(review) if kind == "mutate" else handler.validate(review))
+            except Exception as exc:  # the handlers catch their own; this is the last line
+                log.exception("%s %s failed", kind, review.uid)
+                metrics.handler_failures.labels(kind).inc()
+                decision = Decision(False, code=500, reason="InternalError", outcome="error",
+                                    message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})")
+            outcome = decision.outcome or ("allowed" if decision.allowed else "denied")
+            return web.json_response(encode_response(review.uid, decision, review.api_version), dumps=_dumps)
+        finally:
+            metrics.in_flight.dec()
+            metrics.admission_duration.labels(kind, outcome).observe(time.perf_counter() - started)
+
+    return handle
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    """Ready once the ledger answers and has synced its inventory (cached briefly: probes are frequent)."""
+    app = request.app
+    cache = app[_READY_KEY]
+    now = time.monotonic()
+    if cache.get("until", 0) <= now:
+        config = app[CONFIG_KEY]
+        try:
+            status = await asyncio.wait_for(app[LEDGER_KEY].status(), timeout=config.deadline_s)
+            ok = bool(status.get("ready")) and bool(status.get("synced"))
+            text = "ready" if ok else f"ledger not synced yet ({status.get('source')})"
+        except Exception as exc:  # noqa: BLE001 - any failure is "not ready"
+            ok, text = False, f"ledger unavailable: {type(exc).__name__}: {exc}"
+        cache.update(until=now + config.ready_cache_s, ok=ok, text=text)
+    return web.Response(status=200 if cache["ok"] else 503, text=cache["text"] + "\n")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    app = request.app
+    metrics = app[METRICS_KEY]
+    try:
+        stats = await asyncio.wait_for(app[LEDGER_KEY].stats(), timeout=app[CONFIG_KEY].deadline_s)
+        metrics.update_from_stats(stats)
+    except Exception as exc:  # noqa: BLE001 - serve the last values rather than nothing
+        log.warning("ledger stats unavailable for /metrics: %s", exc)
+    return web.Response(body=metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def create_app(
+    config: WebhookConfig,
+    ledger_client: LedgerClient,
+    owner_lookup: OwnerLookup | None = None,
+    *,
+    metrics: WebhookMetrics | None = None,
+    key: bytes | None = None,
+) -> web.Application:
+    """The webhook as an aiohttp Application (serve it with webhook.transport.server.start_server, or any runner)."""
+    metrics = metrics or WebhookMetrics()
+    handler = AdmissionHandler(config, ledger_client, owner_lookup, metrics, key=key)
+    # the body cap is enforced in _read_review (400/413 before any parsing); aiohttp's own cap is a backstop
+    app = web.Application(client_max_size=config.max_body_bytes + 1024)
+    app[HANDLER_KEY] = handler
+    app[METRICS_KEY] = metrics
+    app[LEDGER_KEY] = ledger_client
+    app[CONFIG_KEY] = config
+    app[_READY_KEY] = {}
+    app.router.add_post("/mutate", _route("mutate"))
+    app.router.add_post("/validate", _route("validate"))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    return app
