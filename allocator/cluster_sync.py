@@ -28,7 +28,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 class LedgerTarget(Protocol):
-    """What the sync needs of the ledger: the Ray actor's batched methods (docs/INTERFACES.md), called blocking."""
+    """What the sync needs of the ledger: the Ray actor's batched methods (docs/architecture.md), called blocking."""
 
     def apply_events(self, events: list[tuple[str, dict]]) -> Any: ...
 
