@@ -11,14 +11,16 @@ call to the ledger, which keeps those calls ordered and batched (one actor call 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger("gpuledger.sync")
 
@@ -28,7 +30,8 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 class LedgerTarget(Protocol):
-    """What the sync needs of the ledger: the Ray actor's batched methods (docs/architecture.md), called blocking."""
+    """What the sync needs of the ledger: the Ray actor's batched methods (docs/architecture.md), called
+    blocking."""
 
     def apply_events(self, events: list[tuple[str, dict]]) -> Any: ...
 
@@ -180,10 +183,12 @@ class ClusterSync:
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "ClusterSync":
+    def start(self) -> ClusterSync:
         self._threads = [
             threading.Thread(target=self._forward_loop, name="gpuledger-sync", daemon=True),
-            threading.Thread(target=self._watch_loop, args=(NODE,), name="gpuledger-watch-nodes", daemon=True),
+            threading.Thread(
+                target=self._watch_loop, args=(NODE,), name="gpuledger-watch-nodes", daemon=True
+            ),
             threading.Thread(target=self._watch_loop, args=(POD,), name="gpuledger-watch-pods", daemon=True),
         ]
         for t in self._threads:
@@ -211,20 +216,25 @@ class ClusterSync:
             self._synced.clear()
             self._lock.notify_all()
 
-    def __enter__(self) -> "ClusterSync":
+    def __enter__(self) -> ClusterSync:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
     # ------------------------------------------------------------------ listing
+    def _raw_list(self, kind: str) -> Callable[..., Any]:
+        """The list call for `kind`. Every call here passes `_preload_content=False`, so it returns the raw
+        urllib3 response (`.data`, `.release_conn()`), not the V1NodeList/V1PodList the client's hints say."""
+        return self.core.list_node if kind == NODE else self.core.list_pod_for_all_namespaces
+
     def list_objects(self, kind: str) -> tuple[list[dict], str]:
         """Every object of `kind`, page by page, as plain dicts, with the list's resourceVersion."""
-        fn = self.core.list_node if kind == NODE else self.core.list_pod_for_all_namespaces
+        fn = self._raw_list(kind)
         items: list[dict] = []
         token, version = None, ""
         while True:
-            kwargs = {"limit": self.config.list_page_size, "_preload_content": False}
+            kwargs: dict[str, Any] = {"limit": self.config.list_page_size, "_preload_content": False}
             if token:
                 kwargs["_continue"] = token
             body = json.loads(fn(**kwargs).data)
@@ -261,7 +271,7 @@ class ClusterSync:
         found: set[str] = set()
         as_label = [i for i in ids if len(i) <= 63 and _LABEL_VALUE.match(i)]
         for chunk in batches(as_label, 50):
-            resp = self.core.list_pod_for_all_namespaces(
+            resp = self._raw_list(POD)(
                 label_selector=f"{label} in ({','.join(chunk)})", _preload_content=False
             )
             for pod in json.loads(resp.data).get("items") or []:
@@ -323,13 +333,17 @@ class ClusterSync:
                     next_expiry = time.monotonic() + self.config.expiry_interval_s
                     self.check_expiry(self.clock())
                 failures = 0
-            except Exception as exc:  # the ledger (actor restarting) or the API is unavailable: rebuild after
+            # everything, on purpose: the ledger (actor restarting) or the API is unavailable, and this
+            # thread must outlive that; it logs, backs off and rebuilds the ledger from a full list
+            except Exception as exc:  # noqa: BLE001
                 if self._stop.is_set():
                     return
                 failures += 1
                 self.stats.target_errors += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("sync: %s; full resync after %.1fs", self.stats.last_error, self._backoff(failures))
+                log.warning(
+                    "sync: %s; full resync after %.1fs", self.stats.last_error, self._backoff(failures)
+                )
                 self.request_resync(f"error: {type(exc).__name__}")
                 self._stop.wait(self._backoff(failures))
 
@@ -359,27 +373,28 @@ class ClusterSync:
     def _interrupt(self, kind: str) -> None:
         resp = self._responses.get(kind)
         if resp is not None:
-            try:
+            with contextlib.suppress(Exception):  # already closed: whatever it raises, it is closed
                 resp.shutdown()
-            except Exception:  # already closed
-                pass
 
     def _watch_loop(self, kind: str) -> None:
         failures = 0
         while not self._stop.is_set():
             with self._lock:
-                while not self._stop.is_set() and (self._resume_from[kind] is None or self._resync_needed):
+                version = self._resume_from[kind]
+                while not self._stop.is_set() and (version is None or self._resync_needed):
                     self._lock.wait(1.0)
-                if self._stop.is_set():
+                    version = self._resume_from[kind]
+                if self._stop.is_set() or version is None:  # version is set unless stopping
                     return
-                generation, version = self._generation, self._resume_from[kind]
+                generation = self._generation
             try:
                 self._watch_once(kind, generation, version)
                 failures = 0
             except _Gone:
                 self.stats.gone += 1
                 self._resync_from(generation, f"{kind} watch: 410 Gone")
-            except Exception as exc:
+            # everything, on purpose: the watch thread must outlive any failure of one stream
+            except Exception as exc:  # noqa: BLE001
                 if self._stop.is_set():
                     return
                 with self._lock:
@@ -404,11 +419,10 @@ class ClusterSync:
         self.request_resync(reason)
 
     def _watch_once(self, kind: str, generation: int, version: str) -> None:
+        from kubernetes.client.exceptions import ApiException
         from kubernetes.watch.watch import iter_resp_lines
 
-        from kubernetes.client.exceptions import ApiException
-
-        fn = self.core.list_node if kind == NODE else self.core.list_pod_for_all_namespaces
+        fn = self._raw_list(kind)
         timeout = self.config.watch_timeout_s
         try:
             resp = fn(
@@ -423,7 +437,8 @@ class ClusterSync:
             if exc.status == 410:
                 raise _Gone(str(exc.reason)) from exc
             raise
-        self._responses[kind] = resp  # stored before checking the flags, so stop() or a resync always finds it
+        # stored before checking the flags, so stop() or a resync always finds it
+        self._responses[kind] = resp
         try:
             with self._lock:
                 if generation != self._generation or self._stop.is_set():

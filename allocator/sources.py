@@ -6,8 +6,9 @@ whenever the ledger is rebuilt, so a file that includes placed pods restores the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
@@ -19,7 +20,7 @@ def load_objects(path: str | Path) -> list[dict]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: large clusters load fast
     with open(path, encoding="utf-8") as f:
         docs = [d for d in yaml.load_all(f, Loader=loader) if d is not None]
-    return [obj for obj in iter_objects(docs) if isinstance(obj, dict)]
+    return list(iter_objects(docs))  # iter_objects yields only dicts
 
 
 def reservation_ids(objects: Iterable[dict]) -> set[str]:
@@ -29,7 +30,8 @@ def reservation_ids(objects: Iterable[dict]) -> set[str]:
         if kind_of(obj) != "Pod":
             continue
         labels = (obj.get("metadata") or {}).get("labels") or {}
-        if RESERVATION_ID_KEY in labels and (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        terminal = (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if RESERVATION_ID_KEY in labels and not terminal:
             ids.add(str(labels[RESERVATION_ID_KEY]))
     return ids
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Sequence
 
 from certs import pki, render
 
@@ -51,11 +51,11 @@ class Settings:
 
 @dataclass
 class RotationResult:
+    serving_not_after: datetime
+    ca_not_after: datetime
     serving_rotated: bool = False
     ca_next_created: bool = False
     ca_promoted: bool = False
-    serving_not_after: datetime | None = None
-    ca_not_after: datetime | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -73,14 +73,14 @@ def _read_pair(directory: Path, cert_name: str, key_name: str) -> pki.KeyPair | 
 def _load_settings(directory: Path) -> Settings:
     path = directory / STATE_FILE
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} not found: run `gpuledger certs generate --out {directory}` first"
-        )
+        raise FileNotFoundError(f"{path} not found: run `gpuledger certs generate --out {directory}` first")
     return Settings(**json.loads(path.read_text()))
 
 
 def _write_manifests(directory: Path, settings: Settings, bundle: bytes, serving: pki.KeyPair) -> None:
-    secret = render.tls_secret(settings.secret_name, settings.namespace, bundle, serving.cert_pem, serving.key_pem)
+    secret = render.tls_secret(
+        settings.secret_name, settings.namespace, bundle, serving.cert_pem, serving.key_pem
+    )
     pki.atomic_write(directory / SECRET_FILE, render.dump_all([secret]), mode=0o600)
     pki.atomic_write(directory / PATCH_FILE, render.dump_all(render.cabundle_patches(bundle)))
     pki.atomic_write(directory / BUNDLE_FILE, bundle)
@@ -143,24 +143,29 @@ def rotate(
     ca = _read_pair(out, "ca.crt", "ca.key")
     serving = _read_pair(out, "tls.crt", "tls.key")
     if ca is None or serving is None:
-        raise FileNotFoundError(f"{out} lacks ca.crt/ca.key or tls.crt/tls.key: run `gpuledger certs generate`")
+        raise FileNotFoundError(
+            f"{out} lacks ca.crt/ca.key or tls.crt/tls.key: run `gpuledger certs generate`"
+        )
     next_ca = _read_pair(out, *NEXT_CA)
     previous_pem = (out / PREVIOUS_CA).read_bytes() if (out / PREVIOUS_CA).exists() else None
-    result = RotationResult()
+    ca_next_created = ca_promoted = serving_rotated = False
+    notes: list[str] = []
 
     ca_expired = now >= pki.not_after(ca.cert_pem)
     if next_ca is None and (pki.needs_rotation(ca.cert_pem, now, fraction) or ca_expired):
         next_ca = pki.make_ca(common_name=f"gpuledger-ca-{now:%Y%m%d%H%M%S}", days=settings.ca_days, now=now)
         pki.atomic_write(out / NEXT_CA[1], next_ca.key_pem, mode=0o600)
         pki.atomic_write(out / NEXT_CA[0], next_ca.cert_pem)
-        result.ca_next_created = True
-        result.notes.append("next CA added to the bundle: apply the caBundle now; it signs after the overlap")
+        ca_next_created = True
+        notes.append("next CA added to the bundle: apply the caBundle now; it signs after the overlap")
     if next_ca is not None:
         published_at = pki.not_before(next_ca.cert_pem) + pki.CLOCK_SKEW
         if now >= published_at + ca_overlap or ca_expired:
             if ca_expired and now < published_at + ca_overlap:
-                result.notes = ["the CA expired before a successor was published: apply the new caBundle now;"
-                                " until then the API server cannot verify the webhook"]
+                notes = [
+                    "the CA expired before a successor was published: apply the new caBundle now;"
+                    " until then the API server cannot verify the webhook"
+                ]
             previous_pem, ca = ca.cert_pem, next_ca
             pki.atomic_write(out / PREVIOUS_CA, previous_pem)
             pki.atomic_write(out / "ca.key", ca.key_pem, mode=0o600)
@@ -168,14 +173,14 @@ def rotate(
             for name in NEXT_CA:
                 (out / name).unlink(missing_ok=True)
             next_ca = None
-            result.ca_promoted = True
+            ca_promoted = True
 
     issued_by_ca = serving.cert.issuer == ca.cert.subject
-    if force or result.ca_promoted or not issued_by_ca or pki.needs_rotation(serving.cert_pem, now, fraction):
+    if force or ca_promoted or not issued_by_ca or pki.needs_rotation(serving.cert_pem, now, fraction):
         serving = pki.make_serving_cert(
             ca, pki.dns_sans(serving.cert_pem), pki.ip_sans(serving.cert_pem), days=settings.days, now=now
         )
-        result.serving_rotated = True
+        serving_rotated = True
 
     trusted = [ca.cert_pem] + ([next_ca.cert_pem] if next_ca else [])
     if previous_pem is not None and now < pki.not_after(previous_pem):
@@ -184,9 +189,20 @@ def rotate(
         (out / PREVIOUS_CA).unlink(missing_ok=True)
     bundle = b"".join(trusted)
     bundle_file = out / BUNDLE_FILE
-    if result.changed or not bundle_file.exists() or bundle_file.read_bytes() != bundle:
+    if (
+        ca_next_created
+        or ca_promoted
+        or serving_rotated
+        or not bundle_file.exists()
+        or bundle_file.read_bytes() != bundle
+    ):
         pki.write_bundle(out, ca, serving)
         _write_manifests(out, settings, bundle, serving)
-    result.serving_not_after = pki.not_after(serving.cert_pem)
-    result.ca_not_after = pki.not_after(ca.cert_pem)
-    return result
+    return RotationResult(
+        serving_not_after=pki.not_after(serving.cert_pem),
+        ca_not_after=pki.not_after(ca.cert_pem),
+        serving_rotated=serving_rotated,
+        ca_next_created=ca_next_created,
+        ca_promoted=ca_promoted,
+        notes=notes,
+    )

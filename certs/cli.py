@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="a new CA, serving certificate, Secrets and caBundle patches")
     gen.add_argument("--service", default="gpuledger", help="webhook Service name (default gpuledger)")
-    gen.add_argument("--namespace", default="gpuledger-system", help="its namespace (default gpuledger-system)")
+    gen.add_argument(
+        "--namespace", default="gpuledger-system", help="its namespace (default gpuledger-system)"
+    )
     gen.add_argument("--out", required=True, type=Path, help="directory to write into")
     gen.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")
     gen.add_argument("--ip", action="append", default=[], help="extra IP SAN (repeatable), e.g. 127.0.0.1")
@@ -38,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--ca-days", type=int, default=365, help="CA lifetime (default 365)")
     gen.add_argument("--secret-name", default=render.TLS_SECRET)
     gen.add_argument(
-        "--overlay", type=Path, default=DEFAULT_OVERLAY if DEFAULT_OVERLAY.exists() else None,
+        "--overlay",
+        type=Path,
+        default=DEFAULT_OVERLAY if DEFAULT_OVERLAY.exists() else None,
         help="kustomize overlay that DIR/kustomization.yaml builds on (default kustomize/overlays/dev)",
     )
     gen.add_argument("--no-kustomization", action="store_true", help="write no kustomization.yaml")
@@ -51,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     rot.add_argument("--force", action="store_true", help="renew the serving certificate even if not due")
     rot.add_argument("--fraction", type=float, default=2 / 3, help="share of a lifetime after which to renew")
     rot.add_argument(
-        "--ca-overlap-hours", type=float, default=bundle.DEFAULT_CA_OVERLAP.total_seconds() / 3600,
+        "--ca-overlap-hours",
+        type=float,
+        default=bundle.DEFAULT_CA_OVERLAP.total_seconds() / 3600,
         help="how long a new CA sits in the caBundle before it signs (default 24)",
     )
     return parser
@@ -69,30 +75,42 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpuledger certs: --overlay {args.overlay} is not a directory", file=sys.stderr)
             return 2
         paths = bundle.generate(
-            args.out, args.service, args.namespace, extra_dns=args.dns, ip_addresses=args.ip,
-            days=args.days, ca_days=args.ca_days, now=now,
+            args.out,
+            args.service,
+            args.namespace,
+            extra_dns=args.dns,
+            ip_addresses=args.ip,
+            days=args.days,
+            ca_days=args.ca_days,
+            now=now,
             overlay=None if args.no_kustomization else args.overlay,
-            secret_name=args.secret_name, placement_key=not args.no_placement_key,
+            secret_name=args.secret_name,
+            placement_key=not args.no_placement_key,
         )
-        for name, path in sorted(paths.items()):
+        for _name, path in sorted(paths.items()):
             print(f"wrote {path}")
         if "kustomization.yaml" in paths:
             print(f"install: kubectl apply -k {args.out}")
         return 0
     try:
         result = bundle.rotate(
-            args.dir, now=now, force=args.force, fraction=args.fraction,
+            args.dir,
+            now=now,
+            force=args.force,
+            fraction=args.fraction,
             ca_overlap=timedelta(hours=args.ca_overlap_hours),
         )
     except FileNotFoundError as exc:
         print(f"gpuledger certs: {exc}", file=sys.stderr)
         return 2
     done = [
-        label for flag, label in (
+        label
+        for flag, label in (
             (result.ca_next_created, "next CA published in the bundle"),
             (result.ca_promoted, "next CA now signs"),
             (result.serving_rotated, "serving certificate renewed"),
-        ) if flag
+        )
+        if flag
     ]
     print("; ".join(done) if done else "nothing due")
     print(f"serving certificate valid until {result.serving_not_after.isoformat()}")

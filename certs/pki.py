@@ -6,13 +6,14 @@ fast to sign with, and accepted by the kube-apiserver and Python's ssl module al
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Sequence
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -45,8 +46,8 @@ class KeyPair:
 
 def _utc(now: datetime | None) -> datetime:
     if now is None:
-        return datetime.now(timezone.utc)
-    return now if now.tzinfo else now.replace(tzinfo=timezone.utc)
+        return datetime.now(UTC)
+    return now if now.tzinfo else now.replace(tzinfo=UTC)
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -80,9 +81,15 @@ def make_ca(common_name: str = "gpuledger-ca", days: int = 365, now: datetime | 
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -121,9 +128,15 @@ def _leaf(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -156,17 +169,19 @@ def make_serving_cert(
     )
 
 
-def make_client_cert(
-    ca: KeyPair, common_name: str, days: int = 90, now: datetime | None = None
-) -> KeyPair:
+def make_client_cert(ca: KeyPair, common_name: str, days: int = 90, now: datetime | None = None) -> KeyPair:
     """A client-auth certificate, e.g. for the kube-apiserver's admission client or a test client."""
     return _leaf(ca, common_name, ExtendedKeyUsageOID.CLIENT_AUTH, None, days, now)
 
 
 def service_dns_names(service: str, namespace: str) -> list[str]:
     """Every name the API server may use to reach a Service."""
-    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
-            f"{service}.{namespace}.svc.cluster.local"]
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -181,10 +196,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -12,7 +12,7 @@ import json
 import logging
 import signal
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError
 
@@ -54,9 +54,11 @@ def node_patch(reports: list[DeviceReport], now: datetime) -> dict:
                 PREFIX + "utilization-tier": utilization_tier(reports),
             },
             "annotations": {
-                PREFIX + "devices": json.dumps([r.as_annotation_entry() for r in reports], separators=(",", ":")),
+                PREFIX + "devices": json.dumps(
+                    [r.as_annotation_entry() for r in reports], separators=(",", ":")
+                ),
                 PREFIX + "status": node_status(reports),
-                PREFIX + "last-update": now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                PREFIX + "last-update": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             },
         }
     }
@@ -73,7 +75,7 @@ class NodeAgent:
         self._stop = threading.Event()
 
     def publish_once(self, now: datetime | None = None) -> dict:
-        patch = node_patch(self.probe.devices(), now or datetime.now(timezone.utc))
+        patch = node_patch(self.probe.devices(), now or datetime.now(UTC))
         self.core_api.patch_node(self.node_name, patch)
         return patch
 
@@ -99,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between publications")
     parser.add_argument("--once", action="store_true", help="publish once and exit")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    parser.add_argument("--fake", metavar="SPEC", help="report fake GPUs instead of NVML, e.g. 8xA100:81920,unhealthy=3")
+    parser.add_argument(
+        "--fake", metavar="SPEC", help="report fake GPUs instead of NVML, e.g. 8xA100:81920,unhealthy=3"
+    )
     parser.add_argument("--print", action="store_true", help="print the patch instead of sending it")
     return parser
 
@@ -113,7 +117,7 @@ def main(argv: list[str]) -> int:
         print(f"gpuledger node-agent: {exc}")
         return 2
     if args.print:
-        print(json.dumps(node_patch(probe.devices(), datetime.now(timezone.utc)), indent=2))
+        print(json.dumps(node_patch(probe.devices(), datetime.now(UTC)), indent=2))
         return 0
     from kubernetes import client, config
 

@@ -23,7 +23,8 @@ class DeviceReport:
     reason: str = ""  # why a device is unhealthy
 
     def as_annotation_entry(self) -> dict:
-        """The `agentaflow.gpu/devices` entry the allocator core reads (index, uuid, product, memoryMiB, healthy)."""
+        """The `agentaflow.gpu/devices` entry the allocator core reads (index, uuid, product, memoryMiB,
+        healthy)."""
         entry = {
             "index": self.index,
             "uuid": self.uuid,
@@ -104,8 +105,9 @@ class FakeProbe:
         self._reports = list(reports)
 
     @classmethod
-    def from_spec(cls, spec: str) -> "FakeProbe":
-        """`COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J]`, e.g. `8xNVIDIA-H100-80GB-HBM3:81559,unhealthy=3`, or a JSON list."""
+    def from_spec(cls, spec: str) -> FakeProbe:
+        """`COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J]`, e.g. `8xNVIDIA-H100-80GB-HBM3:81559,unhealthy=3`, or a
+        JSON list."""
         spec = spec.strip()
         if spec.startswith("["):
             return cls([DeviceReport(**entry) for entry in json.loads(spec)])

@@ -19,13 +19,17 @@ import statistics
 import sys
 import time
 from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload
 from allocator.core.model import MILLI_PER_GPU, NodeInfo, Placement, Request
 from allocator.sim.traces import WORKLOADS, TraceError, limit_nodes, load_openb, load_yaml
+from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload
+
+if TYPE_CHECKING:
+    from allocator.core.ledger import Ledger
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"
 DEFAULT_STRATEGIES = ("best_fit", "fgd", "fgd_host")
@@ -45,8 +49,13 @@ def gpu_capacity_milli(nodes: Iterable[NodeInfo]) -> int:
 # --- the protocol -----------------------------------------------------------------------------------------
 
 
-def build_arrivals(pods: Sequence[Request], capacity_milli: int, ratio: float = 1.3, seed: int = DEFAULT_SEED,
-                   shuffle: bool = True) -> list[Request]:
+def build_arrivals(
+    pods: Sequence[Request],
+    capacity_milli: int,
+    ratio: float = 1.3,
+    seed: int = DEFAULT_SEED,
+    shuffle: bool = True,
+) -> list[Request]:
     """The arrival sequence: all pods, topped up by seeded sampling to `ratio` x capacity, then shuffled.
 
     Sampling draws with replacement and stops at the first draw that would pass the target (as the paper's
@@ -107,10 +116,10 @@ class Run:
         return points, [self.allocation_pct_at(x) for x in points]
 
 
-LedgerFactory = Callable[[str, TargetWorkload], object]
+LedgerFactory = Callable[[str, TargetWorkload], "Ledger"]
 
 
-def default_ledger(strategy: str, workload: TargetWorkload):
+def default_ledger(strategy: str, workload: TargetWorkload) -> Ledger:
     """A fresh Ledger whose default strategy is `strategy`; the target workload reaches strategies that want
     one (FGD) through the ledger's plug-in inputs, not through a global."""
     from allocator.core.ledger import Ledger, LedgerConfig
@@ -120,9 +129,15 @@ def default_ledger(strategy: str, workload: TargetWorkload):
     return ledger
 
 
-def replay(nodes: Sequence[NodeInfo], arrivals: Sequence[Request], strategy: str, seed: int,
-           workload: TargetWorkload | None = None, ledger_factory: LedgerFactory = default_ledger,
-           progress=None) -> Run:
+def replay(
+    nodes: Sequence[NodeInfo],
+    arrivals: Sequence[Request],
+    strategy: str,
+    seed: int,
+    workload: TargetWorkload | None = None,
+    ledger_factory: LedgerFactory = default_ledger,
+    progress=None,
+) -> Run:
     """Place `arrivals` one by one through `Ledger.reserve`; pods never leave."""
     if workload is None:
         workload = TargetWorkload.from_requests(arrivals)
@@ -153,7 +168,7 @@ def replay(nodes: Sequence[NodeInfo], arrivals: Sequence[Request], strategy: str
     return run
 
 
-def free_breakdown(ledger, workload: TargetWorkload | None, capacity_milli: int) -> dict[str, float]:
+def free_breakdown(ledger: Ledger, workload: TargetWorkload | None, capacity_milli: int) -> dict[str, float]:
     """Where the free GPU capacity is (% of capacity): idle GPUs on nodes whose free CPU or memory is below
     what the workload's GPU pods bring per GPU ("idle_without_host"), other idle GPUs, partly used GPUs."""
     cpu_need = (workload.cpu_per_gpu_milli if workload else 0.0) * MILLI_PER_GPU
@@ -201,14 +216,22 @@ class StrategyResult:
             "seconds_per_run": round(statistics.mean(r.seconds for r in self.runs), 3),
             "free_at_100_pct": {
                 key: round(statistics.median(r.free_at_100.get(key, 0.0) for r in self.runs), 4)
-                for key in ("idle_without_host", "idle", "partial")},
+                for key in ("idle_without_host", "idle", "partial")
+            },
             "curve": {"arrived_pct": arrived, "allocation_pct": [round(a, 4) for a in allocation]},
         }
 
 
-def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Sequence[str],
-             seeds: Sequence[int], ratio: float = 1.3, shuffle: bool = True,
-             ledger_factory: LedgerFactory = default_ledger, progress_factory=None) -> list[StrategyResult]:
+def simulate(
+    nodes: Sequence[NodeInfo],
+    pods: Sequence[Request],
+    strategies: Sequence[str],
+    seeds: Sequence[int],
+    ratio: float = 1.3,
+    shuffle: bool = True,
+    ledger_factory: LedgerFactory = default_ledger,
+    progress_factory=None,
+) -> list[StrategyResult]:
     capacity = gpu_capacity_milli(nodes)
     if capacity <= 0:
         raise TraceError("the cluster has no GPU; expected nodes with at least one GPU device")
@@ -218,8 +241,10 @@ def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Seq
     progress = progress_factory(total) if progress_factory else None
     results = []
     for strategy in strategies:
-        runs = [replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress)
-                for seed in seeds]
+        runs = [
+            replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress)
+            for seed in seeds
+        ]
         results.append(StrategyResult(strategy, runs))
     if progress is not None:
         progress.close()
@@ -230,18 +255,22 @@ def simulate(nodes: Sequence[NodeInfo], pods: Sequence[Request], strategies: Seq
 
 
 def table(results: Sequence[StrategyResult], title: str = "") -> str:
-    header = (f"{'strategy':<16} {'unallocated@100%':>17} {'min':>7} {'max':>7} {'idle, no host':>14} "
-              f"{'partial GPUs':>13} {'failed pods':>12} {'s/run':>7}")
+    header = (
+        f"{'strategy':<16} {'unallocated@100%':>17} {'min':>7} {'max':>7} {'idle, no host':>14} "
+        f"{'partial GPUs':>13} {'failed pods':>12} {'s/run':>7}"
+    )
     lines = [title] if title else []
     lines += [header, "-" * len(header)]
     for result in sorted(results, key=lambda r: r.unallocated_at_100):
         values = [r.unallocated_at_100 for r in result.runs]
         starved = statistics.median(r.free_at_100.get("idle_without_host", 0.0) for r in result.runs)
         partial = statistics.median(r.free_at_100.get("partial", 0.0) for r in result.runs)
-        lines.append(f"{result.strategy:<16} {result.unallocated_at_100:>16.2f}% {min(values):>6.2f}% "
-                     f"{max(values):>6.2f}% {starved:>13.2f}% {partial:>12.2f}% "
-                     f"{statistics.median(r.failed for r in result.runs):>12} "
-                     f"{statistics.mean(r.seconds for r in result.runs):>7.1f}")
+        lines.append(
+            f"{result.strategy:<16} {result.unallocated_at_100:>16.2f}% {min(values):>6.2f}% "
+            f"{max(values):>6.2f}% {starved:>13.2f}% {partial:>12.2f}% "
+            f"{statistics.median(r.failed for r in result.runs):>12} "
+            f"{statistics.mean(r.seconds for r in result.runs):>7.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -257,8 +286,12 @@ def plot(results: Sequence[StrategyResult], path: str | Path, title: str = "") -
     for result in results:
         arrived, allocation = result.median_curve()
         top = max(top, arrived[-1] if arrived else 0)
-        ax.plot(arrived, allocation, label=f"{result.strategy} ({result.unallocated_at_100:.2f}% unalloc.)",
-                linewidth=1.4)
+        ax.plot(
+            arrived,
+            allocation,
+            label=f"{result.strategy} ({result.unallocated_at_100:.2f}% unalloc.)",
+            linewidth=1.4,
+        )
     ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1, label="ideal")
     ax.axvline(100, color="grey", linewidth=0.6)
     ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
@@ -278,29 +311,50 @@ def plot(results: Sequence[StrategyResult], path: str | Path, title: str = "") -
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuledger simulate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="gpuledger simulate",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = p.add_argument_group("workload (an openb trace, or Node/Pod YAML)")
     src.add_argument("--trace", metavar="DIR", help=f"openb trace directory (default {DEFAULT_TRACE})")
-    src.add_argument("--workload", default="default",
-                     help=f"openb pod list: {' | '.join(WORKLOADS)} (any openb_pod_list_NAME.csv in DIR)")
-    src.add_argument("--node-list", choices=("gpu", "all"), default="gpu",
-                     help="openb node list: the 1,213 GPU nodes (default, as the paper's artifact) "
-                          "or all 1,523")
+    src.add_argument(
+        "--workload",
+        default="default",
+        help=f"openb pod list: {' | '.join(WORKLOADS)} (any openb_pod_list_NAME.csv in DIR)",
+    )
+    src.add_argument(
+        "--node-list",
+        choices=("gpu", "all"),
+        default="gpu",
+        help="openb node list: the 1,213 GPU nodes (default, as the paper's artifact) or all 1,523",
+    )
     src.add_argument("--cluster", metavar="FILE", help="Node objects (YAML, e.g. kubectl get nodes -o yaml)")
     src.add_argument("--pods", metavar="FILE", help="Pod objects (YAML), the workload to replay")
-    src.add_argument("--limit-nodes", type=int, default=0, metavar="N",
-                     help="use N nodes spread over the list (the workload is scaled to their capacity)")
+    src.add_argument(
+        "--limit-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="use N nodes spread over the list (the workload is scaled to their capacity)",
+    )
     run = p.add_argument_group("protocol")
-    run.add_argument("--strategy", "-s", action="append", metavar="NAME",
-                     help=f"strategy to run (repeat or comma-separate; 'all' = every registered one; "
-                          f"default {','.join(DEFAULT_STRATEGIES)})")
+    run.add_argument(
+        "--strategy",
+        "-s",
+        action="append",
+        metavar="NAME",
+        help=f"strategy to run (repeat or comma-separate; 'all' = every registered one; "
+        f"default {','.join(DEFAULT_STRATEGIES)})",
+    )
     run.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10; the paper's median)")
     run.add_argument("--seed", type=int, default=DEFAULT_SEED, help="first seed (default 42)")
-    run.add_argument("--ratio", type=float, default=1.3,
-                     help="workload as a multiple of GPU capacity (default 1.3)")
-    run.add_argument("--no-shuffle", action="store_true",
-                     help="keep the file order (then the sampled top-up)")
+    run.add_argument(
+        "--ratio", type=float, default=1.3, help="workload as a multiple of GPU capacity (default 1.3)"
+    )
+    run.add_argument(
+        "--no-shuffle", action="store_true", help="keep the file order (then the sampled top-up)"
+    )
     out = p.add_argument_group("output")
     out.add_argument("-o", "--output", choices=("table", "json"), default="table")
     out.add_argument("--plot", metavar="FILE.png", help="write the allocation curves as a PNG")
@@ -323,8 +377,9 @@ def strategy_names(requested: Sequence[str] | None) -> list[str]:
             try:
                 name = registry.canonical_name(name)
             except ValueError:
-                raise TraceError(f"--strategy {name!r} is not a registered strategy; accepted: "
-                                 f"{', '.join(known)}, all") from None
+                raise TraceError(
+                    f"--strategy {name!r} is not a registered strategy; accepted: {', '.join(known)}, all"
+                ) from None
             if name not in names:
                 names.append(name)
     return names
@@ -333,8 +388,9 @@ def strategy_names(requested: Sequence[str] | None) -> list[str]:
 def load_workload(args) -> tuple[list[NodeInfo], list[Request], str]:
     if args.cluster or args.pods:
         if not (args.cluster and args.pods):
-            raise TraceError("--cluster and --pods go together; give both YAML files "
-                             "(or --trace DIR instead)")
+            raise TraceError(
+                "--cluster and --pods go together; give both YAML files (or --trace DIR instead)"
+            )
         nodes, pods = load_yaml(args.cluster, args.pods)
         label = f"{Path(args.pods).name} on {Path(args.cluster).name}"
     else:
@@ -364,13 +420,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return tqdm(total=total, unit="pod", file=sys.stderr, desc="simulate", smoothing=0.05)
 
         seeds = list(range(args.seed, args.seed + args.seeds))
-        results = simulate(nodes, pods, names, seeds, args.ratio, not args.no_shuffle,
-                           progress_factory=progress_factory)
+        results = simulate(
+            nodes, pods, names, seeds, args.ratio, not args.no_shuffle, progress_factory=progress_factory
+        )
     except TraceError as exc:
         print(f"gpuledger simulate: {exc}", file=sys.stderr)
         return 2
-    title = f"{label}: {len(pods)} pods, {gpu_capacity_milli(nodes) // MILLI_PER_GPU} GPUs, " \
-            f"{args.ratio:g}x capacity, {len(seeds)} seed(s) from {args.seed}"
+    title = (
+        f"{label}: {len(pods)} pods, {gpu_capacity_milli(nodes) // MILLI_PER_GPU} GPUs, "
+        f"{args.ratio:g}x capacity, {len(seeds)} seed(s) from {args.seed}"
+    )
     if args.plot:
         plot(results, args.plot, title)
     if args.output == "json":

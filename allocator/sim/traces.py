@@ -8,9 +8,9 @@ raises `TraceError` naming the file, the line, the column and the value, never a
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from allocator.core.model import MILLI_PER_GPU, Device, NodeInfo, Request
 
@@ -44,12 +44,17 @@ class TracePod:
         return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI_PER_GPU
 
     def to_request(self, request_id: str | None = None, seed: int = 0) -> Request:
-        product = "|".join(self.gpu_spec) or None
-        common = dict(id=request_id or self.name, name=self.name, cpu_milli=self.cpu_milli,
-                      memory_mib=self.memory_mib, product=product, seed=seed)
-        if self.is_shared:
-            return Request(gpu_milli=self.gpu_milli, **common)
-        return Request(gpus=self.num_gpu, **common)
+        shared = self.is_shared
+        return Request(
+            id=request_id or self.name,
+            name=self.name,
+            gpus=0 if shared else self.num_gpu,
+            gpu_milli=self.gpu_milli if shared else 0,
+            cpu_milli=self.cpu_milli,
+            memory_mib=self.memory_mib,
+            product="|".join(self.gpu_spec) or None,
+            seed=seed,
+        )
 
 
 def parse_gpu_spec(text: str | None) -> tuple[str, ...]:
@@ -79,18 +84,20 @@ def _int(path: Path, line: int, column: str, value: str | None) -> int:
 
 
 def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, str]]]:
+    # opened outside the `with` so that only the open's OSError becomes a TraceError, not one from a row
     try:
-        handle = open(path, newline="")
+        handle = open(path, newline="")  # noqa: SIM115  (closed by the `with` below)
     except OSError as exc:
         raise TraceError(f"cannot read trace file {path}: {exc.strerror}") from None
     with handle:
         reader = csv.DictReader(handle)
         missing = [c for c in required if c not in (reader.fieldnames or ())]
         if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; header is "
-                             f"{','.join(reader.fieldnames or [])!r}, expected at least {','.join(required)}")
-        for line, row in enumerate(reader, start=2):
-            yield line, row
+            raise TraceError(
+                f"{path}: missing column(s) {', '.join(missing)}; header is "
+                f"{','.join(reader.fieldnames or [])!r}, expected at least {','.join(required)}"
+            )
+        yield from enumerate(reader, start=2)
 
 
 def read_nodes(path: str | Path) -> list[NodeInfo]:
@@ -104,9 +111,15 @@ def read_nodes(path: str | Path) -> list[NodeInfo]:
         model = (row.get("model") or "").strip()
         gpus = _int(path, line, "gpu", row["gpu"])
         devices = tuple(Device(index=i, uuid=f"{name}-gpu{i}", product=model) for i in range(gpus))
-        nodes.append(NodeInfo(name=name, cpu_milli=_int(path, line, "cpu_milli", row["cpu_milli"]),
-                              memory_mib=_int(path, line, "memory_mib", row["memory_mib"]),
-                              devices=devices, product=model if gpus else ""))
+        nodes.append(
+            NodeInfo(
+                name=name,
+                cpu_milli=_int(path, line, "cpu_milli", row["cpu_milli"]),
+                memory_mib=_int(path, line, "memory_mib", row["memory_mib"]),
+                devices=devices,
+                product=model if gpus else "",
+            )
+        )
     return nodes
 
 
@@ -118,12 +131,19 @@ def read_pods(path: str | Path) -> list[TracePod]:
         name = (row["name"] or "").strip()
         if not name:
             raise TraceError(f"{path}:{line}: column 'name' is empty; expected a pod name")
-        num_gpu, gpu_milli = normalise_gpu(_int(path, line, "num_gpu", row["num_gpu"]),
-                                           _int(path, line, "gpu_milli", row["gpu_milli"]))
-        pods.append(TracePod(name=name, cpu_milli=_int(path, line, "cpu_milli", row["cpu_milli"]),
-                             memory_mib=_int(path, line, "memory_mib", row["memory_mib"]),
-                             num_gpu=num_gpu, gpu_milli=gpu_milli,
-                             gpu_spec=parse_gpu_spec(row.get("gpu_spec")) if num_gpu else ()))
+        num_gpu, gpu_milli = normalise_gpu(
+            _int(path, line, "num_gpu", row["num_gpu"]), _int(path, line, "gpu_milli", row["gpu_milli"])
+        )
+        pods.append(
+            TracePod(
+                name=name,
+                cpu_milli=_int(path, line, "cpu_milli", row["cpu_milli"]),
+                memory_mib=_int(path, line, "memory_mib", row["memory_mib"]),
+                num_gpu=num_gpu,
+                gpu_milli=gpu_milli,
+                gpu_spec=parse_gpu_spec(row.get("gpu_spec")) if num_gpu else (),
+            )
+        )
     return pods
 
 
@@ -134,14 +154,16 @@ def openb_paths(trace_dir: str | Path, workload: str, node_list: str) -> tuple[P
         raise TraceError(f"--node-list {node_list!r} is not known; accepted: {', '.join(NODE_LISTS)}")
     pod_file = trace_dir / f"openb_pod_list_{workload}.csv"
     if not pod_file.is_file():
-        found = sorted(p.name[len("openb_pod_list_"):-4] for p in trace_dir.glob("openb_pod_list_*.csv"))
-        raise TraceError(f"--workload {workload!r}: no {pod_file}; workloads in {trace_dir}: "
-                         f"{', '.join(found) or 'none'}")
+        found = sorted(p.name[len("openb_pod_list_") : -4] for p in trace_dir.glob("openb_pod_list_*.csv"))
+        raise TraceError(
+            f"--workload {workload!r}: no {pod_file}; workloads in {trace_dir}: {', '.join(found) or 'none'}"
+        )
     return trace_dir / NODE_LISTS[node_list], pod_file
 
 
-def load_openb(trace_dir: str | Path, workload: str = "default",
-               node_list: str = "gpu") -> tuple[list[NodeInfo], list[TracePod]]:
+def load_openb(
+    trace_dir: str | Path, workload: str = "default", node_list: str = "gpu"
+) -> tuple[list[NodeInfo], list[TracePod]]:
     node_file, pod_file = openb_paths(trace_dir, workload, node_list)
     return read_nodes(node_file), read_pods(pod_file)
 
@@ -212,8 +234,10 @@ def request_from_yaml(obj: dict, index: int) -> Request:
 def load_yaml(cluster_file: str | Path, pods_file: str | Path) -> tuple[list[NodeInfo], list[Request]]:
     nodes = [node_from_yaml(o) for o in read_yaml_objects(cluster_file) if o.get("kind") == "Node"]
     if not nodes:
-        raise TraceError(f"--cluster {cluster_file}: no objects of kind Node; expected Node objects "
-                         f"(e.g. `kubectl get nodes -o yaml`)")
+        raise TraceError(
+            f"--cluster {cluster_file}: no objects of kind Node; expected Node objects "
+            f"(e.g. `kubectl get nodes -o yaml`)"
+        )
     objects = [o for o in read_yaml_objects(pods_file) if o.get("kind") == "Pod"]
     pods = [request_from_yaml(o, i) for i, o in enumerate(objects)]
     if not pods:

@@ -1,15 +1,19 @@
 """The node agent's patch is what the ledger reads: device identity, health, and the selection labels."""
 
 import json
-from datetime import datetime, timezone
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from allocator.node_agent.probes import DeviceReport, FakeProbe, NvmlProbe, ProbeError
 from allocator.node_agent.agent import node_patch, utilization_tier
+from allocator.node_agent.probes import DeviceReport, FakeProbe, NvmlProbe, ProbeError
 from webhook.cli import main as cli_main
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
 def test_fake_spec_marks_unhealthy_devices():
@@ -74,3 +78,16 @@ def test_cli_prints_the_patch(capsys):
     assert cli_main(["node-agent", "--node", "n1", "--fake", "1xT4:15360", "--print"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["metadata"]["labels"]["agentaflow.gpu/count"] == "1"
+
+
+def test_python_dash_m_runs_the_agent_with_its_arguments():
+    """`python -m allocator.node_agent` once called main() without argv and died with a TypeError."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    argv = ["-m", "allocator.node_agent", "--node", "n1", "--fake", "1xT4:15360", "--print"]
+    done = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["metadata"]["labels"]["agentaflow.gpu/count"] == "1"
