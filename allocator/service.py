@@ -2,8 +2,9 @@
 
 The Ray actor (allocator.ray_actor) and the in-process client (webhook.ledger_client) both wrap this class, so
 the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`
-(and the clock that times rebuilds is an argument). The live settings (default strategy, scoring weights,
-gang limits) change here, through `apply_config` or `set_default_strategy`, and every change is recorded.
+(and the clock that times rebuilds is an argument). The live settings (allocator.settings: default strategy,
+scoring weights, gang limits, label keys) change here, through `apply_config` or `set_default_strategy`, and
+every change is recorded (who, when, what).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class LedgerService:
     def __init__(self, config: LedgerConfig, source_spec: dict | None = None, now: float = 0.0, *,
                  settings: LedgerSettings | None = None, timer: Callable[[], float] = time.perf_counter,
                  incarnation: str = ""):
-        # `settings` (when given) win over the config's default strategy and weights
+        # `settings` (when given) win over the config's default strategy, weights and label keys
         self.settings = settings or LedgerSettings.from_config(config)
         self.config = self.settings.applied_to(config)
         self.source = source_from_spec(source_spec)
