@@ -4,7 +4,8 @@ A thin shell around `LedgerService`: every method takes a batch, so one actor ca
 here) carries many admissions. It is an async actor whose methods never await, so each call runs to the end
 before the next starts (the ledger needs no lock), while the sweeper runs between calls on the same loop.
 On a restart Ray calls `__init__` again with the same arguments: the ledger is rebuilt from its source (the
-cluster file, or an empty ledger marked unsynced that allocator.cluster_sync refills with `resync`).
+cluster file, or an empty ledger marked unsynced that allocator.cluster_sync refills with `resync`), and its
+settings are the creator's again until a replica re-pushes its config (`apply_config`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import ray
 
-from allocator.service import LedgerConfig
+from allocator.service import LedgerConfig, LedgerSettings
 from allocator.service import AdmitCall, LedgerService
 from allocator.service import Request
 
@@ -30,11 +31,13 @@ log = logging.getLogger("gpuledger.actor")
 
 
 class LedgerActor:
-    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, sweep_interval_s: float = 1.0):
+    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, sweep_interval_s: float = 1.0,
+                 settings: LedgerSettings | None = None):
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self.sweep_interval_s = sweep_interval_s
-        self.service = LedgerService(config, source_spec, now=self.started_at)
+        self.service = LedgerService(config, source_spec, now=self.started_at, settings=settings,
+                                     incarnation=self.incarnation)
         # the inventory lives for the actor's life: keep full collections from walking it (latency spikes)
         gc.collect()
         gc.freeze()
@@ -100,6 +103,19 @@ class LedgerActor:
         self._tick()
         return self.service.sweep(time.time() if now is None else now)
 
+    # ------------------------------------------------------------ settings (webhook replicas, `gpuledger strategy`)
+    async def apply_config(self, settings: LedgerSettings, who: str, now: float | None = None) -> dict:
+        self._tick()
+        return self.service.apply_config(settings, who, time.time() if now is None else now)
+
+    async def set_default_strategy(self, name: str, who: str, now: float | None = None) -> dict:
+        self._tick()
+        return self.service.set_default_strategy(name, who, time.time() if now is None else now)
+
+    async def get_settings(self) -> dict:
+        self._tick()
+        return self.service.get_settings()
+
     # ------------------------------------------------------------ reading
     async def status(self) -> dict[str, Any]:
         self._tick()
@@ -122,6 +138,7 @@ def get_or_create_ledger(
     config: LedgerConfig,
     source_spec: dict | None = None,
     *,
+    settings: LedgerSettings | None = None,
     name: str = ACTOR_NAME,
     namespace: str = RAY_NAMESPACE,
     sweep_interval_s: float = 1.0,
@@ -129,7 +146,8 @@ def get_or_create_ledger(
     """The shared ledger actor's handle; created by whichever replica gets there first.
 
     `get_if_exists` makes get-or-create atomic in Ray's GCS, so replicas starting together race safely; the
-    arguments of the replica that created it win (later replicas' config is ignored).
+    arguments of the replica that created it win; a later replica's config reaches the live ledger through
+    `apply_config` (gpuledger serve pushes it at start and whenever the config file changes).
     """
     if not ray.is_initialized():
         raise RuntimeError("ray.init() first (gpuledger serve does it from --ray-address)")
@@ -143,7 +161,7 @@ def get_or_create_ledger(
         max_task_retries=MAX_TASK_RETRIES,
         num_cpus=0,
         max_concurrency=64,
-    ).remote(config, source_spec, sweep_interval_s)
+    ).remote(config, source_spec, sweep_interval_s, settings)
 
 
 def wait_ready(handle: Any, timeout_s: float = 60.0) -> dict:

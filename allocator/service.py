@@ -1,16 +1,22 @@
 """One ledger and the source it is rebuilt from, behind batched methods: what the Ray actor holds.
 
 The Ray actor (allocator.ray_actor) and the in-process client (webhook.ledger_client) both wrap this class, so
-the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`.
+the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`
+(and the clock that times rebuilds is an argument). The live settings (allocator.settings: default strategy,
+scoring weights, gang limits, label keys) change here, through `apply_config` or `set_default_strategy`, and
+every change is recorded (who, when, what).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Iterable
+import logging
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable, Iterable, Mapping
 
 from allocator import strategies  # noqa: F401  (registers the built-in strategies with the core's registry)
-from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.ledger import Ledger, LedgerConfig, LedgerStats
 from allocator.core.model import (
     BindingMode,
     Denial,
@@ -29,6 +35,15 @@ from allocator.core.objects import (
     iter_objects,
 )
 from allocator.core.request import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
+from allocator.settings import (
+    DEFAULT_SCORING_WEIGHTS,
+    LedgerSettings,
+    check_label_key,
+    check_leaf_limit,
+    check_scoring_weights,
+    check_strategy,
+    strategy_names,
+)
 from allocator.sources import ExternalSource, reservation_ids, source_from_spec
 
 # The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
@@ -39,22 +54,36 @@ __all__ = [
     "AdmitCall",
     "AnnotationError",
     "BindingMode",
+    "DEFAULT_SCORING_WEIGHTS",
     "Denial",
     "Explanation",
     "Held",
     "LedgerConfig",
     "LedgerService",
+    "LedgerSettings",
     "Placement",
     "PodRequestConfig",
+    "Recoveries",
     "Request",
+    "ServiceStats",
     "Taint",
     "Unavailable",
+    "check_label_key",
+    "check_leaf_limit",
+    "check_scoring_weights",
+    "check_strategy",
     "controller_owner",
     "decode_placement",
     "encode_placement",
     "iter_objects",
     "request_from_pod",
+    "strategy_names",
 ]
+
+log = logging.getLogger("gpuledger.service")
+
+SETTINGS_HISTORY = 20  # settings changes kept (who, when, what) for get_settings()
+RECENT_RECOVERIES = 64  # rebuild durations kept for the webhook's histogram
 
 
 @dataclass(frozen=True)
@@ -84,13 +113,47 @@ class Held:
     claimed: bool = False
 
 
+@dataclass(frozen=True)
+class Recoveries:
+    """The ledger's rebuilds (a resync, or the rebuild from its source at start): how many this incarnation
+    made and how long the last few took (seconds, oldest first), for the webhook's recovery histogram."""
+
+    incarnation: str
+    count: int
+    recent: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ServiceStats(LedgerStats):
+    """The ledger's totals plus what the service adds: its live settings and its rebuild times."""
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    recoveries: Recoveries | None = None
+
+    def as_dict(self) -> dict:
+        d = super().as_dict()
+        d["recoveries"] = asdict(self.recoveries) if self.recoveries is not None else None
+        return d
+
+
 class LedgerService:
-    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, now: float = 0.0):
-        self.config = config
+    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, now: float = 0.0, *,
+                 settings: LedgerSettings | None = None, timer: Callable[[], float] = time.perf_counter,
+                 incarnation: str = ""):
+        # `settings` (when given) win over the config's default strategy, weights and label keys
+        self.settings = settings or LedgerSettings.from_config(config)
+        self.config = self.settings.applied_to(config)
         self.source = source_from_spec(source_spec)
-        self.ledger = Ledger(config)
+        self.ledger = Ledger(self.config)
         self.synced = False
         self.rebuilds = 0
+        self.timer, self.incarnation = timer, incarnation
+        self._recent_recoveries: deque[float] = deque(maxlen=RECENT_RECOVERIES)
+        # the config last pushed (apply_config): a replica pushing the same config again changes nothing, so a
+        # runtime change (set_default_strategy) lasts until the config itself changes
+        self._config_fingerprint = self.settings.fingerprint()
+        self.changed_by, self.changed_at = "config (ledger start)", now
+        self._history: deque[dict] = deque([self._record(now, self.changed_by, {})], maxlen=SETTINGS_HISTORY)
         # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
         self._pending: dict[str, Request] = {}
         # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
@@ -108,6 +171,7 @@ class LedgerService:
 
     def resync(self, objects: list[dict], now: float) -> dict:
         """A full list replaces the ledger; reservations whose pod is not stored yet are kept."""
+        started = self.timer()
         objects = list(objects)
         stored = reservation_ids(objects)
         fresh = Ledger.rebuild(objects, self.config, now)
@@ -136,7 +200,9 @@ class LedgerService:
         self._claimed &= set(self._pending)
         self.synced = True
         self.rebuilds += 1
-        return {"kept": kept, "lost": lost, "objects": len(objects)}
+        seconds = max(0.0, self.timer() - started)
+        self._recent_recoveries.append(seconds)
+        return {"kept": kept, "lost": lost, "objects": len(objects), "seconds": seconds}
 
     # ---------------------------------------------------------------- admission
     def _unsynced(self) -> Unavailable:
@@ -153,8 +219,17 @@ class LedgerService:
             out.append(self._admit_one(call, now))
         return out
 
+    def _with_leaf_limits(self, request: Request) -> Request:
+        """A gang whose request sets no per-leaf limit gets the configured ones (topologyConstraints)."""
+        group, s = request.group, self.settings
+        if group is None or group.size <= 1 or not (s.max_nodes_per_leaf or s.max_gpus_per_leaf):
+            return request
+        limited = replace(group, max_nodes_per_leaf=group.max_nodes_per_leaf or s.max_nodes_per_leaf,
+                          max_gpus_per_leaf=group.max_gpus_per_leaf or s.max_gpus_per_leaf)
+        return request if limited == group else replace(request, group=limited)
+
     def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial:
-        request = call.request
+        request = self._with_leaf_limits(call.request)
         if call.prior_id and call.prior_id != request.id:
             held = self._held(call.prior_id)
             if held is not None and not held.confirmed and not held.claimed:
@@ -191,7 +266,64 @@ class LedgerService:
         return out
 
     def explain(self, request: Request) -> Explanation:
-        return self.ledger.explain(request)
+        return self.ledger.explain(self._with_leaf_limits(request))
+
+    # ---------------------------------------------------------------- live settings
+    def _record(self, now: float, who: str, changes: dict) -> dict:
+        return {"at": now, "by": who, "changes": changes}
+
+    def _use(self, settings: LedgerSettings, who: str, now: float) -> dict:
+        """Make `settings` live (the ledger reads them at its next decision) and record who and when."""
+        old, new = self.settings.as_dict(), settings.as_dict()
+        changes = {k: [old[k], new[k]] for k in new if old[k] != new[k]}
+        relabel = settings.labels != self.settings.labels
+        self.settings = settings
+        self.config = settings.applied_to(self.config)
+        if relabel:
+            self._rebuild_for_labels(now)
+        else:
+            self.ledger.config = self.config  # read at each decision: live from the next admission
+        if changes:
+            self.changed_by, self.changed_at = who, now
+            self._history.append(self._record(now, who, changes))
+            log.info("ledger settings changed by %s: %s", who,
+                     ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+        return changes
+
+    def _rebuild_for_labels(self, now: float) -> None:
+        """New label keys file every node anew: rebuild now from a readable source; a ledger fed from the API
+        turns unsynced, so the cluster sync resyncs it (admissions answer Unavailable until then)."""
+        if not self.rebuild_from_source(now):
+            self.synced = False
+            log.warning("leaf/spine label keys changed: the ledger waits for a full resync from the cluster sync")
+
+    def apply_config(self, settings: LedgerSettings, who: str, now: float) -> dict:
+        """A replica's config (at its start, or reloaded): applied unless it is the config applied last, so a
+        runtime change survives replicas re-pushing an unchanged config. The answer says which."""
+        fingerprint = settings.fingerprint()
+        if fingerprint == self._config_fingerprint:
+            return {"applied": False, "changes": {}, "settings": self.get_settings()}
+        self._config_fingerprint = fingerprint
+        changes = self._use(settings, who, now)
+        return {"applied": True, "changes": changes, "settings": self.get_settings()}
+
+    def set_default_strategy(self, name: str, who: str, now: float) -> dict:
+        """The runtime switch (`gpuledger strategy NAME`): ValueError listing the accepted names if unknown."""
+        if not str(who or "").strip():
+            raise ValueError(f"who={who!r} is not accepted: expected who asks for the change (a user or component)")
+        settings = replace(self.settings, default_strategy=check_strategy(name, "strategy"))
+        self._use(settings, str(who), now)
+        return self.get_settings()
+
+    def get_settings(self) -> dict[str, Any]:
+        """The live settings, who changed them last and when, and the recent changes (newest last)."""
+        return {
+            **self.settings.as_dict(),
+            "changed_by": self.changed_by,
+            "changed_at": self.changed_at,
+            "config_fingerprint": self._config_fingerprint,
+            "history": list(self._history),
+        }
 
     # ---------------------------------------------------------------- lifecycle
     def _forget(self, rid: str) -> None:
@@ -256,10 +388,18 @@ class LedgerService:
             "external_source": isinstance(self.source, ExternalSource),
             "rebuilds": self.rebuilds,
             "pending": len(self._pending),
+            "default_strategy": self.settings.default_strategy,
+            "settings_changed_by": self.changed_by,
+            "settings_changed_at": self.changed_at,
         }
 
-    def stats(self):
-        return self.ledger.stats()
+    def stats(self) -> ServiceStats:
+        totals = self.ledger.stats()
+        settings = self.get_settings()
+        del settings["history"]
+        recoveries = Recoveries(self.incarnation, self.rebuilds, tuple(self._recent_recoveries))
+        return ServiceStats(**{f.name: getattr(totals, f.name) for f in fields(LedgerStats)},
+                            settings=settings, recoveries=recoveries)
 
     def snapshot(self) -> dict:
         return self.ledger.snapshot()

@@ -1,18 +1,30 @@
-"""The webhook's settings: one dataclass, loadable from a YAML file, every field documented in docs/webhook.md."""
+"""The webhook's settings: one dataclass, loadable from a YAML file, every field documented in docs/webhook.md.
+
+The file is gpuledger's own mapping or, as written, the topology scheduler's `SchedulerConfig` (alone or inside a
+ConfigMap dump). Loading only reads and validates: pushing settings to the ledger is webhook.config_watch's job.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
-from allocator.service import LedgerConfig
-from allocator.service import BindingMode
+from allocator.service import DEFAULT_SCORING_WEIGHTS, LedgerConfig, LedgerSettings
+from allocator.service import BindingMode, check_label_key, check_leaf_limit, check_scoring_weights, check_strategy
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
 AFFINITY_KEYS = ("kubernetes.io/hostname", "metadata.name")
+# the AgentaFlow scheduler's variable: overrides the file's default_strategy at start (and at each reload)
+STRATEGY_ENV = "SCHEDULING_STRATEGY"
+# the topology scheduler's SchedulerConfig, accepted as its doc writes it
+SCHEDULER_CONFIG_KINDS = ("SchedulerConfig", "TopologySchedulerConfig")
+SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
+# keys pushed to the live ledger (at start and on each reload); every other key takes effect at a restart
+LIVE_KEYS = ("default_strategy", "scoring_weights", "topology_constraints", "leaf_label", "spine_label")
+TOPOLOGY_CONSTRAINTS = {"max_nodes_per_leaf": "maxNodesPerLeaf", "max_gpus_per_leaf": "maxGPUsPerLeaf"}
 
 
 @dataclass
@@ -27,8 +39,16 @@ class WebhookConfig:
     fail_open: bool = False
     # internal deadline for one admission, kept below the webhook's timeoutSeconds
     deadline_s: float = 2.0
-    # ledger settings, used when this process creates the ledger (the first replica wins)
+    # live ledger settings: pushed to the ledger at start and when the file changes (webhook.config_watch)
     default_strategy: str = "best_fit"
+    # the `balanced` strategy's weights (the topology scheduler's scoringWeights); a weight left out counts 0
+    scoring_weights: dict = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
+    # per-leaf limits for a gang (Job/StatefulSet placed all-or-nothing): max_nodes_per_leaf, max_gpus_per_leaf
+    topology_constraints: dict = field(default_factory=lambda: dict.fromkeys(TOPOLOGY_CONSTRAINTS, 0))
+    # the Node labels naming a node's leaf and spine (live too, but a change rebuilds the ledger)
+    leaf_label: str = "topology.scheduler/leaf"
+    spine_label: str = "topology.scheduler/spine"
+    # used when this process creates the ledger (the first replica wins)
     reservation_ttl_s: float = 30.0
     # HMAC key for the placement annotation: a file (a mounted Secret) or the literal (tests/dev only)
     hmac_key_file: str | None = None
@@ -53,6 +73,19 @@ class WebhookConfig:
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s={self.deadline_s!r}: expected a positive number of seconds")
         self.privileged_usernames = tuple(self.privileged_usernames)
+        self.default_strategy = check_strategy(self.default_strategy, "default_strategy")
+        self.scoring_weights = check_scoring_weights(self.scoring_weights, "scoring_weights")
+        self.topology_constraints = _topology_constraints(self.topology_constraints)
+        for key in ("leaf_label", "spine_label"):
+            check_label_key(getattr(self, key), key)
+        self.ledger_settings()  # what only the combination can get wrong (leaf_label == spine_label)
+
+    def with_environment(self, environ: Mapping[str, str]) -> "WebhookConfig":
+        """This config with SCHEDULING_STRATEGY (when set and not empty) as the default strategy."""
+        name = (environ.get(STRATEGY_ENV) or "").strip()
+        if not name:
+            return self
+        return WebhookConfig(**{**self.__dict__, "default_strategy": check_strategy(name, STRATEGY_ENV)})
 
     def placement_key(self) -> bytes:
         """The HMAC key: the file's bytes (trailing newline dropped) or the literal."""
@@ -63,34 +96,93 @@ class WebhookConfig:
     def ledger_config(self) -> LedgerConfig:
         """The ledger's settings (used where this process creates the ledger: the first replica wins)."""
         return LedgerConfig(default_strategy=self.default_strategy, reservation_ttl_s=self.reservation_ttl_s,
-                            placement_key=self.placement_key())
+                            placement_key=self.placement_key(), balanced_weights=dict(self.scoring_weights),
+                            leaf_label=self.leaf_label, spine_label=self.spine_label)
+
+    def ledger_settings(self) -> LedgerSettings:
+        """The settings a live ledger takes (at start and on every reload)."""
+        return LedgerSettings(default_strategy=self.default_strategy, scoring_weights=dict(self.scoring_weights),
+                              leaf_label=self.leaf_label, spine_label=self.spine_label, **self.topology_constraints)
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "WebhookConfig":
-        known = {f.name for f in fields(cls)}
-        # accept camelCase as written in Kubernetes-style YAML
-        norm = {_snake(k): v for k, v in (data or {}).items()}
-        unknown = sorted(set(norm) - known)
+        # snake_case, camelCase (as Kubernetes-style YAML writes it) and kebab-case name the same key
+        known = {_norm(f.name): f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        unknown = []
+        for key, value in (data or {}).items():
+            name = known.get(_norm(key))
+            if name is None:
+                unknown.append(str(key))
+            elif name in values:
+                raise ValueError(f"{key}={value!r} is not accepted: {name} is already set (by another spelling)")
+            else:
+                values[name] = value
         if unknown:
-            raise ValueError(f"unknown webhook config keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(**norm)
+            raise ValueError(f"unknown webhook config keys: {', '.join(sorted(unknown))} "
+                             f"(known: {', '.join(sorted(known.values()))})")
+        return cls(**values)
+
+    @classmethod
+    def from_document(cls, data: Any, where: str = "config") -> "WebhookConfig":
+        """gpuledger's mapping, a topology scheduler `SchedulerConfig` (its `spec`), or a ConfigMap holding
+        either under one data key."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a YAML mapping of webhook settings, a {SCHEDULER_CONFIG_KINDS[0]} "
+                             f"or a ConfigMap holding one")
+        kind, api = data.get("kind"), str(data.get("apiVersion") or "")
+        if kind == "ConfigMap" and api == "v1":
+            key, text = _config_map_entry(data, where)
+            return cls.from_document(yaml.safe_load(text) or {}, f"{where} data[{key}]")
+        if kind in SCHEDULER_CONFIG_KINDS or api.split("/")[0] == SCHEDULER_CONFIG_API_GROUP:
+            if kind not in SCHEDULER_CONFIG_KINDS:
+                raise ValueError(f"{where}: kind={kind!r} is not accepted: expected one of "
+                                 f"{', '.join(SCHEDULER_CONFIG_KINDS)} for apiVersion {api}")
+            spec = data.get("spec") or {}
+            if not isinstance(spec, dict):
+                raise ValueError(f"{where}: spec={spec!r} is not accepted: expected a mapping (scoringWeights, "
+                                 f"topologyConstraints, or any gpuledger key)")
+            return cls.from_mapping(spec)
+        return cls.from_mapping(data)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "WebhookConfig":
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a YAML mapping of webhook settings")
-        return cls.from_mapping(data)
+        return cls.from_document(yaml.safe_load(Path(path).read_text()) or {}, str(path))
 
 
-def _snake(key: str) -> str:
-    out = []
-    for ch in str(key).replace("-", "_"):
-        if ch.isupper():
-            out.append("_" + ch.lower())
-        else:
-            out.append(ch)
-    return "".join(out)
+def _norm(key: Any) -> str:
+    return str(key).replace("_", "").replace("-", "").lower()
+
+
+def _topology_constraints(value: Any) -> dict[str, int]:
+    """{max_nodes_per_leaf, max_gpus_per_leaf} from either spelling; a limit left out is 0 (none)."""
+    accepted = ", ".join(TOPOLOGY_CONSTRAINTS.values())
+    if not isinstance(value, Mapping):
+        raise ValueError(f"topology_constraints={value!r} is not accepted: expected a mapping of {accepted} "
+                         "to integers (0 = no limit)")
+    names = {_norm(k): k for k in TOPOLOGY_CONSTRAINTS}
+    out = dict.fromkeys(TOPOLOGY_CONSTRAINTS, 0)
+    for key, limit in value.items():
+        name = names.get(_norm(key))
+        if name is None:
+            raise ValueError(f"topology_constraints.{key}={limit!r} is not accepted: expected one of {accepted}")
+        out[name] = check_leaf_limit(limit, f"topology_constraints.{key}")
+    return out
+
+
+def _config_map_entry(config_map: dict, where: str) -> tuple[str, str]:
+    """The one data entry holding the settings: `config.yaml` when there are several."""
+    data = config_map.get("data") or {}
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{where}: ConfigMap data={data!r} is not accepted: expected one entry holding the "
+                         "settings (YAML)")
+    if len(data) > 1:
+        if "config.yaml" not in data:
+            raise ValueError(f"{where}: ConfigMap data keys {', '.join(sorted(map(str, data)))} are not accepted: "
+                             "expected one entry, or several with one named config.yaml")
+        return "config.yaml", str(data["config.yaml"])
+    ((key, text),) = data.items()
+    return str(key), str(text)
 
 
 def field_names() -> list[str]:

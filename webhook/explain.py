@@ -104,7 +104,8 @@ async def explain_pods(cluster: list[dict], objects: list[dict], config: Webhook
                        now: float | None = None) -> list[dict[str, Any]]:
     """Admit each pod of `objects` in order; one result dict per pod."""
     now = time.time() if now is None else now
-    service = LedgerService(config.ledger_config(), {"kind": "objects", "objects": cluster}, now=now)
+    service = LedgerService(config.ledger_config(), {"kind": "objects", "objects": cluster}, now=now,
+                            settings=config.ledger_settings())
     handler = AdmissionHandler(config, InProcessLedgerClient(service, lambda: now),
                                StaticOwners([*cluster, *objects]))
     results = []

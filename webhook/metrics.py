@@ -1,4 +1,8 @@
-"""Prometheus metrics, one registry per app so tests (and the benchmark) can run several apps in one process."""
+"""Prometheus metrics, one registry per app so tests (and the benchmark) can run several apps in one process.
+
+Names are the earlier tools' (AgentaFlow's, the topology scheduler's) so their dashboards keep working; the
+ledger's own numbers arrive through `update_from_stats` (the service's stats, fetched on each scrape).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,12 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentaflow_workloads_running",
     "agentaflow_scheduling_duration",
     "topology_scheduler_latency_seconds",
+    "topology_scheduler_placement_duration_seconds",
+    "topology_scheduler_recovery_duration_seconds",
     "topology_placement_decisions_total",
     "topology_domain_utilization_ratio",
     "topology_domain_fragmentation_ratio",
+    "topology_scheduler_domain_fragmentation_ratio",
     "topology_gpu_allocation_ratio",
     "gpuledger_admission_duration_seconds",
     "gpuledger_admission_in_flight",
@@ -26,6 +33,8 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# a rebuild reads every node and pod: milliseconds for a small cluster, seconds for a large one
+_RECOVERY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class WebhookMetrics:
@@ -48,6 +57,15 @@ class WebhookMetrics:
             "topology_scheduler_latency_seconds",
             "seconds from a decoded AdmissionReview to a placement decision (parsing, owner lookup, ledger)",
             ["strategy"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.placement_duration = Histogram(
+            "topology_scheduler_placement_duration_seconds",
+            "seconds to decide one GPU pod's placement, from a decoded AdmissionReview to placement or denial",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.recovery_duration = Histogram(
+            "topology_scheduler_recovery_duration_seconds",
+            "seconds one ledger rebuild took (a resync, or the rebuild from its source after a restart)",
+            buckets=_RECOVERY_BUCKETS, registry=r)
+        self._recoveries_seen: tuple[str, int] | None = None  # (ledger incarnation, rebuilds observed)
         self.placement_decisions = Counter(
             "topology_placement_decisions", "placement decisions by strategy and result",
             ["strategy", "result"], registry=r)
@@ -56,6 +74,10 @@ class WebhookMetrics:
         self.domain_fragmentation = Gauge(
             "topology_domain_fragmentation_ratio",
             "share of a domain's free milli-GPU outside whole free GPUs (usable by GPU shares only)",
+            ["level", "domain"], registry=r)
+        self.scheduler_domain_fragmentation = Gauge(
+            "topology_scheduler_domain_fragmentation_ratio",
+            "the topology scheduler's name for topology_domain_fragmentation_ratio (same values)",
             ["level", "domain"], registry=r)
         self.gpu_allocation_ratio = Gauge("topology_gpu_allocation_ratio",
                                           "allocated milli-GPU / total milli-GPU across the cluster", registry=r)
@@ -67,8 +89,27 @@ class WebhookMetrics:
                                         "admission requests answered with an internal error (code 500)",
                                         ["route"], registry=r)
 
+    def observe_decision(self, strategy: str, seconds: float) -> None:
+        """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
+        to decide: a pod without GPUs, a bad annotation, the owner unreadable)."""
+        self.scheduler_latency.labels(strategy).observe(seconds)
+        if strategy != "none":
+            self.placement_duration.observe(seconds)
+
+    def observe_recoveries(self, recoveries: Any) -> None:
+        """Observe the ledger's rebuilds not observed yet (an allocator.service.Recoveries): all of a new
+        incarnation's (at most the durations it keeps), then each new one."""
+        if recoveries is None:
+            return
+        seen = self._recoveries_seen
+        new = recoveries.count - seen[1] if seen and seen[0] == recoveries.incarnation else recoveries.count
+        if new > 0:
+            for seconds in recoveries.recent[-new:]:
+                self.recovery_duration.observe(seconds)
+        self._recoveries_seen = (recoveries.incarnation, recoveries.count)
+
     def update_from_stats(self, stats: Any) -> None:
-        """Copy the ledger's totals (an allocator.core.ledger.LedgerStats) into the gauges."""
+        """Copy the ledger's totals (an allocator.service.ServiceStats, or a bare LedgerStats) into the gauges."""
         self.gpu_total.set(stats.gpus_total)
         self.gpu_available.set(stats.whole_free)
         ratio = stats.milli_allocated / stats.milli_total if stats.milli_total else 0.0
@@ -81,6 +122,8 @@ class WebhookMetrics:
                 name = (d.leaf if level == "leaf" else d.spine) or "(none)"
                 self.domain_utilization.labels(level, name).set(d.utilization)
                 self.domain_fragmentation.labels(level, name).set(d.fragmentation)
+                self.scheduler_domain_fragmentation.labels(level, name).set(d.fragmentation)
+        self.observe_recoveries(getattr(stats, "recoveries", None))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

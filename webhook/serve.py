@@ -1,7 +1,8 @@
 """`gpuledger serve`: the admission webhook over TLS, backed by the shared Ray ledger actor.
 
-Joins the Ray cluster at --ray-address (or starts a local Ray), gets or creates the ledger actor, and, with
-the Kubernetes API as the source, runs the cluster sync (allocator.cluster_sync) that keeps the ledger true.
+Joins the Ray cluster at --ray-address (or starts a local Ray), gets or creates the ledger actor, pushes the
+config's ledger settings to it (and again whenever the --config file changes), and, with the Kubernetes API
+as the source, runs the cluster sync (allocator.cluster_sync) that keeps the ledger true.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
+from typing import Mapping
 
 from webhook.config import VISIBILITY_MODES, WebhookConfig
 
@@ -33,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--kubeconfig", help="kubeconfig for the API (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray in this process)")
     p.add_argument("--ray-num-cpus", type=int, default=1, help="CPUs of the local Ray (no --ray-address)")
-    p.add_argument("--config", help="webhook config YAML (see docs/webhook.md)")
+    p.add_argument("--config", help="webhook config YAML: gpuledger's keys, or the topology scheduler's "
+                                    "SchedulerConfig (see docs/webhook.md); followed while serving")
+    p.add_argument("--config-poll-interval", type=float, default=1.0,
+                   help="seconds between checks of the --config file for a change")
     p.add_argument("--binding-mode", choices=("nodeName", "affinity", "both"))
     p.add_argument("--visibility-mode", choices=VISIBILITY_MODES)
     p.add_argument("--fail-open", action="store_true", default=None, help="admit unplaced when the ledger is down")
@@ -45,12 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config(args: argparse.Namespace) -> WebhookConfig:
+def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> WebhookConfig:
+    """The file (or the defaults), then the flags, then SCHEDULING_STRATEGY; also what each reload runs."""
     config = WebhookConfig.from_file(args.config) if args.config else WebhookConfig()
     overrides = {"binding_mode": args.binding_mode, "visibility_mode": args.visibility_mode,
                  "fail_open": args.fail_open, "deadline_s": args.deadline, "hmac_key_file": args.hmac_key_file}
     values = {**config.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
-    return WebhookConfig(**values)
+    return WebhookConfig(**values).with_environment(environ)
+
+
+def who_pushes() -> str:
+    """This replica, as the ledger records who changed its settings (in a pod, the hostname is its name)."""
+    return f"gpuledger serve {socket.gethostname()}"
 
 
 def _kube_client(kubeconfig: str | None):
@@ -70,10 +82,16 @@ async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, 
     from webhook.ledger_client import RayLedgerClient
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
+    from webhook.config_watch import ConfigWatcher, ray_push
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
     app = create_app(config, RayLedgerClient(handle), owners)
     server = await start_server(app, args.host, args.port, tls)
+    watcher = None
+    if args.config:
+        watcher = ConfigWatcher(args.config, lambda: load_config(args), ray_push(handle), source=who_pushes(),
+                                current=config, poll_interval_s=args.config_poll_interval)
+        watcher.start()
     tune_gc()
     log.info("gpuledger webhook listening on %s", server.url)
     print(f"gpuledger webhook listening on {server.url}", flush=True)
@@ -81,6 +99,8 @@ async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if watcher is not None:
+        await watcher.stop()
     await server.stop()
 
 
@@ -116,9 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         source = {"kind": "kubernetes"}
         api_client = _kube_client(args.kubeconfig)
         owners = KubeOwners(api_client, ttl_s=config.owner_cache_ttl_s, timeout_s=config.deadline_s)
-    handle = get_or_create_ledger(config.ledger_config(), source)
+    handle = get_or_create_ledger(config.ledger_config(), source, settings=config.ledger_settings())
     status = wait_ready(handle)
     log.info("ledger actor ready: %s", status)
+    # an actor created by another replica (or before the config changed) takes this replica's settings now,
+    # unless they are the config it applied last (then a runtime change made since is kept)
+    answer = ray.get(handle.apply_config.remote(config.ledger_settings(), who_pushes()), timeout=60)
+    log.info("ledger settings %s: %s", "applied from this config" if answer["applied"] else "kept",
+             {k: v for k, v in answer["settings"].items() if k != "history"})
     sync = None
     if api_client is not None and not args.no_sync:
         from allocator.cluster_sync import ClusterSync, RayLedgerTarget

@@ -17,10 +17,13 @@ import pytest
 import ray
 
 from allocator.ray_actor import get_or_create_ledger, wait_ready
+from allocator.service import AdmitCall, Request
 from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
 from certs.pki import make_ca, make_serving_cert, write_bundle
 from tests.webhook.webhook_support import HMAC_KEY, cluster, config, gpu_pod
 from webhook.admission.review import decode_patch, make_review
+from webhook.config import WebhookConfig
+from webhook.config_watch import ConfigWatcher, ray_push
 from webhook.transport.app import create_app
 from webhook.ledger_client import RayLedgerClient
 from webhook.transport.server import start_server
@@ -223,3 +226,45 @@ async def test_actor_killed_mid_run_is_rebuilt_from_its_source(ray_local, tls_fi
             seen.add((p.node, d))
     assert ray.get(handle.stats.remote()).milli_allocated == 1000 * len(seen)
     assert client.admissions.calls <= 24
+
+
+async def test_settings_reach_the_live_actor_from_the_api_and_the_config_file(ray_local, tmp_path):
+    """`set_default_strategy` and a changed config file reach the running actor; a restarted actor gets the
+    config's settings back from the next re-push. The watcher's time is the test's."""
+    handle, _, _ = new_actor(cluster(2, 8), tmp_path)
+    settings = ray.get(handle.set_default_strategy.remote("priority", "alice", 5000.0))
+    assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == ("priority", "alice",
+                                                                                            5000.0)
+    [p] = ray.get(handle.admit.remote([AdmitCall(Request(id="a", gpus=1))]))
+    assert p.strategy == "priority"
+    with pytest.raises(ValueError, match=r"strategy='fastest' is not accepted: expected one of balanced, best_fit"):
+        ray.get(handle.set_default_strategy.remote("fastest", "alice"))
+    assert ray.get(handle.get_settings.remote())["default_strategy"] == "priority"
+
+    path = tmp_path / "config.yaml"
+    path.write_text("default_strategy: best_fit\n")  # the config the actor was created with
+    watcher = ConfigWatcher(path, lambda: WebhookConfig.from_file(path), ray_push(handle), source="replica-a",
+                            repush_interval_s=30.0)
+    assert await watcher.check(0.0) is False  # unchanged config: the runtime change stays
+    assert ray.get(handle.get_settings.remote())["default_strategy"] == "priority"
+    path.write_text("default_strategy: round_robin\ntopologyConstraints: {maxGPUsPerLeaf: 16}\n")
+    assert await watcher.check(1.0) is True
+    live = ray.get(handle.get_settings.remote())
+    assert (live["default_strategy"], live["max_gpus_per_leaf"]) == ("round_robin", 16)
+    assert live["changed_by"].startswith(f"config file {path}") and live["changed_by"].endswith("via replica-a")
+    stats = ray.get(handle.stats.remote())
+    assert stats.settings["default_strategy"] == "round_robin" and stats.recoveries.count == 1
+
+    first = ray.get(handle.ping.remote())
+    ray.kill(handle, no_restart=False)  # Ray restarts it with its creator's arguments
+    for _ in range(600):
+        try:
+            if ray.get(handle.ping.remote(), timeout=5) != first:
+                break
+        except ray.exceptions.RayActorError:
+            pass
+        await asyncio.sleep(0.05)
+    assert ray.get(handle.get_settings.remote())["default_strategy"] == "best_fit"
+    assert await watcher.check(20.0) is False  # the re-push is not due yet
+    assert await watcher.check(31.0) is True
+    assert ray.get(handle.get_settings.remote())["default_strategy"] == "round_robin"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 
 import jsonpatch
+import pytest
 import yaml
 
-from allocator.service import AdmitCall, LedgerService, Unavailable
+from allocator.service import AdmitCall, LedgerService, LedgerSettings, Recoveries, Unavailable
 from allocator.core.model import GroupSpec, Placement, Request
 from tests.webhook.webhook_support import cluster, config
 
@@ -134,3 +137,79 @@ def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
     assert held.confirmed
     s.apply_events([("DELETED", stored)], NOW + 2)
     assert s.lookup([d.reservation_id]) == [None] and s.status()["pending"] == 0
+
+
+# ------------------------------------------------------------------------------------------- live settings
+def test_set_default_strategy_is_live_recorded_and_rejects_unknown_names(caplog):
+    s = svc(cluster(2, 8))
+    [a] = s.admit([AdmitCall(Request(id="a", gpus=2))], NOW)
+    assert a.strategy == "best_fit" and s.get_settings()["changed_by"] == "config (ledger start)"
+    with caplog.at_level(logging.INFO, logger="gpuledger.service"):
+        settings = s.set_default_strategy("Priority", "alice", NOW + 5)  # any accepted spelling
+    assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == ("priority", "alice",
+                                                                                            NOW + 5)
+    assert settings["history"][-1] == {"at": NOW + 5, "by": "alice",
+                                       "changes": {"default_strategy": ["best_fit", "priority"]}}
+    assert "ledger settings changed by alice: default_strategy 'best_fit' -> 'priority'" in caplog.text
+    [b] = s.admit([AdmitCall(Request(id="b", gpus=2))], NOW + 6)
+    assert b.strategy == "priority"  # the next decision, no rebuild
+    status = s.status()
+    assert (status["default_strategy"], status["settings_changed_by"], status["settings_changed_at"]) == (
+        "priority", "alice", NOW + 5)
+    with pytest.raises(ValueError, match=r"strategy='fastest' is not accepted: expected one of balanced, best_fit, "
+                                         r".*least_utilized, priority, random, round_robin"):
+        s.set_default_strategy("fastest", "alice", NOW + 7)
+    with pytest.raises(ValueError, match=r"who='' is not accepted"):
+        s.set_default_strategy("random", "", NOW + 7)
+    assert s.settings.default_strategy == "priority" and len(s.get_settings()["history"]) == 2
+
+
+def test_scoring_weights_change_the_balanced_choice_live():
+    s = svc(cluster(2, 8))
+    base = LedgerSettings(default_strategy="balanced", scoring_weights={"resourceAvailability": 1})
+    assert s.apply_config(base, "replica-a", NOW)["applied"] is True
+    [fill] = s.admit([AdmitCall(Request(id="fill", gpus=6))], NOW)
+    [spread] = s.admit([AdmitCall(Request(id="x", gpus=2), dry_run=True)], NOW)
+    assert spread.node != fill.node  # availability first: the empty node
+    answer = s.apply_config(replace(base, scoring_weights={"topologyAlignment": 1}), "replica-a", NOW + 1)
+    assert answer["changes"]["scoring_weights"][1]["topologyAlignment"] == 1.0
+    [packed] = s.admit([AdmitCall(Request(id="x", gpus=2), dry_run=True)], NOW + 1)
+    assert packed.node == fill.node
+    # the same config pushed again (another replica, a re-push) changes nothing
+    assert s.apply_config(replace(base, scoring_weights={"topologyAlignment": 1}), "replica-b", NOW + 2)[
+        "applied"] is False
+    assert s.changed_by == "replica-a"
+
+
+def test_new_label_keys_rebuild_the_ledger():
+    nodes = cluster(4, 8)
+    for n in nodes:  # a second labelling: racks across the leaves
+        n["metadata"]["labels"]["example.com/rack"] = f"rack-{int(n['metadata']['name'][-1]) // 2}"
+    s = svc(nodes)
+    assert {n.info.leaf for n in s.ledger.index.nodes.values()} == {"leaf-0", "leaf-1"}
+    s.apply_config(LedgerSettings(leaf_label="example.com/rack"), "replica-a", NOW)
+    assert {n.info.leaf for n in s.ledger.index.nodes.values()} == {"rack-0", "rack-1"}
+    assert s.synced and s.rebuilds == 2
+    # fed by the API: the ledger waits for the cluster sync's resync (it sees synced: false)
+    api = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW)
+    api.resync(nodes, NOW)
+    api.apply_config(LedgerSettings(leaf_label="example.com/rack"), "replica-a", NOW)
+    assert api.status()["synced"] is False
+    api.resync(nodes, NOW + 1)
+    assert {n.info.leaf for n in api.ledger.index.nodes.values()} == {"rack-0", "rack-1"}
+
+
+def test_rebuild_times_are_kept_for_the_recovery_histogram():
+    ticks = iter([10.0, 10.25, 20.0, 20.5])
+    s = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW, timer=lambda: next(ticks),
+                      incarnation="inc-1")
+    assert s.stats().recoveries == Recoveries("inc-1", 0, ())
+    assert s.resync(cluster(1, 8), NOW)["seconds"] == 0.25
+    s.resync(cluster(1, 8), NOW + 1)
+    stats = s.stats()
+    assert stats.recoveries == Recoveries("inc-1", 2, (0.25, 0.5))
+    assert stats.settings["default_strategy"] == "best_fit" and "history" not in stats.settings
+    assert stats.gpus_total == 8  # still the ledger's totals
+    d = json.loads(json.dumps(stats.as_dict()))
+    assert d["recoveries"] == {"incarnation": "inc-1", "count": 2, "recent": [0.25, 0.5]}
+    assert d["settings"]["scoring_weights"]["resourceAvailability"] == 0.4

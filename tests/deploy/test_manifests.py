@@ -712,6 +712,8 @@ EXPORTED_METRICS = {
     "topology_scheduler_latency_seconds", "topology_placement_decisions_total",
     "topology_domain_utilization_ratio", "topology_gpu_allocation_ratio", "topology_domain_fragmentation_ratio",
     "gpuledger_admission_duration_seconds", "gpuledger_admission_in_flight", "gpuledger_handler_failures_total",
+    "topology_scheduler_placement_duration_seconds", "topology_scheduler_recovery_duration_seconds",
+    "topology_scheduler_domain_fragmentation_ratio",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {

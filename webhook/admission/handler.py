@@ -144,7 +144,7 @@ class AdmissionHandler:
         except (LedgerUnavailable, OwnerLookupError) as exc:
             return self._unavailable(pod, work, warnings, f"the GPU ledger is unavailable ({exc})")
         finally:
-            self.metrics.scheduler_latency.labels(strategy).observe(time.perf_counter() - started)
+            self.metrics.observe_decision(strategy, time.perf_counter() - started)
 
         if isinstance(result, Unavailable):
             return self._unavailable(pod, work, warnings, result.message)

@@ -1,0 +1,90 @@
+"""The topology scheduler's metrics the webhook now exports: placement duration per decision, the ledger's
+recovery (rebuild) time, and the domain fragmentation under both its names; read from a real /metrics."""
+
+from __future__ import annotations
+
+from itertools import count
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from allocator.service import LedgerService, Recoveries
+from tests.webhook.webhook_support import cluster, config, gpu_pod
+from webhook.admission.review import make_review
+from webhook.ledger_client import InProcessLedgerClient
+from webhook.metrics import METRIC_NAMES, WebhookMetrics
+from webhook.transport.app import create_app
+
+NOW = 1000.0
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels) -> float:
+    return samples(text)[(name, tuple(sorted(labels.items())))]
+
+
+def test_the_new_names_are_exported():
+    for name in ("topology_scheduler_placement_duration_seconds", "topology_scheduler_recovery_duration_seconds",
+                 "topology_scheduler_domain_fragmentation_ratio", "topology_domain_fragmentation_ratio"):
+        assert name in METRIC_NAMES
+        assert f"# TYPE {name}" in WebhookMetrics().exposition().decode()
+
+
+def test_placement_duration_counts_gpu_decisions_only():
+    m = WebhookMetrics()
+    m.observe_decision("none", 0.001)  # no GPU asked: no placement to decide
+    m.observe_decision("default", 0.002)
+    m.observe_decision("balanced", 0.2)
+    text = m.exposition().decode()
+    assert value(text, "topology_scheduler_placement_duration_seconds_count") == 2
+    assert abs(value(text, "topology_scheduler_placement_duration_seconds_sum") - 0.202) < 1e-9
+    assert value(text, "topology_scheduler_placement_duration_seconds_bucket", le="0.005") == 1
+    assert value(text, "topology_scheduler_latency_seconds_count", strategy="none") == 1  # the old metric: all
+
+
+def test_recoveries_are_observed_once_each_and_a_new_incarnation_anew():
+    m = WebhookMetrics()
+
+    def count_() -> float:
+        return value(m.exposition().decode(), "topology_scheduler_recovery_duration_seconds_count")
+
+    m.observe_recoveries(Recoveries("inc-1", 2, (0.02, 3.0)))
+    assert count_() == 2
+    m.observe_recoveries(Recoveries("inc-1", 2, (0.02, 3.0)))  # the next scrape, nothing new
+    assert count_() == 2
+    m.observe_recoveries(Recoveries("inc-1", 3, (0.02, 3.0, 0.5)))
+    text = m.exposition().decode()
+    assert count_() == 3 and abs(value(text, "topology_scheduler_recovery_duration_seconds_sum") - 3.52) < 1e-9
+    assert value(text, "topology_scheduler_recovery_duration_seconds_bucket", le="1.0") == 2
+    m.observe_recoveries(Recoveries("inc-2", 1, (0.1,)))  # the ledger restarted: its count starts again
+    assert count_() == 4
+    m.observe_recoveries(None)  # a bare LedgerStats carries none
+    assert count_() == 4
+
+
+async def test_metrics_endpoint_serves_the_new_names(aiohttp_client):
+    ticks = count(0.0, 0.125)  # each rebuild takes one tick: 0.125 s
+    service = LedgerService(config().ledger_config(), {"kind": "objects", "objects": cluster(4, 8)}, now=NOW,
+                            timer=lambda: next(ticks), incarnation="inc-1")
+    client = await aiohttp_client(create_app(config(), InProcessLedgerClient(service, lambda: NOW)))
+    await client.post("/mutate", json=make_review(gpu_pod(3), uid="gpu"))
+    await client.post("/mutate", json=make_review(gpu_pod(None, annotations={"agentaflow.gpu/milli": "250"}),
+                                                  uid="share"))
+    await client.post("/mutate", json=make_review(gpu_pod(None), uid="no-gpu"))
+    text = await (await client.get("/metrics")).text()
+    assert value(text, "topology_scheduler_placement_duration_seconds_count") == 2
+    assert value(text, "topology_scheduler_recovery_duration_seconds_count") == 1  # the rebuild at start
+    assert value(text, "topology_scheduler_recovery_duration_seconds_sum") == 0.125
+    for level, domain in (("leaf", "leaf-0"), ("leaf", "leaf-1"), ("spine", "spine-0")):
+        old = value(text, "topology_domain_fragmentation_ratio", level=level, domain=domain)
+        assert value(text, "topology_scheduler_domain_fragmentation_ratio", level=level, domain=domain) == old
+    assert value(text, "topology_domain_fragmentation_ratio", level="spine", domain="spine-0") > 0  # the share left 750m of one GPU that no whole-GPU pod can use
+    service.resync(cluster(4, 8), NOW + 1)
+    text = await (await client.get("/metrics")).text()
+    assert value(text, "topology_scheduler_recovery_duration_seconds_count") == 2
