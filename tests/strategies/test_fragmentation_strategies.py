@@ -116,7 +116,7 @@ def test_pods_ask_for_them_by_annotation_and_live_admission_learns_the_workload(
     assert second.strategy == "fgd" and led.reserve(second, 0.0).node == "b"
 
 
-class _Unmemoised(__import__("allocator.strategies.fragmentation", fromlist=["HostAwareFGD"]).HostAwareFGD):
+class _Unmemoised(__import__("allocator.strategies.fgd_host", fromlist=["HostAwareFGD"]).HostAwareFGD):
     """fgd_host without its fast path: every node scored by the ledger, every evaluation recomputed."""
 
     name = "fgd_host_unmemoised"
