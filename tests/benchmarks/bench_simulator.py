@@ -23,7 +23,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from allocator import strategies  # noqa: E402
-from allocator.strategies.fragmentation import WORKLOAD_KEY, FragmentationGradientDescent, TargetWorkload  # noqa: E402
+from allocator.strategies.fgd import FragmentationGradientDescent  # noqa: E402
+from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload  # noqa: E402
 from allocator.core.ledger import Ledger, LedgerConfig  # noqa: E402
 from allocator.core.model import Denial  # noqa: E402
 from allocator.sim.simulator import DEFAULT_TRACE, build_arrivals, gpu_capacity_milli, replay  # noqa: E402

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from allocator.core.model import Request
 from allocator.strategies.fragmentation import (
     FragmentationMeter,
     PodShape,
@@ -15,7 +16,6 @@ from allocator.strategies.fragmentation import (
     product_matches,
     split_products,
 )
-from allocator.core.model import Request
 
 SHARE = PodShape(cpu_milli=0, gpus=1, milli=500)
 WHOLE = PodShape(cpu_milli=0, gpus=1, milli=1000)

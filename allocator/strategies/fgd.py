@@ -1,0 +1,252 @@
+"""fgd: the node and device where the node's expected fragmentation grows least (Weng et al., ATC'23); the
+math is in `fragmentation`, this adds the per-ledger memo and the candidate walk (a simulation's hot loop).
+The fast path must never decide differently from scoring every node (test_fgd checks it against a plain scan).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from allocator.core.model import MILLI_PER_GPU, DeviceShare, Request
+from allocator.core.plugin import Fit, ScoreContext, Strategy, choose_whole_devices, device_ok
+from allocator.strategies.fragmentation import (
+    WORKLOAD_KEY,
+    FragmentationMeter,
+    TargetWorkload,
+    WorkloadTracker,
+)
+from allocator.strategies.walks import bucket_walk
+
+
+class _NodeCache:
+    """Per-ledger memo. `nodes`: node name -> (NodeState, state signature, {request shape: (increase, Fit)}),
+    valid while the node's state is unchanged; `shared`: (request shape, node kind, state) -> the same, so
+    that identical nodes in identical states are evaluated once."""
+
+    __slots__ = ("meter", "nodes", "shared", "kinds")
+
+    def __init__(self, meter: FragmentationMeter):
+        self.meter = meter
+        self.nodes: dict[str, tuple] = {}
+        self.shared: dict[tuple, object] = {}
+        self.kinds: dict[int, tuple] = {}
+
+    def kind(self, node) -> tuple:
+        """What, besides free state, decides a node's evaluation: model, device indices, health, products."""
+        held = self.kinds.get(id(node.info))
+        if held is None or held[0] is not node.info:
+            info = node.info
+            kind = (info.product, tuple(node.dev_index), tuple(node.dev_healthy),
+                    tuple(d.product for d in info.devices))
+            held = self.kinds[id(info)] = (info, kind)
+        return held[1]
+
+
+class FragmentationGradientDescent(Strategy):
+    """FGD: the node and device whose placement raises the node's expected fragmentation least.
+
+    Score = -(fragmentation after - fragmentation before), ties to the lowest node name. Provides a candidate
+    walk that evaluates every node once per request from a per-node memo (a node's entry changes only when
+    its free state does), so the ledger does not re-filter every node.
+
+    The target workload comes from `ctx.extra[WORKLOAD_KEY]` (a TargetWorkload, e.g. the simulator's trace)
+    or, when absent, is learnt from the requests this ledger has seen.
+    """
+
+    name = "fgd"
+
+    def __init__(self) -> None:
+        self._meters: dict[int, tuple[TargetWorkload, FragmentationMeter]] = {}
+        self._trackers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._last_ctx: ScoreContext | None = None
+        self._last_cache: _NodeCache | None = None
+
+    # ------------------------------------------------------------------ inputs
+    def meter(self, ctx: ScoreContext) -> FragmentationMeter:
+        workload = ctx.extra.get(WORKLOAD_KEY) if ctx.extra else None
+        if isinstance(workload, TargetWorkload):
+            held = self._meters.get(id(workload))
+            if held is None or held[0] is not workload:
+                if len(self._meters) > 16:
+                    self._meters.clear()
+                held = self._meters[id(workload)] = (workload, FragmentationMeter(workload))
+            return held[1]
+        tracker = self._trackers.get(ctx.index)
+        if tracker is None:
+            tracker = self._trackers[ctx.index] = WorkloadTracker()
+        return tracker.meter()
+
+    def admit(self, request, ctx):
+        if not (ctx.extra and isinstance(ctx.extra.get(WORKLOAD_KEY), TargetWorkload)):
+            tracker = self._trackers.get(ctx.index)
+            if tracker is None:
+                tracker = self._trackers[ctx.index] = WorkloadTracker()
+            tracker.observe(request)
+        return None
+
+    def _cache(self, ctx: ScoreContext) -> _NodeCache:
+        if ctx is self._last_ctx:  # the ledger asks once per node with the same per-request context
+            return self._last_cache
+        meter = self.meter(ctx)
+        cache = self._caches.get(ctx.index)
+        if cache is None or cache.meter is not meter:
+            cache = self._caches[ctx.index] = _NodeCache(meter)
+        self._last_ctx, self._last_cache = ctx, cache
+        return cache
+
+    # ------------------------------------------------------------------ evaluation
+    def extra_cost(self, meter: FragmentationMeter, node, request: Request, taken_milli: int) -> float:
+        """Added to the fragmentation increase; FGD itself adds nothing."""
+        return 0.0
+
+    uses_memory = False  # whether free host memory enters the evaluation (beyond the fit check)
+
+    def _signature(self, node) -> tuple:
+        """The node's free state as far as an evaluation can tell (`fully_free` catches a device held only by
+        memory shares, whose free milli still reads 1000)."""
+        if self.uses_memory:
+            return (node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free,
+                    tuple(node.dev_free_milli))
+        return node.cpu_free, node.unknown_gpus, node.fully_free, tuple(node.dev_free_milli)
+
+    def _evaluate(self, node, request: Request, cache: _NodeCache):
+        """(increase, Fit) for the request on this node, or None when its GPUs cannot hold it."""
+        if request.gpu_memory_mib:  # per-device memory makes the device choice state-specific: no memo
+            return self._compute(node, request, cache.meter)
+        signature = self._signature(node)
+        entry = cache.nodes.get(node.name)
+        if entry is None or entry[0] is not node or entry[1] != signature:
+            entry = cache.nodes[node.name] = (node, signature, {})
+        key = (request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli, request.product)
+        results = entry[2]
+        if key in results:
+            return results[key]
+        result = results[key] = self._shared(node, request, cache, key, signature)
+        return result
+
+    def _shared(self, node, request: Request, cache: _NodeCache, key: tuple, signature: tuple):
+        if node.fully_free != sum(1 for free in node.dev_free_milli if free >= MILLI_PER_GPU):
+            return self._compute(node, request, cache.meter)  # which device is memory-shared: not shareable
+        shared_key = (key, cache.kind(node), signature)
+        if shared_key in cache.shared:
+            return cache.shared[shared_key]
+        if len(cache.shared) > 200_000:
+            cache.shared.clear()
+        result = cache.shared[shared_key] = self._compute(node, request, cache.meter)
+        return result
+
+    def _compute(self, node, request: Request, meter: FragmentationMeter):
+        free = _free_vector(node)
+        product = node.info.product or next((d.product for d in node.info.devices if d.product), "")
+        before = meter.fragmentation(node.cpu_free, free, product)
+        cpu_after = node.cpu_free - request.cpu_milli
+        if request.gpus > 0:
+            devices = choose_whole_devices(node, request)
+            if devices is None:
+                return None
+            after = list(free)
+            for index in devices:
+                after[node.pos[index]] = 0
+            fit = Fit(devices=devices)
+            taken = request.gpus * MILLI_PER_GPU
+        elif request.is_shared:
+            best = None
+            milli, memory = request.gpu_milli, request.gpu_memory_mib
+            for p, free_milli in enumerate(free):
+                if free_milli < milli or node.dev_owner[p] is not None:
+                    continue
+                if memory and node.dev_mem_total[p] and node.dev_free_mem[p] < memory:
+                    continue
+                if node.dev_nshares[p] == 0 and node.whole_free <= 0:
+                    continue  # opening an idle device needs a whole GPU to spare (unknown-identity GPUs)
+                if not device_ok(node, p, request):
+                    continue
+                trial = list(free)
+                trial[p] = free_milli - milli
+                increase = round(meter.fragmentation(cpu_after, trial, product) - before, 6)
+                candidate = (increase, free_milli, p, trial)
+                if best is None or candidate[:3] < best[:3]:
+                    best = candidate
+            if best is None:
+                return None
+            after = best[3]
+            fit = Fit(shares=(DeviceShare(device=node.dev_index[best[2]], milli=milli, memory_mib=memory),))
+            taken = milli
+        else:
+            after, fit, taken = free, Fit(), 0
+        increase = meter.fragmentation(cpu_after, after, product) - before
+        # rounded so that equal increases compare equal whatever the order of float sums (ties go by name)
+        return round(increase + self.extra_cost(meter, node, request, taken), 6), fit
+
+    # ------------------------------------------------------------------ the Strategy interface
+    def choose_devices(self, node, request, ctx):
+        result = self._evaluate(node, request, self._cache(ctx))
+        return None if result is None else result[1]
+
+    def score(self, node, request, fit, ctx):
+        result = self._evaluate(node, request, self._cache(ctx))
+        return 0.0 if result is None else -result[0]
+
+    def candidates(self, request, ctx, leaves):
+        """Every node that could hold the request, by fragmentation increase then name (the ledger's order).
+
+        The hot loop of a simulation: per node it costs one signature and one dict lookup unless the node's
+        state changed since a request of the same shape last looked at it.
+        """
+        cache = self._cache(ctx)
+        meter, memo = cache.meter, cache.nodes
+        key = (request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli, request.product)
+        cpu, memory, gpus, milli = request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli
+        per_device_memory = bool(request.gpu_memory_mib)
+        wanted = None if leaves is None else set(leaves)
+        if gpus > 0:  # only nodes with enough whole-free GPUs, straight from the ledger's buckets
+            pool = bucket_walk(ctx.index, leaves, gpus, descending=False)
+        else:
+            pool = ctx.index.nodes.values()
+        compute, shared, signature_of = self._compute, self._shared, self._signature
+        ranked = []
+        for node in pool:
+            if node.cpu_free < cpu or node.mem_free < memory or not node.placeable:
+                continue
+            if wanted is not None and node.leaf_key not in wanted:
+                continue
+            if milli and node.free_milli < milli:
+                continue
+            if per_device_memory:
+                result = compute(node, request, meter)
+            else:
+                signature = signature_of(node)
+                entry = memo.get(node.name)
+                if entry is None or entry[0] is not node or entry[1] != signature:
+                    entry = memo[node.name] = (node, signature, {})
+                results = entry[2]
+                if key in results:
+                    result = results[key]
+                else:
+                    result = results[key] = shared(node, request, cache, key, signature)
+            if result is not None:
+                ranked.append((result[0], node.name, node))
+        ranked.sort(key=_rank_key)
+        return (item[2] for item in ranked)
+
+
+def _rank_key(item):
+    return item[0], item[1]
+
+
+
+def _free_vector(node) -> tuple[int, ...]:
+    """Per-device free milli a pod could use: unhealthy devices and unknown-identity GPUs count as none."""
+    free = node.dev_free_milli
+    if node.unknown_gpus == 0 and all(node.dev_healthy):
+        return tuple(free)
+    out = [f if node.dev_healthy[p] else 0 for p, f in enumerate(free)]
+    unknown = node.unknown_gpus
+    for p in range(len(out)):
+        if unknown <= 0:
+            break
+        if node.is_fully_free(p):
+            out[p] = 0
+            unknown -= 1
+    return tuple(out)
