@@ -12,7 +12,7 @@ from fractions import Fraction
 from typing import Any
 
 from allocator.core.model import PinnedDevices
-from allocator.core.quantity import QuantityError
+from allocator.core.quantity import MIB, QuantityError
 from allocator.core.quantity import parse_quantity as _quantity
 
 # --- annotation keys -------------------------------------------------------------------------------------
@@ -43,13 +43,23 @@ ANNOTATIONS: tuple[str, ...] = (
 
 TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
 NETWORK_BANDWIDTHS = ("high", "medium", "low")
+# GPU_Orchestrator's priority words, as integers. The `priority` strategy lets priority >= 1 use the GPU
+# capacity it keeps as headroom: `high` and `critical` may, `medium` (the default: no annotation is 0) and
+# `low` may not. The gaps leave room for the integers AgentaFlow users write ("5", "10").
+PRIORITY_WORDS: dict[str, int] = {"low": -100, "medium": 0, "high": 100, "critical": 1000}
+# bandwidth prefixes -> Gbit/s, for topology.scheduler/network-bandwidth ("100Gb", "400Gbps", "25G")
+BANDWIDTH_PREFIXES: dict[str, Fraction] = {"k": Fraction(1, 10**6), "m": Fraction(1, 1000), "g": Fraction(1),
+                                           "t": Fraction(1000)}
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 MAX_GPUS_PER_POD = 1024
 MAX_GROUP_SIZE = 100_000
+MAX_GPU_MEMORY_MIB = 10**7
 DNS_LABELISH = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?", re.ASCII)  # use fullmatch
 _INTEGER = re.compile(r"[+-]?[0-9]{1,12}", re.ASCII)
 _ORDINAL_SUFFIX = re.compile(r"-([0-9]+)\Z", re.ASCII)
+_BYTES = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?(?:Ki|Mi|Gi|Ti|Pi|Ei|[kMGTPE])", re.ASCII)
+_BANDWIDTH = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*([kKmMgGtT])(?:b|bps|b/s|bit|bits|bit/s)?", re.ASCII)
 _MAP_LINE = re.compile(r"([0-9]{1,6})\s*=\s*([^:\s]+)\s*:\s*([0-9]{1,4}(?:\s*,\s*[0-9]{1,4})*)", re.ASCII)
 
 
@@ -99,6 +109,50 @@ def parse_quantity(field: str, raw: Any) -> Fraction:
     if value < 0:
         raise AnnotationError(field, raw, "a non-negative quantity")
     return value
+
+
+def read_priority(annotation: str, raw: Any) -> int:
+    """An integer (higher is more important) or one of `PRIORITY_WORDS` (any case)."""
+    words = " | ".join(PRIORITY_WORDS)
+    word = raw.strip().lower() if isinstance(raw, str) else None
+    if word in PRIORITY_WORDS:
+        return PRIORITY_WORDS[word]
+    return read_int(annotation, raw, -(2**31), 2**31 - 1,
+                    f"an integer from {-(2**31)} to {2**31 - 1} (higher is more important) or {words}")
+
+
+def read_gpu_memory_mib(annotation: str, raw: Any) -> int:
+    """GPU memory in MiB: a plain integer is MiB (as always); a Kubernetes quantity of bytes ("16Gi",
+    "16384Mi", "40G") is converted, rounded up to a whole MiB. Exponents and milli are refused: "1e3" could
+    be read as MiB or as bytes."""
+    accepted = (f"GPU memory in MiB, an integer from 1 to {MAX_GPU_MEMORY_MIB}, or a quantity of bytes such "
+                'as "16Gi", "16384Mi" or "40G" (ASCII digits)')
+    text = raw.strip() if isinstance(raw, str) else raw
+    if not (isinstance(text, str) and _BYTES.fullmatch(text)):
+        return read_int(annotation, raw, 1, MAX_GPU_MEMORY_MIB, accepted)
+    mib = -(-_quantity(text) // MIB)  # exact ceiling of a Fraction
+    if not 1 <= mib <= MAX_GPU_MEMORY_MIB:
+        raise AnnotationError(annotation, raw, accepted)
+    return int(mib)
+
+
+def read_network_bandwidth(annotation: str, raw: Any) -> tuple[str | None, float | None]:
+    """(word, None) for `high | medium | low` (any case), or (None, Gbit/s) for a bandwidth in bits per
+    second: "100Gb", "200Gb", "400Gbps", "25G", "1.6Tbps", "800Mbps". A capital B (bytes) is refused."""
+    accepted = (" | ".join(NETWORK_BANDWIDTHS) + ', or a positive bandwidth in bits per second such as "100Gb", '
+                '"400Gbps", "25G" or "800Mbps" (ASCII digits)')
+    if not isinstance(raw, str):
+        raise AnnotationError(annotation, raw, accepted)
+    text = raw.strip()
+    if text.lower() in NETWORK_BANDWIDTHS:
+        return text.lower(), None
+    m = _BANDWIDTH.fullmatch(text)
+    if not m:
+        raise AnnotationError(annotation, raw, accepted)
+    gbps = Fraction(m.group(1)) * BANDWIDTH_PREFIXES[m.group(2).lower()]
+    if gbps <= 0:
+        raise AnnotationError(annotation, raw, accepted)
+    return None, float(gbps)
 
 
 def parse_scheduling_map(annotation: str, raw: Any) -> dict[int, PinnedDevices]:
@@ -167,3 +221,21 @@ def pod_index(pod: Mapping, owner_kind: str | None = None) -> int | None:
         if m:
             return int(m.group(1)[-9:])
     return None
+
+
+def scheduling_map_index(pod: Mapping, owner_kind: str | None = None) -> int:
+    """The pod's entry in a `gpu-scheduling-map`. Sources, tried in this order:
+
+    1. the `apps.kubernetes.io/pod-index` label;
+    2. the `batch.kubernetes.io/job-completion-index` annotation, then the label of that name (Indexed Jobs);
+    3. the trailing `-N` of the pod's name, whatever owns the pod: a StatefulSet ordinal (`db-2` -> 2) and
+       the gpu-scheduling-map scheduler's rule for any pod (`gpu-test-1` -> 1, `name-abc123-0` -> 0);
+    4. entry 0 (a pod without such a name, e.g. one named by generateName, which admission sees nameless).
+
+    A malformed source from 1-2 is an `AnnotationError`, not a fall through: a wrong index must not pin the
+    pod somewhere else."""
+    index = pod_index(pod, owner_kind)
+    if index is not None:
+        return index
+    m = _ORDINAL_SUFFIX.search(str(mapping(pod.get("metadata")).get("name") or ""))
+    return int(m.group(1)[-9:]) if m else 0

@@ -50,7 +50,11 @@ from allocator.core.annotation_values import (  # noqa: F401
     parse_scheduling_map,
     pod_index,
     read_bool,
+    read_gpu_memory_mib,
     read_int,
+    read_network_bandwidth,
+    read_priority,
+    scheduling_map_index,
     string_map,
 )
 from allocator.core.model import (
@@ -241,8 +245,7 @@ def request_from_pod(
     gpus = count if count is not None else limit_gpus
 
     # --- sharing ---
-    memory = read_int(GPU_MEMORY, get(GPU_MEMORY), 1, 10**7, "GPU memory in MiB, an integer from 1 to 10000000") \
-        if get(GPU_MEMORY) is not None else 0
+    memory = read_gpu_memory_mib(GPU_MEMORY, get(GPU_MEMORY)) if get(GPU_MEMORY) is not None else 0
     exclusive_raw = get(EXCLUSIVE_ACCESS)
     exclusive = read_bool(EXCLUSIVE_ACCESS, exclusive_raw) if exclusive_raw is not None else None
     milli = read_int(GPU_MILLI, get(GPU_MILLI), 1, 999, "a share of one GPU in thousandths, 1 to 999") \
@@ -272,8 +275,7 @@ def request_from_pod(
     pinned: PinnedDevices | None = None
     if get(map_key) is not None:
         pins = parse_scheduling_map(map_key, get(map_key))
-        index = pod_index(pod, owner.get("kind") if owner else (controller_owner(pod) or (None,))[0])
-        index = 0 if index is None else index
+        index = scheduling_map_index(pod, owner.get("kind") if owner else (controller_owner(pod) or (None,))[0])
         if index not in pins:
             raise AnnotationError(map_key, get(map_key),
                                   f"an entry for this pod's index {index} (entries: "
@@ -315,7 +317,7 @@ def request_from_pod(
                                   + " (also least-loaded, best-fit, cost-optimized, round-robin)") from None
 
     if get(PRIORITY) is not None:
-        priority = read_int(PRIORITY, get(PRIORITY), -(2**31), 2**31 - 1, "an integer (higher is more important)")
+        priority = read_priority(PRIORITY, get(PRIORITY))
     else:
         spec_priority = mapping(pod.get("spec")).get("priority")
         priority = spec_priority if isinstance(spec_priority, int) and not isinstance(spec_priority, bool) else 0
@@ -327,11 +329,9 @@ def request_from_pod(
             raise AnnotationError(PREFERRED_DOMAIN, get(PREFERRED_DOMAIN),
                                   'a leaf or spine name (a label value), or "leaf" / "spine"')
     latency = read_bool(LATENCY_SENSITIVE, get(LATENCY_SENSITIVE)) if get(LATENCY_SENSITIVE) is not None else False
-    bandwidth = get(NETWORK_BANDWIDTH)
-    if bandwidth is not None:
-        bandwidth = bandwidth.strip().lower()
-        if bandwidth not in NETWORK_BANDWIDTHS:
-            raise AnnotationError(NETWORK_BANDWIDTH, get(NETWORK_BANDWIDTH), " | ".join(NETWORK_BANDWIDTHS))
+    bandwidth, bandwidth_gbps = None, None
+    if get(NETWORK_BANDWIDTH) is not None:
+        bandwidth, bandwidth_gbps = read_network_bandwidth(NETWORK_BANDWIDTH, get(NETWORK_BANDWIDTH))
     product = get(GPU_PRODUCT)
     if product is not None:
         product = product.strip()
@@ -363,6 +363,7 @@ def request_from_pod(
         group=group,
         latency_sensitive=latency,
         network_bandwidth=bandwidth,
+        network_bandwidth_gbps=bandwidth_gbps,
         seed=seed_for(reservation_id),
         namespace=namespace,
         name=str(meta.get("name") or ""),

@@ -1,7 +1,11 @@
 """Properties of the parsers: no text crashes them, every refusal names its annotation, foreign digits are
-never numbers (counts, memory, priorities, map indices and devices, pod indices, quantities)."""
+never numbers (counts, memory, priorities, bandwidths, map indices and devices, pod indices, quantities), and
+the earlier tools' forms (priority words, memory quantities, bandwidths, indices from names) read exactly."""
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -9,11 +13,13 @@ from hypothesis import strategies as st
 
 from allocator.core import objects as kube
 from allocator.core import quantity
+from allocator.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
 from allocator.core.request import (
     ANNOTATIONS,
     GPU_COUNT,
     GPU_MEMORY,
     GPU_MILLI,
+    NETWORK_BANDWIDTH,
     PRIORITY,
     SCHEDULING_MAP,
     SCHEDULING_MAP_ALIAS,
@@ -114,6 +120,7 @@ def test_foreign_digits_are_never_a_gpu_count_memory_milli_or_priority(number):
     _refused({GPU_MILLI: number}, GPU_MILLI)
     _refused({GPU_COUNT: "1", PRIORITY: number}, PRIORITY)
     _refused({GPU_COUNT: "1", PRIORITY: "-" + number}, PRIORITY)
+    _refused({GPU_COUNT: "1", NETWORK_BANDWIDTH: number + "Gb"}, NETWORK_BANDWIDTH)
 
 
 @settings(max_examples=150, deadline=None)
@@ -123,6 +130,7 @@ def test_foreign_digits_are_never_a_map_index_or_device(number, key):
     _refused({key: f"0=leaf-0-node-0:{number}"}, key)
     _refused({key: f"0=leaf-0-node-0:0,{number}"}, key)
     _refused({key: "0=n:0\n1=n:1"}, "apps.kubernetes.io/pod-index", labels={"apps.kubernetes.io/pod-index": number})
+    assert scheduling_map_index({"metadata": {"name": f"gpu-test-{number}"}}) == 0  # not an index: entry 0
 
 
 @settings(max_examples=150, deadline=None)
@@ -147,3 +155,54 @@ def test_foreign_digits_are_never_a_quantity(number, suffix):
 def test_the_reported_examples_are_denied_with_the_annotation_and_value(annotations, named):
     err = _refused(annotations, named)
     assert repr(annotations[named]) in str(err) and "expected" in str(err)
+
+
+# ------------------------------------------------------------------------------- the earlier tools' forms
+
+
+def _request(annotations: dict, name: str = "p"):
+    return request_from_pod(pod({GPU_COUNT: "1", **annotations}, name=name), None, None, "rid")
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.integers(-(2**31), 2**31 - 1) | st.sampled_from(list(PRIORITY_WORDS)),
+       upper=st.booleans(), pad=st.sampled_from(["", " ", "\t"]))
+def test_priority_is_an_integer_or_a_word_of_the_table(value, upper, pad):
+    text = str(value).upper() if upper else str(value)
+    expected = PRIORITY_WORDS[value] if isinstance(value, str) else value
+    assert _request({PRIORITY: pad + text + pad}).priority == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(number=st.integers(0, 10**8) | st.decimals(0, 10**6, places=3).map(str),
+       suffix=st.sampled_from(["k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"]))
+def test_memory_quantities_are_bytes_rounded_up_to_whole_mib(number, suffix):
+    text = f"{number}{suffix}"
+    mib = math.ceil(Fraction(str(number)) * quantity.SUFFIXES[suffix] / quantity.MIB)
+    if 1 <= mib <= 10**7:
+        assert _request({GPU_MEMORY: text}).gpu_memory_mib == mib
+    else:
+        _refused({GPU_COUNT: "1", GPU_MEMORY: text}, GPU_MEMORY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(whole=st.integers(0, 10**6), tenths=st.integers(0, 9), prefix=st.sampled_from("kKmMgGtT"),
+       unit=st.sampled_from(["", "b", "bps", "bit/s"]), space=st.sampled_from(["", " "]))
+def test_bandwidths_are_gbit_per_second(whole, tenths, prefix, unit, space):
+    text = f"{whole}.{tenths}{space}{prefix}{unit}"
+    gbps = (Fraction(whole) + Fraction(tenths, 10)) * {"k": Fraction(1, 10**6), "m": Fraction(1, 1000),
+                                                        "g": 1, "t": 1000}[prefix.lower()]
+    if gbps > 0:
+        r = _request({NETWORK_BANDWIDTH: text})
+        assert (r.network_bandwidth, r.network_bandwidth_gbps) == (None, float(gbps))
+    else:
+        _refused({GPU_COUNT: "1", NETWORK_BANDWIDTH: text}, NETWORK_BANDWIDTH)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stem=st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True), index=st.integers(0, 10**6),
+       labelled=st.none() | st.integers(0, 10**6))
+def test_map_index_is_the_label_else_the_trailing_number_of_the_name(stem, index, labelled):
+    labels = {} if labelled is None else {"apps.kubernetes.io/pod-index": str(labelled)}
+    p = {"metadata": {"name": f"{stem}-{index}", "labels": labels}}
+    assert scheduling_map_index(p) == (index if labelled is None else labelled)
