@@ -133,6 +133,7 @@ class Request:
     seed: int = 0
     namespace: str = ""
     name: str = ""  # pod name if known (may be empty at admission)
+    network_bandwidth_gbps: float | None = None  # a bandwidth annotation in Gbit/s ("100Gb", "400Gbps", "25G")
 
     @property
     def is_shared(self) -> bool:

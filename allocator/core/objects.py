@@ -1,34 +1,41 @@
 """The one parsing layer between Kubernetes objects (plain dicts) and the core's types.
 
-Nodes become `NodeInfo`, pods become `PodUsage` (what a pod holds on its node), and placements travel
-on pods as the signed `gpuledger.io/placement` annotation so that a ledger can be rebuilt from a pod list.
-Nothing here raises on bad cluster data: a malformed value is reported and ignored, because one odd
-object must never stop the ledger from following the cluster.
+Nodes become `NodeInfo`, pods become `PodUsage` (what a pod holds on its node, including its signed
+placement, read by `placement_codec`). Nothing here raises on bad cluster data: a malformed value is
+reported and ignored, because one odd object must never stop the ledger from following the cluster.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import math
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from fractions import Fraction
-from functools import lru_cache
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from allocator.core.model import (
-    Device,
-    DeviceShare,
-    GroupSlot,
-    NodeInfo,
-    Placement,
-    Taint,
+from allocator.core.model import Device, NodeInfo, Placement, Taint
+
+# Moved to their own modules; re-exported because callers import them from here
+# (`from allocator.core import objects as kube`; allocator.service; allocator.sources).
+from allocator.core.placement_codec import (  # noqa: F401
+    PLACEMENT_ANNOTATION,
+    PLACEMENT_VERSION,
+    RESERVATION_ID_KEY,
+    decode_placement,
+    encode_placement,
+    placement_from_dict,
+    placement_to_dict,
 )
+from allocator.core.quantity import (  # noqa: F401
+    QuantityError,
+    ascii_int,
+    count,
+    cpu_milli,
+    memory_mib,
+    parse_quantity,
+)
+from allocator.core.quantity import parse_or_default as _lenient  # the lenient policy: record, default
 
-PLACEMENT_ANNOTATION = "gpuledger.io/placement"
-RESERVATION_ID_KEY = "gpuledger.io/reservation-id"
 DEVICES_ANNOTATION = "agentaflow.gpu/devices"
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -39,90 +46,8 @@ SCHEDULABLE_LABEL = "agentaflow.gpu/schedulable"
 DEFAULT_SPINE_LABEL = "topology.scheduler/spine"
 DEFAULT_LEAF_LABEL = "topology.scheduler/leaf"
 TERMINAL_PHASES = ("Succeeded", "Failed")
-PLACEMENT_VERSION = 1
-
-_QUANTITY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-_SUFFIX = {
-    None: Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-_MIB = 2**20
-
-
-class QuantityError(ValueError):
-    """A Kubernetes resource quantity that does not parse."""
-
-
-def parse_quantity(value: Any) -> Fraction:
-    """Exact value of a Kubernetes quantity ('500m', '2', '4Gi', '1G', '128974848', '1e3')."""
-    if isinstance(value, bool):
-        raise QuantityError(f"quantity {value!r}: expected a number or a string like 500m, 2, 4Gi, 1G")
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        return Fraction(value).limit_denominator(10**9)
-    text = str(value).strip()
-    match = _QUANTITY.match(text)
-    if not match:
-        raise QuantityError(
-            f"quantity {value!r}: expected a number with an optional suffix "
-            "(n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei), e.g. 500m, 2, 4Gi, 1G"
-        )
-    number, suffix = match.groups()
-    return Fraction(number) * _SUFFIX[suffix]
-
-
-def _scaled(value: Any, scale: Fraction, round_up: bool) -> int:
-    q = parse_quantity(value) * scale
-    return math.ceil(q) if round_up else math.floor(q)
-
-
-# quantities repeat across pods ("500m", "4Gi"): parse each spelling once
-@lru_cache(maxsize=4096)
-def _cpu_text(text: str, round_up: bool) -> int:
-    return _scaled(text, Fraction(1000), round_up)
-
-
-@lru_cache(maxsize=4096)
-def _mib_text(text: str, round_up: bool) -> int:
-    return _scaled(text, Fraction(1, _MIB), round_up)
-
-
-@lru_cache(maxsize=1024)
-def _count_text(text: str) -> int:
-    return _scaled(text, Fraction(1), True)
-
-
-def cpu_milli(value: Any, round_up: bool = True) -> int:
-    if isinstance(value, str):
-        return _cpu_text(value, round_up)
-    return _scaled(value, Fraction(1000), round_up)
-
-
-def memory_mib(value: Any, round_up: bool = True) -> int:
-    if isinstance(value, str):
-        return _mib_text(value, round_up)
-    return _scaled(value, Fraction(1, _MIB), round_up)
-
-
-def count(value: Any) -> int:
-    if isinstance(value, str):
-        return _count_text(value)
-    return _scaled(value, Fraction(1), True)
+MAX_DEVICES_PER_NODE = 4096
+_DIGITS = re.compile(r"([0-9]+)")
 
 
 # ---------------------------------------------------------------------------------------------- objects
@@ -176,17 +101,6 @@ def _annotations(obj: dict) -> dict[str, str]:
     return {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items()}
 
 
-def _safe(parse, value, default, problems: list[str] | None, what: str):
-    if value is None:
-        return default
-    try:
-        return parse(value)
-    except (QuantityError, ValueError, TypeError) as err:
-        if problems is not None:
-            problems.append(f"{what}: {err}")
-        return default
-
-
 def _is_true(value: str | None) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
@@ -207,11 +121,13 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     spine_label = getattr(config, "spine_label", DEFAULT_SPINE_LABEL)
     leaf_label = getattr(config, "leaf_label", DEFAULT_LEAF_LABEL)
 
-    cpu = _safe(lambda v: cpu_milli(v, round_up=False), alloc.get("cpu"), 0, problems, f"node {name} cpu")
-    mem = _safe(lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems, f"node {name} memory")
-    gpus = _safe(count, alloc.get(GPU_RESOURCE), 0, problems, f"node {name} {GPU_RESOURCE}")
+    cpu = _lenient(lambda v: cpu_milli(v, round_up=False), alloc.get("cpu"), 0, problems, f"node {name} cpu")
+    mem = _lenient(lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems,
+                   f"node {name} memory")
+    gpus = _lenient(_device_count, alloc.get(GPU_RESOURCE), 0, problems, f"node {name} {GPU_RESOURCE}")
     product = labels.get(PRODUCT_LABEL) or labels.get(ACCELERATOR_LABEL) or ""
-    gpu_mem = _safe(int, labels.get(GPU_MEMORY_LABEL), 0, problems, f"node {name} label {GPU_MEMORY_LABEL}")
+    gpu_mem = _lenient(ascii_int, labels.get(GPU_MEMORY_LABEL), 0, problems,
+                       f"node {name} label {GPU_MEMORY_LABEL} (MiB, an integer)")
 
     devices = None
     if DEVICES_ANNOTATION in annotations:
@@ -245,6 +161,14 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     )
 
 
+def _device_count(value: Any) -> int:
+    """Allocatable GPUs, bounded: one device record is made per GPU, so "1e18" must not be honoured."""
+    gpus = count(value)
+    if gpus > MAX_DEVICES_PER_NODE:
+        raise ValueError(f"{value!r} GPUs: expected at most {MAX_DEVICES_PER_NODE} on one node")
+    return gpus
+
+
 def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[Device, ...] | None:
     accepted = 'a JSON list of {"index": int, "uuid": str, "product": str, "memoryMiB": int, "healthy": bool}'
     try:
@@ -256,7 +180,7 @@ def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[De
         for entry in raw:
             if not isinstance(entry, dict) or "index" not in entry:
                 raise ValueError(f"entry {entry!r} has no index")
-            index = int(entry["index"])
+            index = ascii_int(entry["index"])
             if index in seen or index < 0:
                 raise ValueError(f"index {index} repeated or negative")
             seen.add(index)
@@ -266,12 +190,12 @@ def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[De
                     index=index,
                     uuid=str(entry.get("uuid", "") or ""),
                     product=str(entry.get("product") or product),
-                    memory_mib=int(entry.get("memoryMiB") or gpu_mem or 0),
+                    memory_mib=ascii_int(entry.get("memoryMiB") or gpu_mem or 0),
                     healthy=healthy if isinstance(healthy, bool) else _is_true(healthy),
                 )
             )
         return tuple(sorted(devices, key=lambda d: d.index))
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, RecursionError) as err:  # RecursionError: "[[[[..." JSON
         if problems is not None:
             problems.append(
                 f"node {node} annotation {DEVICES_ANNOTATION}={text[:200]!r} ignored ({err}); accepted: {accepted}"
@@ -293,9 +217,9 @@ def _container_requests(container: dict, problems: list[str] | None, where: str)
     resources = container.get("resources") or {}
     requests = dict(resources.get("limits") or {})  # requests default to limits, resource by resource
     requests.update(resources.get("requests") or {})
-    cpu = _safe(cpu_milli, requests.get("cpu"), 0, problems, f"{where} cpu")
-    mem = _safe(memory_mib, requests.get("memory"), 0, problems, f"{where} memory")
-    gpus = _safe(count, requests.get(GPU_RESOURCE), 0, problems, f"{where} {GPU_RESOURCE}")
+    cpu = _lenient(cpu_milli, requests.get("cpu"), 0, problems, f"{where} cpu")
+    mem = _lenient(memory_mib, requests.get("memory"), 0, problems, f"{where} memory")
+    gpus = _lenient(count, requests.get(GPU_RESOURCE), 0, problems, f"{where} {GPU_RESOURCE}")
     return cpu, mem, gpus
 
 
@@ -324,8 +248,8 @@ def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
     cpu, mem, gpus = cpu + sidecar[0], mem + sidecar[1], gpus + sidecar[2]
     cpu, mem, gpus = max(cpu, init_peak[0]), max(mem, init_peak[1]), max(gpus, init_peak[2])
     overhead = spec.get("overhead") or {}
-    cpu += _safe(cpu_milli, overhead.get("cpu"), 0, problems, f"pod {name} overhead cpu")
-    mem += _safe(memory_mib, overhead.get("memory"), 0, problems, f"pod {name} overhead memory")
+    cpu += _lenient(cpu_milli, overhead.get("cpu"), 0, problems, f"pod {name} overhead cpu")
+    mem += _lenient(memory_mib, overhead.get("memory"), 0, problems, f"pod {name} overhead memory")
     return PodRequests(cpu, mem, gpus)
 
 
@@ -390,139 +314,10 @@ def pod_usage(
     )
 
 
-# ---------------------------------------------------------------------------------------------- placements
-
-
-def placement_to_dict(p: Placement) -> dict:
-    d: dict[str, Any] = {"v": PLACEMENT_VERSION, "id": p.id, "node": p.node}
-    if p.devices:
-        d["devices"] = list(p.devices)
-    if p.shares:
-        d["shares"] = [[s.device, s.milli, s.memory_mib] for s in p.shares]
-    if p.uuids:
-        d["uuids"] = list(p.uuids)
-    if p.cpu_milli:
-        d["cpu"] = p.cpu_milli
-    if p.memory_mib:
-        d["mem"] = p.memory_mib
-    if p.group is not None:
-        d["group"] = p.group
-    if p.slot is not None:
-        d["slot"] = p.slot
-    if p.strategy:
-        d["strategy"] = p.strategy
-    if p.score:
-        d["score"] = p.score
-    if p.tolerated_taints:
-        d["taints"] = [[t.key, t.value, t.effect] for t in p.tolerated_taints]
-    if p.group_plan:
-        d["plan"] = [
-            [s.slot, s.node, list(s.devices), list(s.uuids), [[x.device, x.milli, x.memory_mib] for x in s.shares]]
-            for s in p.group_plan
-        ]
-    if p.group_deadline is not None:
-        d["deadline"] = p.group_deadline
-    return d
-
-
-def _shares(raw) -> tuple[DeviceShare, ...]:
-    return tuple(DeviceShare(int(a), int(b), int(c)) for a, b, c in raw) if raw else ()
-
-
-def placement_from_dict(d: dict) -> Placement:
-    get = d.get
-    pid, node = get("id"), get("node")
-    if not isinstance(pid, str) or not isinstance(node, str):
-        raise ValueError("placement needs string id and node")
-    devices = get("devices")
-    uuids = get("uuids")
-    slot = get("slot")
-    taints = get("taints")
-    plan = get("plan")
-    deadline = get("deadline")
-    return Placement(
-        id=pid,
-        node=node,
-        devices=tuple(map(int, devices)) if devices else (),
-        shares=_shares(get("shares")),
-        uuids=tuple(map(str, uuids)) if uuids else (),
-        cpu_milli=int(get("cpu", 0)),
-        memory_mib=int(get("mem", 0)),
-        group=get("group"),
-        slot=None if slot is None else int(slot),
-        strategy=str(get("strategy", "")),
-        score=float(get("score", 0.0)),
-        tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
-        group_plan=tuple(
-            GroupSlot(
-                int(s[0]),
-                str(s[1]),
-                tuple(map(int, s[2])),
-                tuple(map(str, s[3])),
-                _shares(s[4] if len(s) > 4 else ()),
-            )
-            for s in plan
-        )
-        if plan
-        else (),
-        group_deadline=None if deadline is None else float(deadline),
-    )
-
-
-def _canonical(d: dict) -> str:
-    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
-def _sign(text: str, key: bytes | str) -> str:
-    if isinstance(key, str):
-        key = key.encode()
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
-
-
-_SIG_FIELD = ',"sig":"'
-
-
-def encode_placement(placement: Placement, key: bytes | str = b"") -> str:
-    """The `gpuledger.io/placement` annotation value: the placement as canonical JSON (sorted keys, no
-    spaces) with an HMAC-SHA256 `sig` of that canonical text appended as the last member. An empty key
-    writes an unsigned annotation (development only)."""
-    text = _canonical(placement_to_dict(placement))
-    if not key:
-        return text
-    return f'{text[:-1]}{_SIG_FIELD}{_sign(text, key)}"}}'
-
-
-def decode_placement(text: str, key: bytes | str = b"") -> Placement | None:
-    """The placement in an annotation, or None when it is malformed or its signature does not verify
-    (the signed text is the annotation with its trailing `sig` member removed).
-
-    With an empty key signatures are not checked (development only)."""
-    try:
-        if not isinstance(text, str):
-            return None
-        if key:
-            cut = text.rfind(_SIG_FIELD)
-            if cut < 0 or not text.endswith('"}'):
-                return None
-            signed = text[:cut] + "}"
-            sig = text[cut + len(_SIG_FIELD) : -2]
-            if not hmac.compare_digest(sig, _sign(signed, key)):
-                return None
-            d = json.loads(signed)
-        else:
-            d = json.loads(text)
-            if isinstance(d, dict):
-                d.pop("sig", None)
-        if not isinstance(d, dict) or d.get("v", PLACEMENT_VERSION) != PLACEMENT_VERSION:
-            return None
-        return placement_from_dict(d)
-    except (ValueError, TypeError, KeyError, IndexError):
-        return None
-
-
 def natural_key(text: str) -> tuple:
-    """Sort key that orders 'leaf-2' before 'leaf-10'."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
+    """Sort key that orders 'leaf-2' before 'leaf-10' (ASCII digits only: '٢' is text, not a number)."""
+    return tuple((0, int(part), "") if _DIGITS.fullmatch(part) else (1, 0, part)
+                 for part in _DIGITS.split(text) if part)
 
 
 def split_objects(objects: Iterable[dict]) -> tuple[list[dict], list[dict]]:

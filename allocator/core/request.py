@@ -1,20 +1,62 @@
-"""Pod (and its owning Job/StatefulSet) -> the ledger's `Request`: every annotation read in one place.
+"""Pod (and its owning Job/StatefulSet) -> the ledger's `Request`: how the annotations combine.
 
 Pure and total: any input either yields a `Request`, `None` (the pod needs no GPU) or an `AnnotationError`
 whose message names the annotation (or field), the value and what would be accepted, so the webhook can deny
-with a message a user can act on. The rules are documented in docs/annotations.md.
+with a message a user can act on. Each value is read by `annotation_values`; the rules are documented in
+docs/annotations.md.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from typing import Any, Mapping
+from typing import Any
 
 from allocator.core import objects as kube
 from allocator.core import registry as strategies
+
+# The keys and value readers live in annotation_values; every name is re-exported here because callers
+# (allocator.service, allocator.sim, the tests) import them from allocator.core.request.
+from allocator.core.annotation_values import (  # noqa: F401
+    ANNOTATIONS,
+    DNS_LABELISH,
+    EXCLUSIVE_ACCESS,
+    FALSE_WORDS,
+    GPU_COUNT,
+    GPU_MEMORY,
+    GPU_MILLI,
+    GPU_PRODUCT,
+    JOB_COMPLETION_INDEX,
+    LATENCY_SENSITIVE,
+    MAX_GPUS_PER_POD,
+    MAX_GROUP_SIZE,
+    NETWORK_BANDWIDTH,
+    NETWORK_BANDWIDTHS,
+    PLACEMENT_STRATEGY,
+    POD_INDEX_LABEL,
+    PREFERRED_DOMAIN,
+    PRIORITY,
+    SCHEDULING_MAP,
+    SCHEDULING_MAP_ALIAS,
+    SCHEDULING_STRATEGY,
+    TOPOLOGY_STRATEGIES,
+    TRUE_WORDS,
+    AnnotationError,
+    as_list,
+    controller_owner,
+    mapping,
+    parse_quantity,
+    parse_scheduling_map,
+    pod_index,
+    read_bool,
+    read_gpu_memory_mib,
+    read_int,
+    read_network_bandwidth,
+    read_priority,
+    scheduling_map_index,
+    string_map,
+)
 from allocator.core.model import (
     GroupSpec,
     PinnedDevices,
@@ -23,214 +65,39 @@ from allocator.core.model import (
     Toleration,
 )
 
-# --- annotation keys -------------------------------------------------------------------------------------
-GPU_COUNT = "topology.scheduler/gpu-count"
-PREFERRED_DOMAIN = "topology.scheduler/preferred-domain"
-PLACEMENT_STRATEGY = "topology.scheduler/placement-strategy"
-LATENCY_SENSITIVE = "topology.scheduler/latency-sensitive"
-NETWORK_BANDWIDTH = "topology.scheduler/network-bandwidth"
-SCHEDULING_STRATEGY = "agentaflow.gpu/scheduling-strategy"
-PRIORITY = "agentaflow.gpu/priority"
-GPU_MEMORY = "agentaflow.gpu/memory"
-EXCLUSIVE_ACCESS = "agentaflow.gpu/exclusive-access"
-GPU_MILLI = "agentaflow.gpu/milli"
-GPU_PRODUCT = "agentaflow.gpu/product"
-SCHEDULING_MAP = "gpu-scheduling-map"
-SCHEDULING_MAP_ALIAS = "topology.scheduler/gpu-scheduling-map"
-
-# pod index sources (Kubernetes' own)
-POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
-JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-
-# every annotation this module reads; the docs and the fuzz tests iterate over it
-ANNOTATIONS: tuple[str, ...] = (
-    GPU_COUNT, PREFERRED_DOMAIN, PLACEMENT_STRATEGY, LATENCY_SENSITIVE, NETWORK_BANDWIDTH,
-    SCHEDULING_STRATEGY, PRIORITY, GPU_MEMORY, EXCLUSIVE_ACCESS, GPU_MILLI, GPU_PRODUCT,
-    SCHEDULING_MAP, SCHEDULING_MAP_ALIAS,
-)
-
-TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
-NETWORK_BANDWIDTHS = ("high", "medium", "low")
-TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
-
-MAX_GPUS_PER_POD = 1024
-MAX_GROUP_SIZE = 100_000
-_DNS_LABELISH = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
-_ORDINAL_SUFFIX = re.compile(r"-(\d+)$")
-
-
-class AnnotationError(ValueError):
-    """A value the webhook cannot honour; `str()` names the annotation (or field), the value and the fix."""
-
-    def __init__(self, annotation: str, value: Any, accepted: str):
-        self.annotation, self.value, self.accepted = annotation, value, accepted
-        shown = value if isinstance(value, str) else repr(value)
-        if isinstance(shown, str) and len(shown) > 200:
-            shown = shown[:200] + "..."
-        super().__init__(f"{annotation}={shown!r} is not accepted: expected {accepted}")
-
 
 @dataclass(frozen=True)
 class PodRequestConfig:
     gpu_resource: str = "nvidia.com/gpu"
 
 
-# --- small parsers ---------------------------------------------------------------------------------------
-
-def _int(annotation: str, raw: Any, lo: int, hi: int, accepted: str | None = None) -> int:
-    text = raw.strip() if isinstance(raw, str) else raw
-    accepted = accepted or f"an integer from {lo} to {hi}"
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise AnnotationError(annotation, raw, accepted)
-    if isinstance(text, str) and not re.fullmatch(r"[+-]?\d{1,12}", text):
-        raise AnnotationError(annotation, raw, accepted)
-    value = int(text)
-    if not lo <= value <= hi:
-        raise AnnotationError(annotation, raw, accepted)
-    return value
-
-
-def _bool(annotation: str, raw: Any) -> bool:
-    text = str(raw).strip().lower() if isinstance(raw, (str, bool)) else None
-    if text in TRUE_WORDS:
-        return True
-    if text in FALSE_WORDS:
-        return False
-    raise AnnotationError(annotation, raw, '"true" or "false"')
-
-
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal(10**3),
-            "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15),
-            "E": Decimal(10**18)}
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$")
-
-
-def parse_quantity(field: str, raw: Any) -> Decimal:
-    """A Kubernetes resource.Quantity ("500m", "2Gi", "1e3", "4") as a Decimal in base units."""
-    accepted = 'a Kubernetes quantity such as "500m", "2", "512Mi" or "1Gi"'
-    if isinstance(raw, bool):
-        raise AnnotationError(field, raw, accepted)
-    if isinstance(raw, (int, float)):
-        raw = str(raw)
-    if not isinstance(raw, str):
-        raise AnnotationError(field, raw, accepted)
-    match = _QUANTITY.match(raw.strip())
-    if not match:
-        raise AnnotationError(field, raw, accepted)
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number)
-        if exponent:
-            value *= Decimal(10) ** int(exponent[1:])
-        elif suffix in _BINARY:
-            value *= _BINARY[suffix]
-        else:
-            value *= _DECIMAL[suffix or ""]
-    except (InvalidOperation, OverflowError):
-        raise AnnotationError(field, raw, accepted) from None
-    if value < 0:
-        raise AnnotationError(field, raw, "a non-negative quantity")
-    return value
-
-
-def _ceil(value: Decimal) -> int:
-    return int(-((-value) // 1))
-
-
-def parse_scheduling_map(annotation: str, raw: Any) -> dict[int, PinnedDevices]:
-    """`index=node:dev,dev` lines (blank lines and `#` comments ignored) -> pod index -> pin."""
-    accepted = 'lines "INDEX=NODE:DEV[,DEV...]" such as "0=node1:0,1", one per pod index'
-    if not isinstance(raw, str):
-        raise AnnotationError(annotation, raw, accepted)
-    pins: dict[int, PinnedDevices] = {}
-    for line in raw.replace(";", "\n").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.fullmatch(r"(\d{1,6})\s*=\s*([^:\s]+)\s*:\s*(\d{1,4}(?:\s*,\s*\d{1,4})*)", line)
-        if not m:
-            raise AnnotationError(annotation, raw, f"{accepted} (cannot read line {line!r})")
-        index, node, devs = int(m.group(1)), m.group(2), m.group(3)
-        if not _DNS_LABELISH.match(node):
-            raise AnnotationError(annotation, raw, f"{accepted} (bad node name {node!r})")
-        devices = tuple(int(d) for d in devs.split(","))
-        if len(set(devices)) != len(devices):
-            raise AnnotationError(annotation, raw, f"{accepted} (device listed twice in line {line!r})")
-        if index in pins:
-            raise AnnotationError(annotation, raw, f"{accepted} (index {index} listed twice)")
-        pins[index] = PinnedDevices(node=node, devices=devices)
-    if not pins:
-        raise AnnotationError(annotation, raw, accepted)
-    return pins
-
-
 # --- pod helpers -----------------------------------------------------------------------------------------
 
-def _mapping(value: Any) -> Mapping:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list:
-    return value if isinstance(value, list) else []
-
-
-def _string_map(field: str, value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise AnnotationError(field, value, "a map of strings")
-    return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
-
-
-def controller_owner(pod: Mapping) -> tuple[str, str] | None:
-    """(kind, name) of the pod's controlling Job or StatefulSet, if any."""
-    for ref in _list(_mapping(pod.get("metadata")).get("ownerReferences")):
-        ref = _mapping(ref)
-        if ref.get("kind") in ("Job", "StatefulSet") and ref.get("name") and ref.get("controller", True):
-            return str(ref["kind"]), str(ref["name"])
-    return None
-
-
-def pod_index(pod: Mapping, owner_kind: str | None = None) -> int | None:
-    """The pod's index in its workload: pod-index label, Job completion index, or StatefulSet ordinal."""
-    meta = _mapping(pod.get("metadata"))
-    labels, annotations = _mapping(meta.get("labels")), _mapping(meta.get("annotations"))
-    for source, key in ((labels, POD_INDEX_LABEL), (annotations, JOB_COMPLETION_INDEX), (labels, JOB_COMPLETION_INDEX)):
-        if key in source:
-            return _int(key, source[key], 0, 10**9, "a non-negative integer pod index")
-    if owner_kind == "StatefulSet":
-        m = _ORDINAL_SUFFIX.search(str(meta.get("name") or ""))
-        if m:
-            return int(m.group(1)[-9:])
-    return None
-
-
 def _group_size(owner: Mapping) -> int:
-    spec = _mapping(owner.get("spec"))
+    spec = mapping(owner.get("spec"))
     kind = owner.get("kind")
     if kind == "Job":
         parallelism = spec.get("parallelism", 1)
         completions = spec.get("completions")
-        size = _int("Job spec.parallelism", parallelism, 0, MAX_GROUP_SIZE)
+        size = read_int("Job spec.parallelism", parallelism, 0, MAX_GROUP_SIZE)
         if completions is not None:
-            size = min(size, _int("Job spec.completions", completions, 0, MAX_GROUP_SIZE))
+            size = min(size, read_int("Job spec.completions", completions, 0, MAX_GROUP_SIZE))
         return size
     if kind == "StatefulSet":
-        return _int("StatefulSet spec.replicas", spec.get("replicas", 1), 0, MAX_GROUP_SIZE)
+        return read_int("StatefulSet spec.replicas", spec.get("replicas", 1), 0, MAX_GROUP_SIZE)
     return 1
 
 
 def _container_gpus(pod: Mapping, resource: str) -> tuple[int, list[str]]:
     """Whole GPUs the containers ask for through limits (containers add up, init containers overlap)."""
-    spec = _mapping(pod.get("spec"))
+    spec = mapping(pod.get("spec"))
     total, init_max, gpu_containers = 0, 0, []
     for kind in ("containers", "initContainers"):
         if spec.get(kind) is not None and not isinstance(spec.get(kind), list):
             raise AnnotationError(f"spec.{kind}", spec.get(kind), "a list of containers")
-        for i, container in enumerate(_list(spec.get(kind))):
-            resources = _mapping(_mapping(container).get("resources"))
-            limits, requests = _mapping(resources.get("limits")), _mapping(resources.get("requests"))
+        for i, container in enumerate(as_list(spec.get(kind))):
+            resources = mapping(mapping(container).get("resources"))
+            limits, requests = mapping(resources.get("limits")), mapping(resources.get("requests"))
             raw = limits.get(resource, requests.get(resource))
             if raw is None:
                 continue
@@ -243,7 +110,7 @@ def _container_gpus(pod: Mapping, resource: str) -> tuple[int, list[str]]:
             else:
                 init_max = max(init_max, int(value))
             if value > 0:
-                gpu_containers.append(str(_mapping(container).get("name", "")))
+                gpu_containers.append(str(mapping(container).get("name", "")))
     return max(total, init_max), gpu_containers
 
 
@@ -252,33 +119,33 @@ def _container_resources(pod: Mapping) -> tuple[int, int]:
     (`kube.pod_requests`: requests default to limits, restartable init sidecars, init peaks, overhead), so a
     reservation and a rebuild from the pod agree. Every quantity is checked first: a bad one is a denial
     naming its field, not a silently ignored value."""
-    spec = _mapping(pod.get("spec"))
+    spec = mapping(pod.get("spec"))
     for kind in ("containers", "initContainers"):
         if spec.get(kind) is not None and not isinstance(spec.get(kind), list):
             raise AnnotationError(f"spec.{kind}", spec.get(kind), "a list of containers")
-        for i, container in enumerate(_list(spec.get(kind))):
+        for i, container in enumerate(as_list(spec.get(kind))):
             if not isinstance(container, dict):
                 raise AnnotationError(f"spec.{kind}[{i}]", container, "a container object")
-            resources = _mapping(container.get("resources"))
+            resources = mapping(container.get("resources"))
             for section in ("requests", "limits"):
                 for resource in ("cpu", "memory"):
-                    raw = _mapping(resources.get(section)).get(resource)
+                    raw = mapping(resources.get(section)).get(resource)
                     if raw is not None:
                         parse_quantity(f"spec.{kind}[{i}].resources.{section}.{resource}", raw)
     for resource in ("cpu", "memory"):
-        raw = _mapping(spec.get("overhead")).get(resource)
+        raw = mapping(spec.get("overhead")).get(resource)
         if raw is not None:
             parse_quantity(f"spec.overhead.{resource}", raw)
     def sane(container: dict) -> dict:  # only the fields pod_requests reads, each of the type it expects
-        resources = _mapping(container.get("resources"))
+        resources = mapping(container.get("resources"))
         return {"name": str(container.get("name", "")), "restartPolicy": container.get("restartPolicy"),
-                "resources": {"requests": _mapping(resources.get("requests")),
-                              "limits": _mapping(resources.get("limits"))}}
+                "resources": {"requests": mapping(resources.get("requests")),
+                              "limits": mapping(resources.get("limits"))}}
 
-    shaped = {kind: [sane(c) for c in _list(spec.get(kind))] for kind in ("containers", "initContainers")}
-    shaped["overhead"] = _mapping(spec.get("overhead"))
+    shaped = {kind: [sane(c) for c in as_list(spec.get(kind))] for kind in ("containers", "initContainers")}
+    shaped["overhead"] = mapping(spec.get("overhead"))
     problems: list[str] = []
-    counted = kube.pod_requests({"metadata": {"name": str(_mapping(pod.get("metadata")).get("name", ""))},
+    counted = kube.pod_requests({"metadata": {"name": str(mapping(pod.get("metadata")).get("name", ""))},
                                  "spec": shaped}, problems)
     if problems:  # a quantity this parser takes but the ledger's does not: refuse rather than disagree
         raise AnnotationError("spec.containers[*].resources", problems[0], 'quantities such as "500m", "2", "512Mi"')
@@ -286,30 +153,30 @@ def _container_resources(pod: Mapping) -> tuple[int, int]:
 
 
 def _affinity_terms(pod: Mapping) -> tuple[tuple[SelectorRequirement, ...], ...]:
-    node_affinity = _mapping(_mapping(_mapping(pod.get("spec")).get("affinity")).get("nodeAffinity"))
-    required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    node_affinity = mapping(mapping(mapping(pod.get("spec")).get("affinity")).get("nodeAffinity"))
+    required = mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms = []
-    for term in _list(required.get("nodeSelectorTerms")):
-        term = _mapping(term)
+    for term in as_list(required.get("nodeSelectorTerms")):
+        term = mapping(term)
         reqs = []
-        for expr in _list(term.get("matchExpressions")):
-            expr = _mapping(expr)
+        for expr in as_list(term.get("matchExpressions")):
+            expr = mapping(expr)
             reqs.append(SelectorRequirement(str(expr.get("key", "")), str(expr.get("operator", "")),
-                                            tuple(str(v) for v in _list(expr.get("values")))))
-        for expr in _list(term.get("matchFields")):
-            expr = _mapping(expr)
+                                            tuple(str(v) for v in as_list(expr.get("values")))))
+        for expr in as_list(term.get("matchFields")):
+            expr = mapping(expr)
             # the only field selector Kubernetes supports is metadata.name; nodes carry it as their hostname label
             key = "kubernetes.io/hostname" if expr.get("key") == "metadata.name" else str(expr.get("key", ""))
             reqs.append(SelectorRequirement(key, str(expr.get("operator", "")),
-                                            tuple(str(v) for v in _list(expr.get("values")))))
+                                            tuple(str(v) for v in as_list(expr.get("values")))))
         terms.append(tuple(reqs))
     return tuple(terms)
 
 
 def _tolerations(pod: Mapping) -> tuple[Toleration, ...]:
     out = []
-    for t in _list(_mapping(pod.get("spec")).get("tolerations")):
-        t = _mapping(t)
+    for t in as_list(mapping(pod.get("spec")).get("tolerations")):
+        t = mapping(t)
         out.append(Toleration(key=str(t.get("key") or ""), operator=str(t.get("operator") or "Equal"),
                               value=str(t.get("value") or ""), effect=str(t.get("effect") or "")))
     return tuple(out)
@@ -340,11 +207,11 @@ def request_from_pod(
         gpu_resource=getattr(config, "gpu_resource", PodRequestConfig.gpu_resource))
     if not isinstance(pod, dict):
         raise AnnotationError("object", type(pod).__name__, "a Pod object")
-    meta = _mapping(pod.get("metadata"))
-    pod_ann = _string_map("metadata.annotations", meta.get("annotations"))
+    meta = mapping(pod.get("metadata"))
+    pod_ann = string_map("metadata.annotations", meta.get("annotations"))
     owner = owner if isinstance(owner, dict) and owner.get("kind") in ("Job", "StatefulSet") else None
-    owner_meta = _mapping(owner.get("metadata")) if owner else {}
-    owner_ann = _string_map(f"{owner.get('kind')} metadata.annotations", owner_meta.get("annotations")) if owner else {}
+    owner_meta = mapping(owner.get("metadata")) if owner else {}
+    owner_ann = string_map(f"{owner.get('kind')} metadata.annotations", owner_meta.get("annotations")) if owner else {}
     namespace = namespace or str(meta.get("namespace") or owner_meta.get("namespace") or "")
 
     def get(key: str) -> str | None:
@@ -362,9 +229,9 @@ def request_from_pod(
     limit_gpus, _ = _container_gpus(pod, config.gpu_resource)
     count: int | None = None
     if GPU_COUNT in pod_ann:
-        count = _int(GPU_COUNT, pod_ann[GPU_COUNT], 0, MAX_GPUS_PER_POD)
+        count = read_int(GPU_COUNT, pod_ann[GPU_COUNT], 0, MAX_GPUS_PER_POD)
     elif GPU_COUNT in owner_ann:
-        total = _int(GPU_COUNT, owner_ann[GPU_COUNT], 0, MAX_GPUS_PER_POD * max(group_size, 1))
+        total = read_int(GPU_COUNT, owner_ann[GPU_COUNT], 0, MAX_GPUS_PER_POD * max(group_size, 1))
         if group_size > 1 and total % group_size:
             raise AnnotationError(
                 GPU_COUNT, owner_ann[GPU_COUNT],
@@ -378,11 +245,10 @@ def request_from_pod(
     gpus = count if count is not None else limit_gpus
 
     # --- sharing ---
-    memory = _int(GPU_MEMORY, get(GPU_MEMORY), 1, 10**7, "GPU memory in MiB, an integer from 1 to 10000000") \
-        if get(GPU_MEMORY) is not None else 0
+    memory = read_gpu_memory_mib(GPU_MEMORY, get(GPU_MEMORY)) if get(GPU_MEMORY) is not None else 0
     exclusive_raw = get(EXCLUSIVE_ACCESS)
-    exclusive = _bool(EXCLUSIVE_ACCESS, exclusive_raw) if exclusive_raw is not None else None
-    milli = _int(GPU_MILLI, get(GPU_MILLI), 1, 999, "a share of one GPU in thousandths, 1 to 999") \
+    exclusive = read_bool(EXCLUSIVE_ACCESS, exclusive_raw) if exclusive_raw is not None else None
+    milli = read_int(GPU_MILLI, get(GPU_MILLI), 1, 999, "a share of one GPU in thousandths, 1 to 999") \
         if get(GPU_MILLI) is not None else 0
     gpu_milli = 0
     if milli and exclusive is True:
@@ -409,8 +275,7 @@ def request_from_pod(
     pinned: PinnedDevices | None = None
     if get(map_key) is not None:
         pins = parse_scheduling_map(map_key, get(map_key))
-        index = pod_index(pod, owner.get("kind") if owner else (controller_owner(pod) or (None,))[0])
-        index = 0 if index is None else index
+        index = scheduling_map_index(pod, owner.get("kind") if owner else (controller_owner(pod) or (None,))[0])
         if index not in pins:
             raise AnnotationError(map_key, get(map_key),
                                   f"an entry for this pod's index {index} (entries: "
@@ -452,32 +317,30 @@ def request_from_pod(
                                   + " (also least-loaded, best-fit, cost-optimized, round-robin)") from None
 
     if get(PRIORITY) is not None:
-        priority = _int(PRIORITY, get(PRIORITY), -(2**31), 2**31 - 1, "an integer (higher is more important)")
+        priority = read_priority(PRIORITY, get(PRIORITY))
     else:
-        spec_priority = _mapping(pod.get("spec")).get("priority")
+        spec_priority = mapping(pod.get("spec")).get("priority")
         priority = spec_priority if isinstance(spec_priority, int) and not isinstance(spec_priority, bool) else 0
 
     domain = get(PREFERRED_DOMAIN)
     if domain is not None:
         domain = domain.strip()
-        if not _DNS_LABELISH.match(domain):
+        if not DNS_LABELISH.fullmatch(domain):
             raise AnnotationError(PREFERRED_DOMAIN, get(PREFERRED_DOMAIN),
                                   'a leaf or spine name (a label value), or "leaf" / "spine"')
-    latency = _bool(LATENCY_SENSITIVE, get(LATENCY_SENSITIVE)) if get(LATENCY_SENSITIVE) is not None else False
-    bandwidth = get(NETWORK_BANDWIDTH)
-    if bandwidth is not None:
-        bandwidth = bandwidth.strip().lower()
-        if bandwidth not in NETWORK_BANDWIDTHS:
-            raise AnnotationError(NETWORK_BANDWIDTH, get(NETWORK_BANDWIDTH), " | ".join(NETWORK_BANDWIDTHS))
+    latency = read_bool(LATENCY_SENSITIVE, get(LATENCY_SENSITIVE)) if get(LATENCY_SENSITIVE) is not None else False
+    bandwidth, bandwidth_gbps = None, None
+    if get(NETWORK_BANDWIDTH) is not None:
+        bandwidth, bandwidth_gbps = read_network_bandwidth(NETWORK_BANDWIDTH, get(NETWORK_BANDWIDTH))
     product = get(GPU_PRODUCT)
     if product is not None:
         product = product.strip()
         if not product or len(product) > 128:
             raise AnnotationError(GPU_PRODUCT, get(GPU_PRODUCT), 'a GPU product name or part of one, e.g. "A100"')
 
-    spec = _mapping(pod.get("spec"))
+    spec = mapping(pod.get("spec"))
     cpu_milli, memory_mib = _container_resources(pod)
-    selector = _string_map("spec.nodeSelector", spec.get("nodeSelector"))
+    selector = string_map("spec.nodeSelector", spec.get("nodeSelector"))
     if isinstance(spec.get("nodeName"), str) and spec["nodeName"]:
         # the user bound the pod to a node already: only that node may hold its GPUs
         selector.setdefault("kubernetes.io/hostname", spec["nodeName"])
@@ -500,6 +363,7 @@ def request_from_pod(
         group=group,
         latency_sensitive=latency,
         network_bandwidth=bandwidth,
+        network_bandwidth_gbps=bandwidth_gbps,
         seed=seed_for(reservation_id),
         namespace=namespace,
         name=str(meta.get("name") or ""),

@@ -99,10 +99,10 @@ def test_priority_defaults_to_pod_spec_priority():
     ("topology.scheduler/placement-strategy", "tight", "consolidated | distributed | balanced"),
     ("agentaflow.gpu/scheduling-strategy", "fastest", "least_utilized"),
     ("topology.scheduler/latency-sensitive", "maybe", '"true" or "false"'),
-    ("topology.scheduler/network-bandwidth", "10G", "high | medium | low"),
+    ("topology.scheduler/network-bandwidth", "fast", "high | medium | low"),  # "10G" is a bandwidth now
     ("agentaflow.gpu/priority", "urgent", "integer"),
     ("topology.scheduler/preferred-domain", "leaf 2!", "leaf or spine name"),
-    ("agentaflow.gpu/memory", "16Gi", "MiB"),
+    ("agentaflow.gpu/memory", "16GB", "MiB"),  # "16Gi" is a quantity now
     ("agentaflow.gpu/milli", "1500", "1 to 999"),
     ("gpu-scheduling-map", "node1:0", "INDEX=NODE:DEV"),
 ])
