@@ -25,7 +25,9 @@ def crd(kind: str, plural: str) -> dict:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
                     "subresources": {"status": {}},
                 }
             ],
@@ -40,5 +42,9 @@ def crds() -> list[dict]:
 def install(cp, timeout_s: int = 60) -> None:
     """Create the CRDs and wait until the API server serves them."""
     cp.apply(crds())
-    cp.kubectl("wait", "--for=condition=Established", f"--timeout={timeout_s}s",
-               *(f"crd/{plural}.{GROUP}" for plural in KINDS.values()))
+    cp.kubectl(
+        "wait",
+        "--for=condition=Established",
+        f"--timeout={timeout_s}s",
+        *(f"crd/{plural}.{GROUP}" for plural in KINDS.values()),
+    )

@@ -39,7 +39,12 @@ class ObjectRef:
     uid: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        out = {"apiVersion": self.api_version, "kind": self.kind, "namespace": self.namespace, "name": self.name}
+        out = {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+        }
         if self.uid:
             out["uid"] = self.uid
         return out
@@ -119,10 +124,17 @@ class EventPoster:
     """The queue and the background task that empties it. `clock` (monotonic), `wall` (Event timestamps) and
     `sleep` are inputs; `flush()` is one round and is what the tests drive."""
 
-    def __init__(self, writer: EventWriter, settings: EventSettings | None = None, *,
-                 registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 instance: str | None = None):
+    def __init__(
+        self,
+        writer: EventWriter,
+        settings: EventSettings | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        instance: str | None = None,
+    ):
         self.writer, self.settings = writer, settings or EventSettings()
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.instance = instance or socket.gethostname()
@@ -134,11 +146,15 @@ class EventPoster:
         self._task: asyncio.Task | None = None
         self._names = itertools.count()
         registry = registry if registry is not None else CollectorRegistry()
-        self.posted = Counter("gpuledger_events_posted", "Kubernetes Events created, by reason", ["reason"],
-                              registry=registry)
-        self.dropped = Counter("gpuledger_events_dropped",
-                               "Events not posted: queue_full, pod_not_stored (gave up waiting), api_error",
-                               ["why"], registry=registry)
+        self.posted = Counter(
+            "gpuledger_events_posted", "Kubernetes Events created, by reason", ["reason"], registry=registry
+        )
+        self.dropped = Counter(
+            "gpuledger_events_dropped",
+            "Events not posted: queue_full, pod_not_stored (gave up waiting), api_error",
+            ["why"],
+            registry=registry,
+        )
 
     # ------------------------------------------------------------------ the request path
     def emit(self, event: AdmissionEvent) -> None:
@@ -159,7 +175,7 @@ class EventPoster:
 
     # ------------------------------------------------------------------ one round
     async def flush(self) -> int:
-        """Take a batch, find the placed pods that are due, merge repeats, post; the number of Events created."""
+        """Take a batch, find the placed pods that are due, merge repeats, post: the Events created."""
         ready: list[AdmissionEvent] = []
         for _ in range(min(self.settings.batch_size, len(self._queue))):
             event = self._queue.popleft()
@@ -175,15 +191,21 @@ class EventPoster:
                 await self.writer.create(event.namespace, self.body(event))
             except Exception as exc:  # noqa: BLE001 - the API said no or is down: count, log, go on
                 self.dropped.labels("api_error").inc(event.count)
-                log.warning("could not post event %s on %s %s/%s: %s", event.reason, event.involved.kind,
-                            event.namespace, event.involved.name, exc)
+                log.warning(
+                    "could not post event %s on %s %s/%s: %s",
+                    event.reason,
+                    event.involved.kind,
+                    event.namespace,
+                    event.involved.name,
+                    exc,
+                )
                 continue
             self.posted.labels(event.reason).inc(event.count)
             created += 1
         return created
 
     async def _resolve(self) -> list[AdmissionEvent]:
-        """Placed pods that are due a look: the stored ones become ready, those waited on too long are dropped."""
+        """Placed pods due a look: the stored ones become ready, those waited on too long are dropped."""
         now = self.clock()
         if now < self._last_look + self.settings.look_after_s:
             return []
@@ -278,7 +300,7 @@ class EventPoster:
 
 
 def merge(events: list[AdmissionEvent]) -> list[AdmissionEvent]:
-    """Identical events (same object, reason, message) become one with their counts added, first one's order."""
+    """Identical events (same object, reason, message) become one with their counts added, in first order."""
     merged: dict[tuple, AdmissionEvent] = {}
     for event in events:
         key = (event.namespace, event.involved, event.reason, event.type, event.message)
@@ -299,11 +321,15 @@ class KubeEventWriter:
     async def find_pods(self, namespace: str, reservation_ids: list[str]) -> dict[str, ObjectRef]:
         found: dict[str, ObjectRef] = {}
         for i in range(0, len(reservation_ids), self._chunk):
-            chunk = reservation_ids[i:i + self._chunk]
+            chunk = reservation_ids[i : i + self._chunk]
             resp = await asyncio.to_thread(
-                self._core.list_namespaced_pod, namespace,
+                self._core.list_namespaced_pod,
+                namespace,
                 label_selector=f"{RESERVATION_ID_KEY} in ({','.join(chunk)})",
-                _preload_content=False, _request_timeout=self._timeout)
+                resource_version="0",  # the API server's watch cache, not etcd; a miss is looked at again
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
             for pod in json.loads(resp.data).get("items") or []:
                 meta = pod.get("metadata") or {}
                 rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
@@ -312,5 +338,10 @@ class KubeEventWriter:
         return found
 
     async def create(self, namespace: str, body: dict) -> None:
-        await asyncio.to_thread(self._core.create_namespaced_event, namespace, body,
-                                _preload_content=False, _request_timeout=self._timeout)
+        await asyncio.to_thread(
+            self._core.create_namespaced_event,
+            namespace,
+            body,
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )

@@ -19,12 +19,26 @@ LOG_FORMAT_ENV = "GPULEDGER_LOG_FORMAT"
 ADMISSION_LOGGER = "gpuledger.admission"
 
 # the admission line's fields, in the order the text format prints them
-ADMISSION_FIELDS = ("route", "uid", "namespace", "pod", "decision", "allowed", "code", "node", "devices",
-                    "strategy", "reservation_id", "latency_ms", "ledger_batch")
+ADMISSION_FIELDS = (
+    "route",
+    "uid",
+    "namespace",
+    "pod",
+    "decision",
+    "allowed",
+    "code",
+    "node",
+    "devices",
+    "strategy",
+    "reservation_id",
+    "latency_ms",
+    "ledger_batch",
+)
 
 
-def choose_format(flag: str | None = None, environ: Mapping[str, str] = os.environ,
-                  stream: IO | None = None) -> str:
+def choose_format(
+    flag: str | None = None, environ: Mapping[str, str] = os.environ, stream: IO | None = None
+) -> str:
     """The flag, else $GPULEDGER_LOG_FORMAT, else text on a terminal and json anywhere else."""
     value = flag or environ.get(LOG_FORMAT_ENV) or ""
     if value:
@@ -36,8 +50,11 @@ def choose_format(flag: str | None = None, environ: Mapping[str, str] = os.envir
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in record.__dict__.items()
-            if k not in RESERVED_ATTRS and k != "taskName" and not k.startswith("_")}
+    return {
+        k: v
+        for k, v in record.__dict__.items()
+        if k not in RESERVED_ATTRS and k != "taskName" and not k.startswith("_")
+    }
 
 
 class TextFormatter(logging.Formatter):
@@ -51,7 +68,9 @@ class TextFormatter(logging.Formatter):
         extras = _extras(record)
         if not extras:
             return line
-        ordered = [k for k in ADMISSION_FIELDS if k in extras] + sorted(k for k in extras if k not in ADMISSION_FIELDS)
+        ordered = [k for k in ADMISSION_FIELDS if k in extras] + sorted(
+            k for k in extras if k not in ADMISSION_FIELDS
+        )
         pairs = " ".join(f"{k}={_text(extras[k])}" for k in ordered)
         head, newline, rest = line.partition("\n")  # keep a traceback below the line
         return f"{head} {pairs}{newline}{rest}"
@@ -67,8 +86,12 @@ def _text(value: Any) -> str:
 
 
 def json_formatter() -> logging.Formatter:
-    return JsonFormatter("{levelname}{name}{message}", style="{", timestamp="time",
-                         rename_fields={"levelname": "level", "name": "logger"})
+    return JsonFormatter(
+        "{levelname}{name}{message}",
+        style="{",
+        timestamp="time",
+        rename_fields={"levelname": "level", "name": "logger"},
+    )
 
 
 def configure(log_format: str, level: str | int = "INFO", stream: IO | None = None) -> logging.Handler:
@@ -93,7 +116,7 @@ def pod_of(obj: dict | None, name: str = "") -> str:
 
 
 def admission_fields(route: str, review: Any, decision: Any, latency_s: float) -> dict[str, Any]:
-    """The admission line: who, what was decided, where, by which strategy, how long, in which ledger batch."""
+    """The admission line: who, what was decided, where, by which strategy, how long, in which batch."""
     return {
         "route": route,
         "uid": review.uid,

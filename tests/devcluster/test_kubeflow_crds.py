@@ -1,4 +1,5 @@
-"""The test control plane's Kubeflow CRDs cover every kubeflow.org kind the webhook reads, as the API serves it."""
+"""The test control plane's Kubeflow CRDs cover every kubeflow.org kind the webhook reads, as the API
+serves it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ def test_every_kubeflow_kind_the_webhook_reads_has_a_crd():
         names, [version] = crd["spec"]["names"], crd["spec"]["versions"]
         kind = names["kind"]
         assert (crd["spec"]["group"], version["name"], names["plural"]) == (
-            read[kind].group, read[kind].version, read[kind].plural)
+            read[kind].group,
+            read[kind].version,
+            read[kind].plural,
+        )
         assert crd["metadata"]["name"] == f"{names['plural']}.{kubeflow.GROUP}"
         assert version["schema"]["openAPIV3Schema"]["x-kubernetes-preserve-unknown-fields"] is True
         assert version["served"] and version["storage"] and crd["spec"]["scope"] == "Namespaced"

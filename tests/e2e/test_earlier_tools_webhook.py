@@ -21,11 +21,14 @@ def events(workloads, reason: str, expect: int = 1, timeout: float = 30) -> list
     """`kubectl get events` (as alice) with this reason, once at least `expect` of them are there."""
 
     def listed():
-        found = workloads.cp.get_json("events", "-n", workloads.namespace, "--field-selector", f"reason={reason}",
-                                      as_user="alice")["items"]
+        found = workloads.cp.get_json(
+            "events", "-n", workloads.namespace, "--field-selector", f"reason={reason}", as_user="alice"
+        )["items"]
         return found if len(found) >= expect else None
 
-    return workloads.cp.wait_for(listed, timeout=timeout, what=f"{expect} {reason} event(s) in {workloads.namespace}")
+    return workloads.cp.wait_for(
+        listed, timeout=timeout, what=f"{expect} {reason} event(s) in {workloads.namespace}"
+    )
 
 
 def test_topology_aware_scheduler_deployment_is_placed_per_its_annotations(workloads):
@@ -65,7 +68,10 @@ spec:
     by_pod = {e["involvedObject"]["name"]: e for e in placed}
     for pod, placement in zip(pods, placements):
         event = by_pod[pod["metadata"]["name"]]
-        assert event["involvedObject"]["uid"] == pod["metadata"]["uid"] and event["involvedObject"]["kind"] == "Pod"
+        assert (
+            event["involvedObject"]["uid"] == pod["metadata"]["uid"]
+            and event["involvedObject"]["kind"] == "Pod"
+        )
         assert event["type"] == "Normal" and f"node {placement.node}" in event["message"]
         assert "strategy consolidated" in event["message"] and placement.id in event["message"]
 
@@ -95,8 +101,15 @@ spec:
     )
     job = workloads.cp.get_json("pytorchjob", "bert", "-n", workloads.namespace, as_user="alice")
     pod = yaml.safe_load(gpu_pod_yaml("bert-master-0", gpus=2))
-    pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "bert",
-                                           "uid": job["metadata"]["uid"], "controller": True}]
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "name": "bert",
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
     workloads.apply(yaml.safe_dump(pod))
     stored = workloads.pod("bert-master-0")
     placement = workloads.placement(stored)
@@ -127,7 +140,10 @@ spec:
     command: ["sh", "-c", "while true; do echo $CUDA_VISIBLE_DEVICES; sleep 10; done"]
 """
     )
-    assert "Warning: gpuledger: spec.schedulerName 'gpu-scheduler' was replaced by 'default-scheduler'" in proc.stderr
+    assert (
+        "Warning: gpuledger: spec.schedulerName 'gpu-scheduler' was replaced by 'default-scheduler'"
+        in proc.stderr
+    )
     pod = workloads.pod("gpu-test-0")
     assert pod["spec"]["schedulerName"] == "default-scheduler"
     placement = workloads.placement(pod)
@@ -165,13 +181,16 @@ spec:
     deployment = workloads.cp.get_json("deployment", "too-big", "-n", workloads.namespace, as_user="alice")
     denied = events(workloads, "GPUPlacementDenied")  # the ReplicaSet retries: one Event per round of retries
     for event in denied:
-        assert event["involvedObject"]["kind"] == "Deployment" and event["involvedObject"]["name"] == "too-big"
+        assert (
+            event["involvedObject"]["kind"] == "Deployment" and event["involvedObject"]["name"] == "too-big"
+        )
         assert event["involvedObject"]["uid"] == deployment["metadata"]["uid"]
         assert event["type"] == "Warning" and "no placement for pod" in event["message"]
         assert "64 GPUs" in event["message"]
     # `kubectl describe deployment` shows it where the user looks
-    described = workloads.cp.kubectl("describe", "deployment", "too-big", "-n", workloads.namespace,
-                                     as_user="alice").stdout
+    described = workloads.cp.kubectl(
+        "describe", "deployment", "too-big", "-n", workloads.namespace, as_user="alice"
+    ).stdout
     assert "GPUPlacementDenied" in described
     assert workloads.pods("app=too-big") == []
 

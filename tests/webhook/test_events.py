@@ -1,5 +1,5 @@
-"""Kubernetes Events: queued on the request path, posted in batches off it, rate-limited by a token bucket whose
-clock is an input, dropped and counted when the queue is full; and which decision gets which Event."""
+"""Kubernetes Events: queued on the request path, posted in batches off it, rate-limited by a token bucket
+whose clock is an input, dropped and counted when the queue is full; and which decision gets which Event."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.webhook.test_owner_chain import NS, deployment, lookup, owned_pod, ref
-from tests.webhook.webhook_support import Clock, apply_patch, cluster, config, gpu_pod, handler, review, service
+from tests.webhook.webhook_support import (
+    Clock,
+    apply_patch,
+    cluster,
+    config,
+    gpu_pod,
+    handler,
+    review,
+    service,
+)
 from webhook import events
 from webhook.admission.review import decode_patch, make_review
 from webhook.events import DENIED, PLACED, EventPoster, EventSettings, ObjectRef, TokenBucket
@@ -37,7 +46,9 @@ class FakeWriter:
 
     async def find_pods(self, namespace, reservation_ids):
         self.lookups.append((namespace, list(reservation_ids)))
-        return {rid: self.stored[(namespace, rid)] for rid in reservation_ids if (namespace, rid) in self.stored}
+        return {
+            rid: self.stored[(namespace, rid)] for rid in reservation_ids if (namespace, rid) in self.stored
+        }
 
     async def create(self, namespace, body):
         if self.block is not None:
@@ -58,13 +69,22 @@ class FakeSleep:
         self.clock.now += seconds
 
 
-def poster(writer=None, clock=None, **settings) -> tuple[EventPoster, FakeWriter, Clock, FakeSleep, CollectorRegistry]:
+def poster(
+    writer=None, clock=None, **settings
+) -> tuple[EventPoster, FakeWriter, Clock, FakeSleep, CollectorRegistry]:
     clock = clock or Clock(100.0)
     writer = writer or FakeWriter()
     sleep = FakeSleep(clock)
     registry = CollectorRegistry()
-    p = EventPoster(writer, EventSettings(**settings), registry=registry, clock=clock, wall=lambda: 1_700_000_000.0,
-                    sleep=sleep, instance="gpuledger-0")
+    p = EventPoster(
+        writer,
+        EventSettings(**settings),
+        registry=registry,
+        clock=clock,
+        wall=lambda: 1_700_000_000.0,
+        sleep=sleep,
+        instance="gpuledger-0",
+    )
     return p, writer, clock, sleep, registry
 
 
@@ -105,8 +125,13 @@ def test_denial_event_body_is_what_the_api_server_accepts():
     run(p.flush())
     namespace, body = writer.created[0]
     assert namespace == body["metadata"]["namespace"] == body["involvedObject"]["namespace"] == "team"
-    assert body["involvedObject"] == {"apiVersion": "batch/v1", "kind": "Job", "namespace": "team",
-                                      "name": "train", "uid": "uid-train"}
+    assert body["involvedObject"] == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "namespace": "team",
+        "name": "train",
+        "uid": "uid-train",
+    }
     assert body["reason"] == DENIED and body["type"] == "Warning" and body["count"] == 1
     assert body["metadata"]["name"].startswith("train.")
     assert body["firstTimestamp"] == body["lastTimestamp"] == "2023-11-14T22:13:20Z"
@@ -121,7 +146,10 @@ def test_a_batch_merges_repeats_into_one_event_with_a_count():
         p.emit(events.denied(JOB, "no placement"))
     p.emit(events.denied(JOB, "another message"))
     assert run(p.flush()) == 2
-    assert [(b["message"], b["count"]) for _, b in writer.created] == [("no placement", 4), ("another message", 1)]
+    assert [(b["message"], b["count"]) for _, b in writer.created] == [
+        ("no placement", 4),
+        ("another message", 1),
+    ]
     assert metric(registry, "gpuledger_events_posted_total", reason=DENIED) == 5
     assert len({b["metadata"]["name"] for _, b in writer.created}) == 2
 
@@ -167,8 +195,13 @@ def test_placed_event_waits_for_the_stored_pod_then_names_it():
     clock.now += 0.15
     assert run(p.flush()) == 1
     body = writer.created[0][1]
-    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team",
-                                      "name": "train-x7k2p", "uid": "uid-train-x7k2p"}
+    assert body["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "team",
+        "name": "train-x7k2p",
+        "uid": "uid-train-x7k2p",
+    }
     assert body["reason"] == PLACED and body["type"] == "Normal"
     assert metric(registry, "gpuledger_events_posted_total", reason=PLACED) == 1 and p.pending == 0
 
@@ -235,9 +268,17 @@ def test_placed_pod_reports_node_devices_strategy_and_reservation():
 
 
 def test_gang_slot_is_in_the_placed_message():
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": NS, "uid": "u",
-                                                                 "annotations": {"topology.scheduler/gpu-count": "4"}},
-           "spec": {"parallelism": 2}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "train",
+            "namespace": NS,
+            "uid": "u",
+            "annotations": {"topology.scheduler/gpu-count": "4"},
+        },
+        "spec": {"parallelism": 2},
+    }
     owners, _ = lookup([job])
     h, sink = sink_handler(owners)
     run(h.mutate(review(owned_pod(ref("Job", "train", "batch/v1")), namespace=NS)))
@@ -257,10 +298,17 @@ def test_denial_is_reported_on_the_top_controller():
 def test_bare_pod_denial_is_reported_on_the_pod_by_name_invalid_annotations_too():
     h, sink = sink_handler()
     run(h.mutate(review(gpu_pod(99, name="huge", namespace="team"))))
-    run(h.mutate(review(gpu_pod(None, name="bad", namespace="team",
-                                annotations={"topology.scheduler/gpu-count": "x"}))))
+    run(
+        h.mutate(
+            review(
+                gpu_pod(None, name="bad", namespace="team", annotations={"topology.scheduler/gpu-count": "x"})
+            )
+        )
+    )
     assert [(e.involved.kind, e.involved.name, e.involved.uid) for e in sink.events] == [
-        ("Pod", "huge", ""), ("Pod", "bad", "")]
+        ("Pod", "huge", ""),
+        ("Pod", "bad", ""),
+    ]
     assert "gpu-count='x'" in sink.events[1].message
 
 
@@ -286,8 +334,9 @@ def ledger_client():
 async def test_app_posts_events_in_the_background_and_never_waits_for_them(aiohttp_client, ledger_client):
     writer = FakeWriter()
     writer.block = asyncio.Event()  # the API hangs: admissions must not notice
-    app = create_app(config(), ledger_client, event_writer=writer,
-                     event_settings=EventSettings(look_after_s=0.01))
+    app = create_app(
+        config(), ledger_client, event_writer=writer, event_settings=EventSettings(look_after_s=0.01)
+    )
     client = await aiohttp_client(app)
     started = time.perf_counter()
     for i in range(5):
@@ -309,7 +358,9 @@ async def test_app_posts_events_in_the_background_and_never_waits_for_them(aioht
 
 async def test_app_finds_the_placed_pod_and_posts_gpu_placed(aiohttp_client, ledger_client):
     writer = FakeWriter()
-    app = create_app(config(), ledger_client, event_writer=writer, event_settings=EventSettings(look_after_s=0.01))
+    app = create_app(
+        config(), ledger_client, event_writer=writer, event_settings=EventSettings(look_after_s=0.01)
+    )
     client = await aiohttp_client(app)
     pod = gpu_pod(1, name="p")
     answer = await (await client.post("/mutate", json=make_review(pod, uid="u1"))).json()

@@ -1,4 +1,5 @@
-"""One log line per admission, JSON for collectors and key=value text for a terminal; the ledger batch it rode in."""
+"""One log line per admission, JSON for collectors and key=value text for a terminal; the ledger batch it
+rode in."""
 
 from __future__ import annotations
 
@@ -59,35 +60,69 @@ def captured():
 
 async def test_one_json_line_per_admission_with_every_field(aiohttp_client, captured):
     stream_json, stream_text = captured
-    client = await aiohttp_client(create_app(config(), InProcessLedgerClient(service(cluster(2, 8)), Clock())))
-    await client.post("/mutate", json=make_review(gpu_pod(2, name="train", namespace="ml",
-                                                          annotations={"agentaflow.gpu/scheduling-strategy": "best-fit"}),
-                                                  uid="u-1"))
+    client = await aiohttp_client(
+        create_app(config(), InProcessLedgerClient(service(cluster(2, 8)), Clock()))
+    )
+    await client.post(
+        "/mutate",
+        json=make_review(
+            gpu_pod(
+                2,
+                name="train",
+                namespace="ml",
+                annotations={"agentaflow.gpu/scheduling-strategy": "best-fit"},
+            ),
+            uid="u-1",
+        ),
+    )
     await client.post("/mutate", json=make_review(gpu_pod(99, name="huge", namespace="ml"), uid="u-2"))
     await client.post("/validate", json=make_review(gpu_pod(1, name="v", namespace="ml"), uid="u-3"))
     lines = [json.loads(line) for line in stream_json.getvalue().splitlines()]
     assert [line["uid"] for line in lines] == ["u-1", "u-2", "u-3"]
     placed, denied, validated = lines
-    assert placed["message"] == "admission" and placed["level"] == "INFO" and placed["logger"] == "gpuledger.admission"
+    assert (
+        placed["message"] == "admission"
+        and placed["level"] == "INFO"
+        and placed["logger"] == "gpuledger.admission"
+    )
     assert "time" in placed
-    assert {k: placed[k] for k in ("route", "namespace", "pod", "decision", "allowed", "code", "strategy",
-                                    "ledger_batch")} == {
-        "route": "mutate", "namespace": "ml", "pod": "train", "decision": "placed", "allowed": True, "code": 200,
-        "strategy": "best_fit", "ledger_batch": 1}
+    assert {
+        k: placed[k]
+        for k in ("route", "namespace", "pod", "decision", "allowed", "code", "strategy", "ledger_batch")
+    } == {
+        "route": "mutate",
+        "namespace": "ml",
+        "pod": "train",
+        "decision": "placed",
+        "allowed": True,
+        "code": 200,
+        "strategy": "best_fit",
+        "ledger_batch": 1,
+    }
     assert placed["node"].startswith("node-") and len(placed["devices"]) == 2 and placed["reservation_id"]
     assert isinstance(placed["latency_ms"], float) and placed["latency_ms"] >= 0
     assert (denied["decision"], denied["allowed"], denied["code"], denied["node"], denied["devices"]) == (
-        "denied", False, 403, None, [])
+        "denied",
+        False,
+        403,
+        None,
+        [],
+    )
     assert validated["route"] == "validate" and validated["ledger_batch"] is None
     text = stream_text.getvalue().splitlines()
-    assert "gpuledger.admission: admission route=mutate uid=u-1 namespace=ml pod=train decision=placed" in text[0]
+    assert (
+        "gpuledger.admission: admission route=mutate uid=u-1 namespace=ml pod=train decision=placed"
+        in text[0]
+    )
     assert "devices=" in text[0] and "strategy=best_fit" in text[0] and "ledger_batch=1" in text[0]
     assert "node=- devices=- strategy=default" in text[1]
 
 
 async def test_generate_name_pods_log_their_prefix(aiohttp_client, captured):
     stream_json, _ = captured
-    client = await aiohttp_client(create_app(config(), InProcessLedgerClient(service(cluster(1, 8)), Clock())))
+    client = await aiohttp_client(
+        create_app(config(), InProcessLedgerClient(service(cluster(1, 8)), Clock()))
+    )
     pod = gpu_pod(1, namespace="ml")
     pod["metadata"].pop("name")
     pod["metadata"]["generateName"] = "web-7d9f-"

@@ -1,5 +1,6 @@
-"""The controller chain: a workload's GPU annotations reach its pods (Deployment, ReplicaSet, kubeflow.org jobs),
-the nearest object wins, Jobs and StatefulSets stay gangs, and lookups are cached with a clock that is an input."""
+"""The controller chain: a workload's GPU annotations reach its pods (Deployment, ReplicaSet, kubeflow.org
+jobs), the nearest object wins, Jobs and StatefulSets stay gangs, and lookups are cached with a clock that is
+an input."""
 
 from __future__ import annotations
 
@@ -25,8 +26,14 @@ def ref(kind: str, name: str, api_version: str, controller: bool | None = True) 
     return out
 
 
-def workload(kind: str, name: str, api_version: str, annotations: dict | None = None, owner: dict | None = None,
-             spec: dict | None = None) -> dict:
+def workload(
+    kind: str,
+    name: str,
+    api_version: str,
+    annotations: dict | None = None,
+    owner: dict | None = None,
+    spec: dict | None = None,
+) -> dict:
     meta = {"name": name, "namespace": NS, "uid": f"uid-{name}", "annotations": annotations or {}}
     if owner:
         meta["ownerReferences"] = [owner]
@@ -36,12 +43,20 @@ def workload(kind: str, name: str, api_version: str, annotations: dict | None = 
 def deployment(annotations: dict, rs_annotations: dict | None = None) -> list[dict]:
     return [
         workload("Deployment", "web", "apps/v1", annotations, spec={"replicas": 3}),
-        workload("ReplicaSet", "web-7d9f", "apps/v1", rs_annotations, ref("Deployment", "web", "apps/v1"),
-                 spec={"replicas": 3}),
+        workload(
+            "ReplicaSet",
+            "web-7d9f",
+            "apps/v1",
+            rs_annotations,
+            ref("Deployment", "web", "apps/v1"),
+            spec={"replicas": 3},
+        ),
     ]
 
 
-def owned_pod(owner: dict, gpus: int | None = None, annotations: dict | None = None, limits: bool = False) -> dict:
+def owned_pod(
+    owner: dict, gpus: int | None = None, annotations: dict | None = None, limits: bool = False
+) -> dict:
     pod = gpu_pod(gpus, name=None, annotations=annotations, limits=limits, namespace=NS)
     pod["metadata"].pop("name")
     pod["metadata"]["generateName"] = f"{owner['name']}-"
@@ -88,14 +103,20 @@ def test_walk_reads_kubeflow_jobs(kind):
 def test_walk_ignores_a_same_named_kind_of_another_api_group_and_non_controllers():
     owners, reader = lookup([workload("PyTorchJob", "train", "kubeflow.org/v1")])
     assert run(chain.walk(owned_pod(ref("PyTorchJob", "train", "example.com/v1")), NS, owners)).owners == ()
-    assert run(chain.walk(owned_pod(ref("PyTorchJob", "train", "kubeflow.org/v1", controller=False)), NS,
-                          owners)).owners == ()
+    assert (
+        run(
+            chain.walk(owned_pod(ref("PyTorchJob", "train", "kubeflow.org/v1", controller=False)), NS, owners)
+        ).owners
+        == ()
+    )
     assert reader.calls == []
 
 
 def test_walk_ignores_unknown_kinds_stops_at_missing_owners_and_cycles():
     a = workload("ReplicaSet", "a", "apps/v1", owner=ref("Deployment", "b", "apps/v1"))
-    b = workload("Deployment", "b", "apps/v1", owner=ref("ReplicaSet", "a", "apps/v1"))  # nonsense, but finite
+    b = workload(
+        "Deployment", "b", "apps/v1", owner=ref("ReplicaSet", "a", "apps/v1")
+    )  # nonsense, but finite
     owners, _ = lookup([a, b])
     found = run(chain.walk(owned_pod(ref("ReplicaSet", "a", "apps/v1")), NS, owners))
     assert [o["metadata"]["name"] for o in found.owners] == ["a", "b"]
@@ -107,14 +128,23 @@ def test_gpu_annotations_are_the_earlier_tools_families_only():
     assert chain.is_gpu_annotation("topology.scheduler/gpu-count")
     assert chain.is_gpu_annotation("agentaflow.gpu/priority")
     assert chain.is_gpu_annotation("gpu-scheduling-map")
-    for key in ("gpuledger.io/placement", "deployment.kubernetes.io/revision", "kubectl.kubernetes.io/restartedAt"):
+    for key in (
+        "gpuledger.io/placement",
+        "deployment.kubernetes.io/revision",
+        "kubectl.kubernetes.io/restartedAt",
+    ):
         assert not chain.is_gpu_annotation(key)
 
 
 def test_inputs_nearest_wins_and_names_the_source():
-    objs = deployment({"topology.scheduler/placement-strategy": "distributed", "topology.scheduler/gpu-count": "2",
-                       "deployment.kubernetes.io/revision": "3"},
-                      rs_annotations={"topology.scheduler/placement-strategy": "consolidated"})
+    objs = deployment(
+        {
+            "topology.scheduler/placement-strategy": "distributed",
+            "topology.scheduler/gpu-count": "2",
+            "deployment.kubernetes.io/revision": "3",
+        },
+        rs_annotations={"topology.scheduler/placement-strategy": "consolidated"},
+    )
     pod = owned_pod(ref("ReplicaSet", "web-7d9f", "apps/v1"), annotations={"agentaflow.gpu/priority": "5"})
     found = chain.OwnerChain((objs[1], objs[0]))
     inputs = found.inputs(pod)
@@ -124,30 +154,51 @@ def test_inputs_nearest_wins_and_names_the_source():
         "topology.scheduler/placement-strategy": "consolidated",  # the ReplicaSet's beats the Deployment's
         "topology.scheduler/gpu-count": "2",
     }
-    assert inputs.inherited == {"topology.scheduler/placement-strategy": "ReplicaSet ml/web-7d9f",
-                                "topology.scheduler/gpu-count": "Deployment ml/web"}
-    assert "annotations" in pod["metadata"] and "topology.scheduler/gpu-count" not in pod["metadata"]["annotations"]
+    assert inputs.inherited == {
+        "topology.scheduler/placement-strategy": "ReplicaSet ml/web-7d9f",
+        "topology.scheduler/gpu-count": "Deployment ml/web",
+    }
+    assert (
+        "annotations" in pod["metadata"]
+        and "topology.scheduler/gpu-count" not in pod["metadata"]["annotations"]
+    )
 
 
 def test_inputs_give_a_group_owner_what_is_above_it():
-    job = workload("Job", "launcher", "batch/v1", {"topology.scheduler/placement-strategy": "consolidated"},
-                   ref("MPIJob", "train", "kubeflow.org/v1"), spec={"parallelism": 2})
-    mpi = workload("MPIJob", "train", "kubeflow.org/v1", {"topology.scheduler/gpu-count": "4",
-                                                          "topology.scheduler/placement-strategy": "distributed"})
+    job = workload(
+        "Job",
+        "launcher",
+        "batch/v1",
+        {"topology.scheduler/placement-strategy": "consolidated"},
+        ref("MPIJob", "train", "kubeflow.org/v1"),
+        spec={"parallelism": 2},
+    )
+    mpi = workload(
+        "MPIJob",
+        "train",
+        "kubeflow.org/v1",
+        {"topology.scheduler/gpu-count": "4", "topology.scheduler/placement-strategy": "distributed"},
+    )
     pod = owned_pod(ref("Job", "launcher", "batch/v1"))
     inputs = chain.OwnerChain((job, mpi)).inputs(pod)
     assert inputs.pod is pod
-    assert inputs.owner["metadata"]["annotations"] == {"topology.scheduler/gpu-count": "4",
-                                                       "topology.scheduler/placement-strategy": "consolidated"}
+    assert inputs.owner["metadata"]["annotations"] == {
+        "topology.scheduler/gpu-count": "4",
+        "topology.scheduler/placement-strategy": "consolidated",
+    }
 
 
 # ------------------------------------------------------------------ through the handler
 def test_deployment_annotations_place_its_pods_per_pod_not_as_a_gang():
-    objs = deployment({"topology.scheduler/gpu-count": "2", "agentaflow.gpu/scheduling-strategy": "least-loaded"})
+    objs = deployment(
+        {"topology.scheduler/gpu-count": "2", "agentaflow.gpu/scheduling-strategy": "least-loaded"}
+    )
     owners, _ = lookup(objs)
     h, svc = handler(cluster(4, 8), owners=owners)
-    decisions = [run(h.mutate(review(owned_pod(ref("ReplicaSet", "web-7d9f", "apps/v1")), namespace=NS)))
-                 for _ in range(3)]
+    decisions = [
+        run(h.mutate(review(owned_pod(ref("ReplicaSet", "web-7d9f", "apps/v1")), namespace=NS)))
+        for _ in range(3)
+    ]
     for d in decisions:
         assert d.allowed and d.outcome == "placed" and len(d.devices) == 2, d.message
         assert d.strategy == "least_utilized"
@@ -155,8 +206,12 @@ def test_deployment_annotations_place_its_pods_per_pod_not_as_a_gang():
 
 
 def test_pytorchjob_annotations_reach_its_pods():
-    job = workload("PyTorchJob", "train", "kubeflow.org/v1",
-                   {"agentaflow.gpu/scheduling-strategy": "priority", "agentaflow.gpu/priority": "10"})
+    job = workload(
+        "PyTorchJob",
+        "train",
+        "kubeflow.org/v1",
+        {"agentaflow.gpu/scheduling-strategy": "priority", "agentaflow.gpu/priority": "10"},
+    )
     owners, _ = lookup([job])
     h, _ = handler(cluster(2, 8), owners=owners)
     pod = owned_pod(ref("PyTorchJob", "train", "kubeflow.org/v1"), gpus=1, limits=True)

@@ -26,14 +26,17 @@ def test_defaults_name_the_earlier_tools_schedulers():
     assert set(WebhookConfig().takeover_scheduler_names) == {"gpu-scheduler", "topology-aware-scheduler"}
 
 
-@pytest.mark.parametrize("name,verdict", [
-    (None, scheduler_name.OURS),
-    ("default-scheduler", scheduler_name.OURS),
-    ("gpu-scheduler", scheduler_name.TAKEOVER),
-    ("topology-aware-scheduler", scheduler_name.TAKEOVER),
-    ("volcano", scheduler_name.OTHER),
-    ("GPU-Scheduler", scheduler_name.OTHER),  # names are exact, as the API server compares them
-])
+@pytest.mark.parametrize(
+    "name,verdict",
+    [
+        (None, scheduler_name.OURS),
+        ("default-scheduler", scheduler_name.OURS),
+        ("gpu-scheduler", scheduler_name.TAKEOVER),
+        ("topology-aware-scheduler", scheduler_name.TAKEOVER),
+        ("volcano", scheduler_name.OTHER),
+        ("GPU-Scheduler", scheduler_name.OTHER),  # names are exact, as the API server compares them
+    ],
+)
 def test_choose(name, verdict):
     choice = scheduler_name.choose(with_scheduler(gpu_pod(1), name), WebhookConfig().takeover_scheduler_names)
     assert choice.verdict == verdict
@@ -109,7 +112,10 @@ def test_takeover_list_is_configurable():
 def test_takeover_names_load_from_yaml_in_camel_case(tmp_path):
     path = tmp_path / "webhook.yaml"
     path.write_text("takeoverSchedulerNames: [gpu-scheduler, my-old-scheduler]\n")
-    assert list(WebhookConfig.from_file(path).takeover_scheduler_names) == ["gpu-scheduler", "my-old-scheduler"]
+    assert list(WebhookConfig.from_file(path).takeover_scheduler_names) == [
+        "gpu-scheduler",
+        "my-old-scheduler",
+    ]
 
 
 def test_reinvocation_after_takeover_reuses_the_placement():

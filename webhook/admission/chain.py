@@ -97,7 +97,10 @@ class OwnerChain:
         if not inherited:
             return Inputs(pod, group, {})
         view = dict(target)
-        view["metadata"] = {**_meta(target), "annotations": {**{k: v for k, (v, _) in inherited.items()}, **own}}
+        view["metadata"] = {
+            **_meta(target),
+            "annotations": {**{k: v for k, (v, _) in inherited.items()}, **own},
+        }
         sources = {k: source for k, (_, source) in inherited.items()}
         return Inputs(pod, view, sources) if group is not None else Inputs(view, None, sources)
 

@@ -61,7 +61,8 @@ def describe_placement(p: Placement) -> str:
 
 def describe_event(p: Placement) -> str:
     """The GPUPlaced Event's message: node, devices, strategy, gang slot, reservation."""
-    devices = ",".join(map(str, p.devices)) if p.devices else ",".join(f"{s.device}({s.milli}m)" for s in p.shares)
+    devices = ",".join(map(str, p.devices)) if p.devices else ",".join(
+        f"{s.device}({s.milli}m)" for s in p.shares)
     uuids = f" ({','.join(p.uuids)})" if p.uuids and all(p.uuids) else ""
     group = f", gang {p.group} slot {p.slot}" if p.group else ""
     return (f"gpuledger placed the pod on node {p.node}, GPU devices [{devices}]{uuids}, strategy "
@@ -121,7 +122,8 @@ class AdmissionHandler:
     def _report(self, review: Review, decision: Decision, seen: _Seen) -> None:
         """Queue the decision's Event (never waits: events.EventPoster posts it off the request path)."""
         try:
-            namespace = review.namespace or str(((review.object or {}).get("metadata") or {}).get("namespace") or "")
+            meta = (review.object or {}).get("metadata") or {}
+            namespace = review.namespace or str(meta.get("namespace") or "")
             if decision.outcome == "placed" and seen.placement is not None:
                 self.events.emit(events.placed(namespace, seen.placement.id, describe_event(seen.placement)))
             elif not decision.allowed and review.operation == "CREATE":
@@ -318,8 +320,10 @@ def _event_target(review: Review, owners: chain.OwnerChain, namespace: str) -> e
     if top is not None:
         meta = top.get("metadata") or {}
         kind = str(top.get("kind") or "")
-        api_version = str(top.get("apiVersion") or (WORKLOAD_KINDS[kind].api_version if kind in WORKLOAD_KINDS else ""))
-        return events.ObjectRef(api_version, kind, namespace, str(meta.get("name") or ""), str(meta.get("uid") or ""))
+        known = WORKLOAD_KINDS[kind].api_version if kind in WORKLOAD_KINDS else ""
+        api_version = str(top.get("apiVersion") or known)
+        return events.ObjectRef(api_version, kind, namespace, str(meta.get("name") or ""),
+                                str(meta.get("uid") or ""))
     meta = (review.object or {}).get("metadata") or {}
     name = review.name or meta.get("name")
     if not name:

@@ -1,8 +1,8 @@
 """Where a pod's owners come from: the API server (serve) or the input files (explain).
 
-Users write GPU annotations on the workload (a Job, a Deployment, a PyTorchJob), so the webhook reads the pod's
-controllers. The lookup is an interface so the handler never knows whether it talks to the API or to a list of
-objects; it only reads, and it reads only the workload kinds below.
+Users write GPU annotations on the workload (a Job, a Deployment, a PyTorchJob), so the webhook reads the
+pod's controllers. The lookup is an interface so the handler never knows whether it talks to the API or to a
+list of objects; it only reads, and it reads only the workload kinds below.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Whose pod is it: the pod's `spec.schedulerName` says whether gpuledger places it.
 
 The earlier tools were schedulers, so their manifests name them (`schedulerName: gpu-scheduler`); with those
-schedulers gone such a pod would stay Pending for ever. Names gpuledger takes over are rewritten to the default
-scheduler; any other scheduler keeps its pod, unplaced. Pure: decides and words the warning, writes nothing.
+schedulers gone such a pod would stay Pending for ever. Names gpuledger takes over are rewritten to the
+default scheduler; any other scheduler keeps its pod, unplaced. Pure: decides and words the warning, writes
+nothing.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ def choose(pod: dict, takeover_names: Iterable[str]) -> SchedulerChoice:
         return SchedulerChoice(OURS, name)
     if name in set(takeover_names):
         return SchedulerChoice(
-            TAKEOVER, name,
-            f"gpuledger: spec.schedulerName {name!r} was replaced by {DEFAULT_SCHEDULER!r}: gpuledger takes over "
-            f"from {name} (takeover_scheduler_names) and places the pod's GPUs at admission")
+            TAKEOVER,
+            name,
+            f"gpuledger: spec.schedulerName {name!r} was replaced by {DEFAULT_SCHEDULER!r}: gpuledger takes "
+            f"over from {name} (takeover_scheduler_names) and places the pod's GPUs at admission",
+        )
     return SchedulerChoice(
-        OTHER, name,
-        f"gpuledger: spec.schedulerName {name!r} is another scheduler's: gpuledger left the pod unchanged and "
-        f"reserved no GPU for it (takeover_scheduler_names lists the schedulers gpuledger replaces)")
+        OTHER,
+        name,
+        f"gpuledger: spec.schedulerName {name!r} is another scheduler's: gpuledger left the pod unchanged "
+        "and reserved no GPU for it (takeover_scheduler_names lists the schedulers gpuledger replaces)",
+    )
 
 
 def take_over(work: dict) -> None:

@@ -97,7 +97,8 @@ def _route(kind: str):
                 decision = Decision(False, code=500, reason="InternalError", outcome="error",
                                     message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})")
             outcome = decision.outcome or ("allowed" if decision.allowed else "denied")
-            log_admission(admission_log, admission_fields(kind, review, decision, time.perf_counter() - started))
+            latency = time.perf_counter() - started
+            log_admission(admission_log, admission_fields(kind, review, decision, latency))
             return web.json_response(encode_response(review.uid, decision, review.api_version), dumps=_dumps)
         finally:
             metrics.in_flight.dec()
@@ -148,9 +149,9 @@ def create_app(
     event_writer: EventWriter | None = None,
     event_settings: EventSettings | None = None,
 ) -> web.Application:
-    """The webhook as an aiohttp Application (serve it with webhook.transport.server.start_server, or any runner).
-
-    With an `event_writer` (webhook.events.KubeEventWriter) decisions are reported as Kubernetes Events."""
+    """The webhook as an aiohttp Application (serve it with webhook.transport.server.start_server, or any
+    runner). With an `event_writer` (webhook.events.KubeEventWriter), decisions are posted as Kubernetes
+    Events."""
     metrics = metrics or WebhookMetrics()
     poster = EventPoster(event_writer, event_settings, registry=metrics.registry) if event_writer else None
     handler = AdmissionHandler(config, ledger_client, owner_lookup, metrics, key=key, event_sink=poster)
