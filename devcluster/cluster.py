@@ -2,7 +2,7 @@
 
 Modelled on controller-runtime's envtest: a bare apiserver with static-token users, RBAC, service-account keys
 and the ServiceAccount admission plugin off (no token controller runs, so pods without SA tokens must be
-accepted). kube-controller-manager runs only the controllers that turn Jobs, StatefulSets and Deployments into
+accepted), and the Kubeflow training CRDs (devcluster/kubeflow.py). kube-controller-manager runs only the controllers that turn Jobs, StatefulSets and Deployments into
 pods, so workloads arrive at the webhook exactly as they would in a cluster. No scheduler and no kubelet run:
 pods stay Pending with whatever placement admission gave them, which is what the tests read.
 """
@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from certs import pki
+from devcluster import kubeflow
 
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.32.4")
 CACHE = Path(os.environ.get("GPULEDGER_CACHE", Path.home() / ".cache" / "gpuledger"))
@@ -156,6 +157,12 @@ def rbac_objects() -> list[dict]:
                 "resources": ["statefulsets", "deployments", "jobs"],
                 "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"],
             },
+            {
+                "apiGroups": [kubeflow.GROUP],
+                "resources": list(kubeflow.KINDS.values()),
+                "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"],
+            },
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
         ],
     }
     # GPU nodes run containers through the NVIDIA runtime; the GPU operator registers this RuntimeClass
@@ -433,6 +440,7 @@ class ControlPlane(KubeClient):
         self.kubeconfig = self.write_kubeconfig(ADMIN)
         self.kubeconfigs = {user: self.write_kubeconfig(user) for user in USERS}
         self.apply(rbac_objects())
+        kubeflow.install(self)  # workloads of the earlier tools' users: PyTorchJob, MPIJob, TFJob
 
     # ------------------------------------------------------------------ clients
     @property

@@ -8,10 +8,14 @@ round trip, and the rate of calls stays at most 1/RTT however many admissions ar
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from typing import Awaitable, Callable, Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+# how many items left in the same call as the caller's last one (set in the caller's context: the admission log)
+batch_size: ContextVar[int] = ContextVar("batch_size", default=0)
 
 
 class Batcher(Generic[Item, Result]):
@@ -30,7 +34,9 @@ class Batcher(Generic[Item, Result]):
         self._queue.append((item, future))
         if self._in_flight < self._max_in_flight:
             self._launch()
-        return await future
+        result, size = await future
+        batch_size.set(size)
+        return result
 
     def _launch(self) -> None:
         # items whose caller gave up (deadline) are not sent
@@ -57,7 +63,7 @@ class Batcher(Generic[Item, Result]):
         else:
             for (_, fut), result in zip(batch, results):
                 if not fut.done():
-                    fut.set_result(result)
+                    fut.set_result((result, len(batch)))
         finally:
             self._in_flight -= 1
             while self._queue and self._in_flight < self._max_in_flight:

@@ -63,6 +63,8 @@ class WebhookConfig:
     owner_cache_ttl_s: float = 5.0
     # /readyz asks the ledger at most this often
     ready_cache_s: float = 1.0
+    # the earlier tools' schedulers: a pod naming one gets schedulerName default-scheduler and a GPU placement
+    takeover_scheduler_names: tuple[str, ...] = ("gpu-scheduler", "topology-aware-scheduler")
 
     def __post_init__(self) -> None:
         self.binding_mode = BindingMode(self.binding_mode)

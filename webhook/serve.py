@@ -17,6 +17,7 @@ import sys
 from typing import Mapping
 
 from webhook.config import VISIBILITY_MODES, WebhookConfig
+from webhook.logs import LOG_FORMAT_ENV, LOG_FORMATS, choose_format, configure
 
 log = logging.getLogger("gpuledger.serve")
 
@@ -48,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sync", action="store_true",
                    help="do not run the cluster sync here (another process feeds the ledger)")
     p.add_argument("--log-level", default=os.environ.get("GPULEDGER_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   help=f"json lines or key=value text (default: ${LOG_FORMAT_ENV}, else text on a terminal, "
+                        "json otherwise)")
+    p.add_argument("--no-events", action="store_true",
+                   help="do not post Kubernetes Events for placements and denials")
     return p
 
 
@@ -77,7 +83,8 @@ def _kube_client(kubeconfig: str | None):
         return kconfig.new_client_from_config()
 
 
-async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event) -> None:
+async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event,
+               event_writer=None) -> None:
     from webhook.transport.app import create_app
     from webhook.ledger_client import RayLedgerClient
     from webhook.transport.server import start_server, tune_gc
@@ -85,7 +92,7 @@ async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, 
     from webhook.config_watch import ConfigWatcher, ray_push
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
-    app = create_app(config, RayLedgerClient(handle), owners)
+    app = create_app(config, RayLedgerClient(handle), owners, event_writer=event_writer)
     server = await start_server(app, args.host, args.port, tls)
     watcher = None
     if args.config:
@@ -106,7 +113,11 @@ async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure(choose_format(args.log_format), args.log_level)
+    except ValueError as exc:  # a bad $GPULEDGER_LOG_FORMAT or level
+        print(f"gpuledger serve: {exc}", file=sys.stderr)
+        return 2
     try:
         config = load_config(args)
         config.placement_key()  # a missing key file fails now, not at the first admission
@@ -149,9 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         from allocator.cluster_sync import ClusterSync, RayLedgerTarget
 
         sync = ClusterSync(api_client, RayLedgerTarget(handle)).start()
+    event_writer = None
+    if api_client is not None and not args.no_events:
+        from webhook.events import KubeEventWriter
+
+        event_writer = KubeEventWriter(api_client)
     stop = asyncio.Event()
     try:
-        asyncio.run(_run(args, config, handle, owners, stop))
+        asyncio.run(_run(args, config, handle, owners, stop, event_writer))
     finally:
         if sync is not None:
             sync.stop()

@@ -14,12 +14,14 @@ from typing import Callable
 from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement, encode_placement
 from allocator.service import AdmitCall, Unavailable
 from allocator.service import Denial, Placement
-from allocator.service import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
+from allocator.service import AnnotationError, PodRequestConfig, request_from_pod
+from webhook import batcher, events
+from webhook.admission import chain, scheduler_name
 from webhook.admission.review import Decision, Review
 from webhook.config import WebhookConfig
 from webhook.ledger_client import LedgerClient, LedgerUnavailable
 from webhook.metrics import WebhookMetrics
-from webhook.admission.owners import NoOwners, OwnerLookup, OwnerLookupError
+from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
 from webhook.admission.patch import LEDGER_PREFIX, apply_placement, diff, shallow_pod, strip_ledger_keys
 
 log = logging.getLogger("gpuledger.webhook")
@@ -57,6 +59,24 @@ def describe_placement(p: Placement) -> str:
     return f"node {p.node} devices [{devices}] by {p.strategy or 'default'}{group}"
 
 
+def describe_event(p: Placement) -> str:
+    """The GPUPlaced Event's message: node, devices, strategy, gang slot, reservation."""
+    devices = ",".join(map(str, p.devices)) if p.devices else ",".join(
+        f"{s.device}({s.milli}m)" for s in p.shares)
+    uuids = f" ({','.join(p.uuids)})" if p.uuids and all(p.uuids) else ""
+    group = f", gang {p.group} slot {p.slot}" if p.group else ""
+    return (f"gpuledger placed the pod on node {p.node}, GPU devices [{devices}]{uuids}, strategy "
+            f"{p.strategy or 'default'}{group}, reservation {p.id}")
+
+
+class _Seen:
+    """What one admission learned on its way, for the Event posted after it."""
+
+    def __init__(self) -> None:
+        self.chain = chain.OwnerChain()
+        self.placement: Placement | None = None
+
+
 def reservation_ids() -> Callable[[], str]:
     """Fresh reservation ids: a random per-process prefix and a counter (unique across replicas, and
     cheaper than a uuid4 per admission). Valid label values (hex, 28 characters)."""
@@ -74,10 +94,12 @@ class AdmissionHandler:
         metrics: WebhookMetrics | None = None,
         key: bytes | None = None,
         id_factory: Callable[[], str] | None = None,
+        event_sink: events.EventSink | None = None,
     ):
         self.config = config
         self.ledger = ledger
         self.owners = owners or NoOwners()
+        self.events = event_sink or events.NoEvents()
         self.metrics = metrics or WebhookMetrics()
         self.key = config.placement_key() if key is None else key
         self.new_id = id_factory or reservation_ids()
@@ -85,16 +107,33 @@ class AdmissionHandler:
 
     # ------------------------------------------------------------------ mutate
     async def mutate(self, review: Review) -> Decision:
+        seen = _Seen()
         try:
-            return await self._mutate(review)
+            decision = await self._mutate(review, seen)
         except Exception as exc:  # a bug must still answer: a denial with code 500, never a dropped request
             log.exception("mutating admission %s failed", review.uid)
             self.metrics.handler_failures.labels("mutate").inc()
-            return Decision(False, code=500, reason="InternalError", outcome="error",
-                            message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc}); "
-                                    "the pod was not placed, retry or report this")
+            decision = Decision(False, code=500, reason="InternalError", outcome="error",
+                                message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc}); "
+                                        "the pod was not placed, retry or report this")
+        self._report(review, decision, seen)
+        return decision
 
-    async def _mutate(self, review: Review) -> Decision:
+    def _report(self, review: Review, decision: Decision, seen: _Seen) -> None:
+        """Queue the decision's Event (never waits: events.EventPoster posts it off the request path)."""
+        try:
+            meta = (review.object or {}).get("metadata") or {}
+            namespace = review.namespace or str(meta.get("namespace") or "")
+            if decision.outcome == "placed" and seen.placement is not None:
+                self.events.emit(events.placed(namespace, seen.placement.id, describe_event(seen.placement)))
+            elif not decision.allowed and review.operation == "CREATE":
+                target = _event_target(review, seen.chain, namespace)
+                if target is not None:
+                    self.events.emit(events.denied(target, decision.message))
+        except Exception:  # noqa: BLE001 - reporting must never change an answer
+            log.exception("could not queue the event of admission %s", review.uid)
+
+    async def _mutate(self, review: Review, seen: _Seen) -> Decision:
         if review.operation != "CREATE" or review.sub_resource or review.kind not in ("Pod", ""):
             return Decision(True, outcome="allowed")
         pod = review.object
@@ -112,18 +151,29 @@ class AdmissionHandler:
         warnings = []
         if removed and prior is None:
             warnings.append(f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*")
+        choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
+        if choice.verdict == scheduler_name.OTHER:  # another scheduler's pod: not ours to place
+            self.metrics.placement_decisions.labels("none", "other_scheduler").inc()
+            return Decision(True, patch=diff(pod, work), warnings=[*warnings, choice.warning],
+                            outcome="other_scheduler", message=choice.warning)
+        if choice.verdict == scheduler_name.TAKEOVER:
+            scheduler_name.take_over(work)
+            warnings.append(choice.warning)
         namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         started = time.perf_counter()
         strategy = "none"
+        batch = 0
         try:
             async with asyncio.timeout(self.config.deadline_s):
-                owner = await self._owner(pod, namespace)
+                seen.chain = await chain.walk(pod, namespace, self.owners)
+                inputs = seen.chain.inputs(pod)
                 try:
-                    request = request_from_pod(pod, owner, self.parse_config, self.new_id(), namespace=namespace)
+                    request = request_from_pod(inputs.pod, inputs.owner, self.parse_config, self.new_id(),
+                                               namespace=namespace)
                 except AnnotationError as exc:
                     self.metrics.placement_decisions.labels("none", "invalid").inc()
                     return Decision(False, code=422, reason="Invalid", outcome="invalid",
-                                    message=f"gpuledger: {who}: {exc}")
+                                    message=f"gpuledger: {who}: {exc}{_inherited_from(exc, inputs)}")
                 if request is None:
                     return Decision(True, patch=diff(pod, work), warnings=warnings, outcome="no_gpu",
                                     message="")
@@ -136,7 +186,9 @@ class AdmissionHandler:
                                             "available in device-plugin visibility mode; accepted: whole GPUs, or "
                                             "ask the operator for host-indices or runtime-uuids mode")
                 asked = time.perf_counter()
+                batcher.batch_size.set(0)
                 result = await self.ledger.admit(AdmitCall(request, review.dry_run, prior.id if prior else None))
+                batch = batcher.batch_size.get() or 1  # an unbatched client answers one admission per call
                 self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
         except TimeoutError:
             return self._unavailable(pod, work, warnings,
@@ -150,7 +202,8 @@ class AdmissionHandler:
             return self._unavailable(pod, work, warnings, result.message)
         if isinstance(result, Denial):
             self.metrics.placement_decisions.labels(strategy, "denied").inc()
-            return Decision(False, code=403, reason="Forbidden", outcome="denied",
+            return Decision(False, code=403, reason="Forbidden", outcome="denied", strategy=strategy,
+                            ledger_batch=batch,
                             message=f"gpuledger: no placement for {who} ({_summary(request)}): {result.message}")
         if not isinstance(result, Placement):
             raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
@@ -162,17 +215,13 @@ class AdmissionHandler:
         reused = prior is not None and result.id == prior.id
         outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
         self.metrics.placement_decisions.labels(strategy, outcome).inc()
+        seen.placement = result
         return Decision(True, patch=diff(pod, work), warnings=warnings, node=result.node,
                         devices=tuple(result.devices) + tuple(s.device for s in result.shares),
-                        reservation_id=result.id, outcome=outcome,
+                        reservation_id=result.id, outcome=outcome, strategy=result.strategy or strategy,
+                        ledger_batch=batch,
                         message=("dry run: nothing reserved; " if review.dry_run else "")
                         + ("reinvocation: same placement; " if reused else "") + describe_placement(result))
-
-    async def _owner(self, pod: dict, namespace: str) -> dict | None:
-        ref = controller_owner(pod)
-        if ref is None:
-            return None
-        return await self.owners.get(ref[0], namespace, ref[1])
 
     def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision:
         self.metrics.placement_decisions.labels("none", "unavailable").inc()
@@ -257,6 +306,29 @@ class AdmissionHandler:
         return _forbidden(f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
                           "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
                           f"({', '.join(self.config.privileged_usernames) or 'no user configured'})")
+
+
+def _inherited_from(exc: AnnotationError, inputs: chain.Inputs) -> str:
+    source = inputs.inherited.get(exc.annotation)
+    return f" (set on {source}, inherited by its pods)" if source else ""
+
+
+def _event_target(review: Review, owners: chain.OwnerChain, namespace: str) -> events.ObjectRef | None:
+    """Where a denial is reported: the outermost controller found (the pod was never stored), else the pod by
+    name (a bare pod: `kubectl get events` still shows it); None for a bare pod with no name yet."""
+    top = owners.top
+    if top is not None:
+        meta = top.get("metadata") or {}
+        kind = str(top.get("kind") or "")
+        known = WORKLOAD_KINDS[kind].api_version if kind in WORKLOAD_KINDS else ""
+        api_version = str(top.get("apiVersion") or known)
+        return events.ObjectRef(api_version, kind, namespace, str(meta.get("name") or ""),
+                                str(meta.get("uid") or ""))
+    meta = (review.object or {}).get("metadata") or {}
+    name = review.name or meta.get("name")
+    if not name:
+        return None
+    return events.ObjectRef("v1", "Pod", namespace, str(name), str(meta.get("uid") or ""))
 
 
 def _forbidden(message: str) -> Decision:

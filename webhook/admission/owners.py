@@ -1,7 +1,8 @@
-"""Where a pod's owning Job or StatefulSet comes from: the API server (serve) or the input files (explain).
+"""Where a pod's owners come from: the API server (serve) or the input files (explain).
 
-Users write the gang's annotations on the Job, so the webhook reads the owner. The lookup is an interface so
-the handler never knows whether it talks to the API or to a list of objects.
+Users write GPU annotations on the workload (a Job, a Deployment, a PyTorchJob), so the webhook reads the
+pod's controllers. The lookup is an interface so the handler never knows whether it talks to the API or to a
+list of objects; it only reads, and it reads only the workload kinds below.
 """
 
 from __future__ import annotations
@@ -9,9 +10,34 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Iterable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
 
+# group owners: their parallelism / replicas make the pods a gang (request_from_pod), explain expands them
 OWNER_KINDS = ("Job", "StatefulSet")
+
+
+@dataclass(frozen=True)
+class WorkloadKind:
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+# every controller kind whose annotations reach its pods (the chain walk follows these, nothing else)
+WORKLOAD_KINDS: dict[str, WorkloadKind] = {
+    "Job": WorkloadKind("batch", "v1", "jobs"),
+    "StatefulSet": WorkloadKind("apps", "v1", "statefulsets"),
+    "ReplicaSet": WorkloadKind("apps", "v1", "replicasets"),
+    "Deployment": WorkloadKind("apps", "v1", "deployments"),
+    "PyTorchJob": WorkloadKind("kubeflow.org", "v1", "pytorchjobs"),
+    "MPIJob": WorkloadKind("kubeflow.org", "v1", "mpijobs"),
+    "TFJob": WorkloadKind("kubeflow.org", "v1", "tfjobs"),
+}
 
 
 class OwnerLookupError(RuntimeError):
@@ -38,7 +64,7 @@ class StaticOwners:
             self.add(obj)
 
     def add(self, obj: dict) -> None:
-        if isinstance(obj, dict) and obj.get("kind") in OWNER_KINDS:
+        if isinstance(obj, dict) and obj.get("kind") in WORKLOAD_KINDS:
             meta = obj.get("metadata") or {}
             self._by_key[(obj["kind"], meta.get("namespace") or "default", meta.get("name", ""))] = obj
 
@@ -46,32 +72,23 @@ class StaticOwners:
         return self._by_key.get((kind, namespace or "default", name))
 
 
-class KubeOwners:
-    """Reads Jobs and StatefulSets through the `kubernetes` client, briefly cached.
+class KubeObjectReader:
+    """Reads one workload object through the `kubernetes` client (blocking: run it on a thread)."""
 
-    A Job's pods arrive in a burst (parallelism N), so one read serves the whole burst; the cache keeps
-    misses too, for a shorter time.
-    """
-
-    def __init__(self, api_client: Any, ttl_s: float = 5.0, timeout_s: float = 2.0):
+    def __init__(self, api_client: Any, timeout_s: float = 2.0):
         from kubernetes import client  # the adapter's dependency, not the handler's
 
-        self._batch = client.BatchV1Api(api_client)
-        self._apps = client.AppsV1Api(api_client)
-        self._ttl, self._timeout = ttl_s, timeout_s
-        self._cache: dict[tuple[str, str, str], tuple[float, dict | None]] = {}
-        self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
+        self._objects = client.CustomObjectsApi(api_client)  # serves built-in groups as well as kubeflow.org
+        self._timeout = timeout_s
 
-    def _read(self, kind: str, namespace: str, name: str) -> dict | None:
+    def __call__(self, kind: str, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
+        what = WORKLOAD_KINDS[kind]
         try:
-            if kind == "Job":
-                resp = self._batch.read_namespaced_job(name, namespace, _preload_content=False,
-                                                       _request_timeout=self._timeout)
-            else:
-                resp = self._apps.read_namespaced_stateful_set(name, namespace, _preload_content=False,
-                                                               _request_timeout=self._timeout)
+            resp = self._objects.get_namespaced_custom_object(
+                what.group, what.version, namespace, what.plural, name,
+                _preload_content=False, _request_timeout=self._timeout)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -82,11 +99,26 @@ class KubeOwners:
         obj.setdefault("kind", kind)
         return obj
 
+
+class CachedOwners:
+    """Any blocking reader `(kind, namespace, name) -> dict | None`, run on a thread and briefly cached.
+
+    A Job's pods arrive in a burst (parallelism N), so one read serves the whole burst; the cache keeps
+    misses too, for a shorter time. `clock` is an input so tests expire entries without sleeping.
+    """
+
+    def __init__(self, read: Callable[[str, str, str], dict | None], ttl_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._read, self._ttl, self._clock = read, ttl_s, clock
+        self._cache: dict[tuple[str, str, str], tuple[float, dict | None]] = {}
+        self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
+        self.reads = 0
+
     async def get(self, kind: str, namespace: str, name: str) -> dict | None:
-        if kind not in OWNER_KINDS:
+        if kind not in WORKLOAD_KINDS:
             return None
         key = (kind, namespace, name)
-        now = time.monotonic()
+        now = self._clock()
         hit = self._cache.get(key)
         if hit and hit[0] > now:
             return hit[1]
@@ -95,6 +127,7 @@ class KubeOwners:
         future = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
+            self.reads += 1
             obj = await asyncio.to_thread(self._read, kind, namespace, name)
         except BaseException as exc:
             future.set_exception(exc)
@@ -105,3 +138,11 @@ class KubeOwners:
         self._cache[key] = (now + (self._ttl if obj is not None else min(self._ttl, 1.0)), obj)
         future.set_result(obj)
         return obj
+
+
+class KubeOwners(CachedOwners):
+    """The pod's controllers read through the API (Jobs, StatefulSets, ReplicaSets, Deployments, kubeflow.org
+    jobs), cached `ttl_s`."""
+
+    def __init__(self, api_client: Any, ttl_s: float = 5.0, timeout_s: float = 2.0):
+        super().__init__(KubeObjectReader(api_client, timeout_s), ttl_s)

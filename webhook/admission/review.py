@@ -46,7 +46,11 @@ class Decision:
     node: str | None = None
     devices: tuple[int, ...] = ()
     reservation_id: str | None = None
-    outcome: str = ""  # for metrics: placed | no_gpu | denied | invalid | unavailable | error | reused | allowed
+    # for metrics and logs: placed | no_gpu | denied | invalid | unavailable | error | reused | dry_run | allowed |
+    # other_scheduler
+    outcome: str = ""
+    strategy: str = ""  # the request's strategy ("default" when it named none); empty when no GPU was asked
+    ledger_batch: int = 0  # how many admissions shared the ledger call that answered this one (0: no call)
 
 
 def parse_review(data: Any) -> Review:

@@ -1,7 +1,8 @@
 """The HTTP surface: POST /mutate, POST /validate, GET /healthz, /readyz, /metrics.
 
 Transport problems (no body, wrong content type, bad JSON, too big) are answered 400/413 before anything
-else runs; everything past that point answers an AdmissionReview that echoes the request's uid.
+else runs; everything past that point answers an AdmissionReview that echoes the request's uid, and writes one
+log line. Events are posted by a background task the app starts and stops, never on a request's time.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from aiohttp import web
 from webhook.admission.review import Decision, ReviewError, encode_response, parse_review
 from webhook.config import WebhookConfig
 from webhook.admission.handler import AdmissionHandler
+from webhook.events import EventPoster, EventSettings, EventWriter
 from webhook.ledger_client import LedgerClient
+from webhook.logs import ADMISSION_LOGGER, admission_fields, log_admission
 from webhook.metrics import WebhookMetrics
 from webhook.admission.owners import OwnerLookup
 
 log = logging.getLogger("gpuledger.webhook")
+admission_log = logging.getLogger(ADMISSION_LOGGER)
 
 HANDLER_KEY = web.AppKey("handler", AdmissionHandler)
 METRICS_KEY = web.AppKey("metrics", WebhookMetrics)
 LEDGER_KEY = web.AppKey("ledger", object)
 CONFIG_KEY = web.AppKey("config", WebhookConfig)
+EVENTS_KEY = web.AppKey("events", object)  # the EventPoster, or None when the app posts no Events
 _READY_KEY = web.AppKey("ready_cache", dict)
 
 
@@ -92,6 +97,8 @@ def _route(kind: str):
                 decision = Decision(False, code=500, reason="InternalError", outcome="error",
                                     message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})")
             outcome = decision.outcome or ("allowed" if decision.allowed else "denied")
+            latency = time.perf_counter() - started
+            log_admission(admission_log, admission_fields(kind, review, decision, latency))
             return web.json_response(encode_response(review.uid, decision, review.api_version), dumps=_dumps)
         finally:
             metrics.in_flight.dec()
@@ -139,10 +146,15 @@ def create_app(
     *,
     metrics: WebhookMetrics | None = None,
     key: bytes | None = None,
+    event_writer: EventWriter | None = None,
+    event_settings: EventSettings | None = None,
 ) -> web.Application:
-    """The webhook as an aiohttp Application (serve it with webhook.transport.server.start_server, or any runner)."""
+    """The webhook as an aiohttp Application (serve it with webhook.transport.server.start_server, or any
+    runner). With an `event_writer` (webhook.events.KubeEventWriter), decisions are posted as Kubernetes
+    Events."""
     metrics = metrics or WebhookMetrics()
-    handler = AdmissionHandler(config, ledger_client, owner_lookup, metrics, key=key)
+    poster = EventPoster(event_writer, event_settings, registry=metrics.registry) if event_writer else None
+    handler = AdmissionHandler(config, ledger_client, owner_lookup, metrics, key=key, event_sink=poster)
     # the body cap is enforced in _read_review (400/413 before any parsing); aiohttp's own cap is a backstop
     app = web.Application(client_max_size=config.max_body_bytes + 1024)
     app[HANDLER_KEY] = handler
@@ -150,6 +162,16 @@ def create_app(
     app[LEDGER_KEY] = ledger_client
     app[CONFIG_KEY] = config
     app[_READY_KEY] = {}
+    app[EVENTS_KEY] = poster
+    if poster is not None:
+        async def start_events(app: web.Application) -> None:
+            poster.start()
+
+        async def stop_events(app: web.Application) -> None:
+            await poster.stop()
+
+        app.on_startup.append(start_events)
+        app.on_cleanup.append(stop_events)
     app.router.add_post("/mutate", _route("mutate"))
     app.router.add_post("/validate", _route("validate"))
     app.router.add_get("/healthz", _healthz)

@@ -1,0 +1,179 @@
+"""One log line per admission, JSON for collectors and key=value text for a terminal; the ledger batch it
+rode in."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+
+import pytest
+
+from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, service
+from webhook import batcher, logs
+from webhook.admission.review import make_review
+from webhook.ledger_client import InProcessLedgerClient
+from webhook.serve import build_parser
+from webhook.transport.app import create_app
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_choose_format_flag_then_env_then_terminal():
+    assert logs.choose_format("text", {"GPULEDGER_LOG_FORMAT": "json"}, Tty()) == "text"
+    assert logs.choose_format(None, {"GPULEDGER_LOG_FORMAT": "json"}, Tty()) == "json"
+    assert logs.choose_format(None, {}, Tty()) == "text"
+    assert logs.choose_format(None, {}, io.StringIO()) == "json"  # a pipe, a container's log
+    with pytest.raises(ValueError, match="log format 'yaml' is not accepted: expected json or text"):
+        logs.choose_format(None, {"GPULEDGER_LOG_FORMAT": "yaml"}, Tty())
+
+
+def test_serve_takes_log_format():
+    base = ["--tls-cert", "c", "--tls-key", "k"]
+    assert build_parser().parse_args([*base, "--log-format", "json"]).log_format == "json"
+    assert build_parser().parse_args(base).log_format is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--log-format", "xml"])
+
+
+@pytest.fixture
+def captured():
+    """The admission logger's records, formatted both ways."""
+    stream_json, stream_text = io.StringIO(), io.StringIO()
+    logger = logging.getLogger(logs.ADMISSION_LOGGER)
+    handlers = [logging.StreamHandler(stream_json), logging.StreamHandler(stream_text)]
+    handlers[0].setFormatter(logs.json_formatter())
+    handlers[1].setFormatter(logs.TextFormatter())
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    for h in handlers:
+        logger.addHandler(h)
+    yield stream_json, stream_text
+    for h in handlers:
+        logger.removeHandler(h)
+    logger.setLevel(level)
+
+
+async def test_one_json_line_per_admission_with_every_field(aiohttp_client, captured):
+    stream_json, stream_text = captured
+    client = await aiohttp_client(
+        create_app(config(), InProcessLedgerClient(service(cluster(2, 8)), Clock()))
+    )
+    await client.post(
+        "/mutate",
+        json=make_review(
+            gpu_pod(
+                2,
+                name="train",
+                namespace="ml",
+                annotations={"agentaflow.gpu/scheduling-strategy": "best-fit"},
+            ),
+            uid="u-1",
+        ),
+    )
+    await client.post("/mutate", json=make_review(gpu_pod(99, name="huge", namespace="ml"), uid="u-2"))
+    await client.post("/validate", json=make_review(gpu_pod(1, name="v", namespace="ml"), uid="u-3"))
+    lines = [json.loads(line) for line in stream_json.getvalue().splitlines()]
+    assert [line["uid"] for line in lines] == ["u-1", "u-2", "u-3"]
+    placed, denied, validated = lines
+    assert (
+        placed["message"] == "admission"
+        and placed["level"] == "INFO"
+        and placed["logger"] == "gpuledger.admission"
+    )
+    assert "time" in placed
+    assert {
+        k: placed[k]
+        for k in ("route", "namespace", "pod", "decision", "allowed", "code", "strategy", "ledger_batch")
+    } == {
+        "route": "mutate",
+        "namespace": "ml",
+        "pod": "train",
+        "decision": "placed",
+        "allowed": True,
+        "code": 200,
+        "strategy": "best_fit",
+        "ledger_batch": 1,
+    }
+    assert placed["node"].startswith("node-") and len(placed["devices"]) == 2 and placed["reservation_id"]
+    assert isinstance(placed["latency_ms"], float) and placed["latency_ms"] >= 0
+    assert (denied["decision"], denied["allowed"], denied["code"], denied["node"], denied["devices"]) == (
+        "denied",
+        False,
+        403,
+        None,
+        [],
+    )
+    assert validated["route"] == "validate" and validated["ledger_batch"] is None
+    text = stream_text.getvalue().splitlines()
+    assert (
+        "gpuledger.admission: admission route=mutate uid=u-1 namespace=ml pod=train decision=placed"
+        in text[0]
+    )
+    assert "devices=" in text[0] and "strategy=best_fit" in text[0] and "ledger_batch=1" in text[0]
+    assert "node=- devices=- strategy=default" in text[1]
+
+
+async def test_generate_name_pods_log_their_prefix(aiohttp_client, captured):
+    stream_json, _ = captured
+    client = await aiohttp_client(
+        create_app(config(), InProcessLedgerClient(service(cluster(1, 8)), Clock()))
+    )
+    pod = gpu_pod(1, namespace="ml")
+    pod["metadata"].pop("name")
+    pod["metadata"]["generateName"] = "web-7d9f-"
+    await client.post("/mutate", json=make_review(pod, uid="u"))
+    assert json.loads(stream_json.getvalue())["pod"] == "web-7d9f-*"
+
+
+def test_configure_sets_one_root_handler_in_the_chosen_format():
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    try:
+        stream = io.StringIO()
+        logs.configure("json", "debug", stream)
+        logs.configure("json", "info", stream)  # again: still one handler
+        assert len(root.handlers) == 1 and root.level == logging.INFO
+        logging.getLogger("gpuledger.serve").info("listening", extra={"port": 8443})
+        line = json.loads(stream.getvalue())
+        assert line["message"] == "listening" and line["port"] == 8443 and line["logger"] == "gpuledger.serve"
+        stream = io.StringIO()
+        logs.configure("text", "info", stream)
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logging.getLogger("gpuledger.x").exception("failed", extra={"uid": "u"})
+        first, *trace = stream.getvalue().splitlines()
+        assert first.endswith("ERROR gpuledger.x: failed uid=u") and "RuntimeError: boom" in trace[-1]
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved:
+            root.addHandler(h)
+        root.setLevel(level)
+
+
+def test_batcher_tells_each_caller_the_size_of_its_batch():
+    async def main():
+        gate = asyncio.Event()
+
+        async def send(items):
+            await gate.wait()
+            return [i * 10 for i in items]
+
+        b = batcher.Batcher(send)
+
+        async def one(i):
+            result = await b.submit(i)
+            return result, batcher.batch_size.get()
+
+        tasks = [asyncio.create_task(one(i)) for i in range(5)]
+        await asyncio.sleep(0)  # the first goes out alone, the other four wait for it
+        gate.set()
+        return await asyncio.gather(*tasks)
+
+    assert asyncio.run(main()) == [(0, 1), (10, 4), (20, 4), (30, 4), (40, 4)]

@@ -1,0 +1,347 @@
+"""Kubernetes Events for admission decisions (GPUPlaced, GPUPlacementDenied), posted off the request path.
+
+The handler only calls `emit` (never blocks, never raises, no I/O); a background task drains the queue in
+batches, finds each placed pod once it is stored, merges repeats and posts them through an `EventWriter`,
+rate-limited by a token bucket whose clock is an input. A full queue drops the event and counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+
+from allocator.service import RESERVATION_ID_KEY
+
+log = logging.getLogger("gpuledger.events")
+
+PLACED, DENIED = "GPUPlaced", "GPUPlacementDenied"
+MAX_MESSAGE = 1024  # what events.k8s.io accepts for a note; core/v1 takes more, kubectl shows less
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """An Event's involvedObject. `uid` may be empty (a pod that was never stored)."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        out = {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+        }
+        if self.uid:
+            out["uid"] = self.uid
+        return out
+
+
+@dataclass(frozen=True)
+class AdmissionEvent:
+    reason: str
+    type: str  # Normal | Warning
+    message: str
+    namespace: str
+    involved: ObjectRef | None = None  # None: the placed pod, found by `reservation_id` once it is stored
+    reservation_id: str = ""
+    queued_at: float = 0.0  # the poster's clock, set by emit
+    count: int = 1
+
+
+def placed(namespace: str, reservation_id: str, message: str) -> AdmissionEvent:
+    return AdmissionEvent(PLACED, "Normal", message, namespace, reservation_id=reservation_id)
+
+
+def denied(involved: ObjectRef, message: str) -> AdmissionEvent:
+    return AdmissionEvent(DENIED, "Warning", message, involved.namespace, involved=involved)
+
+
+class EventSink(Protocol):
+    def emit(self, event: AdmissionEvent) -> None: ...
+
+
+class NoEvents:
+    def emit(self, event: AdmissionEvent) -> None:
+        return None
+
+
+class EventWriter(Protocol):
+    async def find_pods(self, namespace: str, reservation_ids: list[str]) -> dict[str, ObjectRef]:
+        """reservation id -> the stored pod carrying it (ids with no stored pod are left out)."""
+        ...
+
+    async def create(self, namespace: str, body: dict) -> None: ...
+
+
+class TokenBucket:
+    """`rate` tokens a second up to `burst`; `clock` is an input so tests move time instead of sleeping."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]):
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"token bucket rate={rate!r} burst={burst!r}: expected rate > 0 and burst >= 1")
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens, self.stamp = float(burst), clock()
+
+    def take(self) -> float:
+        """0.0 when a token was taken; otherwise the seconds until one will be there (none taken)."""
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class EventSettings:
+    queue_size: int = 1000  # events waiting (queued + placed pods not stored yet); beyond it they are dropped
+    batch_size: int = 200  # events taken per round
+    rate_per_s: float = 20.0  # Event creations a second, sustained
+    burst: int = 100
+    # a placed pod is looked for this long after its admission (it is stored by then), and the pods not found
+    # yet are looked for again at most this often (one LIST per namespace per look)
+    look_after_s: float = 0.25
+    pod_wait_s: float = 30.0  # then given up: the pod was never stored (another webhook denied it, a timeout)
+    component: str = "gpuledger-webhook"
+
+
+class EventPoster:
+    """The queue and the background task that empties it. `clock` (monotonic), `wall` (Event timestamps) and
+    `sleep` are inputs; `flush()` is one round and is what the tests drive."""
+
+    def __init__(
+        self,
+        writer: EventWriter,
+        settings: EventSettings | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        instance: str | None = None,
+    ):
+        self.writer, self.settings = writer, settings or EventSettings()
+        self.clock, self.wall, self.sleep = clock, wall, sleep
+        self.instance = instance or socket.gethostname()
+        self.bucket = TokenBucket(self.settings.rate_per_s, self.settings.burst, clock)
+        self._queue: deque[AdmissionEvent] = deque()
+        self._waiting: list[AdmissionEvent] = []  # placed, pod not found stored yet
+        self._last_look = float("-inf")
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._names = itertools.count()
+        registry = registry if registry is not None else CollectorRegistry()
+        self.posted = Counter(
+            "gpuledger_events_posted", "Kubernetes Events created, by reason", ["reason"], registry=registry
+        )
+        self.dropped = Counter(
+            "gpuledger_events_dropped",
+            "Events not posted: queue_full, pod_not_stored (gave up waiting), api_error",
+            ["why"],
+            registry=registry,
+        )
+
+    # ------------------------------------------------------------------ the request path
+    def emit(self, event: AdmissionEvent) -> None:
+        """Queue an event; drop it (counted) when the queue is full. Never blocks, never raises."""
+        try:
+            if len(self._queue) + len(self._waiting) >= self.settings.queue_size:
+                self.dropped.labels("queue_full").inc()
+                return
+            self._queue.append(replace(event, queued_at=self.clock()))
+            if self._wakeup is not None:
+                self._wakeup.set()
+        except Exception:  # noqa: BLE001 - an event must never fail an admission
+            log.exception("could not queue event %s", event.reason)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._waiting)
+
+    # ------------------------------------------------------------------ one round
+    async def flush(self) -> int:
+        """Take a batch, find the placed pods that are due, merge repeats, post: the Events created."""
+        ready: list[AdmissionEvent] = []
+        for _ in range(min(self.settings.batch_size, len(self._queue))):
+            event = self._queue.popleft()
+            (ready if event.involved is not None else self._waiting).append(event)
+        ready += await self._resolve()
+        created = 0
+        for event in merge(ready):
+            wait = self.bucket.take()
+            while wait > 0:
+                await self.sleep(wait)
+                wait = self.bucket.take()
+            try:
+                await self.writer.create(event.namespace, self.body(event))
+            except Exception as exc:  # noqa: BLE001 - the API said no or is down: count, log, go on
+                self.dropped.labels("api_error").inc(event.count)
+                log.warning(
+                    "could not post event %s on %s %s/%s: %s",
+                    event.reason,
+                    event.involved.kind,
+                    event.namespace,
+                    event.involved.name,
+                    exc,
+                )
+                continue
+            self.posted.labels(event.reason).inc(event.count)
+            created += 1
+        return created
+
+    async def _resolve(self) -> list[AdmissionEvent]:
+        """Placed pods due a look: the stored ones become ready, those waited on too long are dropped."""
+        now = self.clock()
+        if now < self._last_look + self.settings.look_after_s:
+            return []
+        due = [e for e in self._waiting if now - e.queued_at >= self.settings.look_after_s]
+        if not due:
+            return []
+        self._last_look = now
+        found: dict[tuple[str, str], ObjectRef] = {}
+        by_namespace: dict[str, list[str]] = {}
+        for event in due:
+            by_namespace.setdefault(event.namespace, []).append(event.reservation_id)
+        for namespace, ids in by_namespace.items():
+            try:
+                pods = await self.writer.find_pods(namespace, ids)
+            except Exception as exc:  # noqa: BLE001 - look again next round
+                log.warning("could not look up placed pods in %s: %s", namespace, exc)
+                continue
+            found.update({(namespace, rid): ref for rid, ref in pods.items()})
+        ready, still = [], []
+        for event in self._waiting:
+            ref = found.get((event.namespace, event.reservation_id))
+            if ref is not None:
+                ready.append(replace(event, involved=ref))
+            elif now - event.queued_at >= self.settings.pod_wait_s:
+                self.dropped.labels("pod_not_stored").inc()
+            else:
+                still.append(event)
+        self._waiting = still
+        return ready
+
+    def body(self, event: AdmissionEvent) -> dict:
+        """A core/v1 Event as kube-apiserver accepts it (its namespace is the involved object's)."""
+        ref = event.involved
+        stamp = datetime.fromtimestamp(self.wall(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        suffix = f".{int(self.wall() * 1e9):x}{next(self._names):x}"
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": ref.name[: 253 - len(suffix)] + suffix, "namespace": event.namespace},
+            "involvedObject": ref.as_dict(),
+            "reason": event.reason,
+            "message": event.message[:MAX_MESSAGE],
+            "type": event.type,
+            "count": event.count,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": self.settings.component},
+            "reportingComponent": "gpuledger.io/webhook",
+            "reportingInstance": self.instance[:128],
+        }
+
+    # ------------------------------------------------------------------ the background task
+    def _next_delay(self) -> float | None:
+        """0: work now; >0: the first waiting pod is due then; None: idle until something is emitted."""
+        if self._queue:
+            return 0.0
+        if not self._waiting:
+            return None
+        first_due = min(e.queued_at for e in self._waiting) + self.settings.look_after_s
+        return max(first_due, self._last_look + self.settings.look_after_s) - self.clock()
+
+    async def run(self) -> None:
+        self._wakeup = asyncio.Event()
+        while True:
+            delay = self._next_delay()
+            if delay is None or delay > 0:
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
+                except TimeoutError:
+                    pass
+                self._wakeup.clear()
+                if delay is None or self._queue:
+                    continue
+            try:
+                await self.flush()
+            except Exception:  # noqa: BLE001 - the task must outlive any one bad round
+                log.exception("event round failed")
+
+    def start(self) -> "EventPoster":
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="gpuledger-events")
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
+                pass
+            self._task = None
+
+
+def merge(events: list[AdmissionEvent]) -> list[AdmissionEvent]:
+    """Identical events (same object, reason, message) become one with their counts added, in first order."""
+    merged: dict[tuple, AdmissionEvent] = {}
+    for event in events:
+        key = (event.namespace, event.involved, event.reason, event.type, event.message)
+        prior = merged.get(key)
+        merged[key] = event if prior is None else replace(prior, count=prior.count + event.count)
+    return list(merged.values())
+
+
+class KubeEventWriter:
+    """Events and pod look-ups through the `kubernetes` client (blocking calls, run on a thread)."""
+
+    def __init__(self, api_client: Any, timeout_s: float = 5.0, ids_per_list: int = 100):
+        from kubernetes import client  # the adapter's dependency
+
+        self._core = client.CoreV1Api(api_client)
+        self._timeout, self._chunk = timeout_s, ids_per_list
+
+    async def find_pods(self, namespace: str, reservation_ids: list[str]) -> dict[str, ObjectRef]:
+        found: dict[str, ObjectRef] = {}
+        for i in range(0, len(reservation_ids), self._chunk):
+            chunk = reservation_ids[i : i + self._chunk]
+            resp = await asyncio.to_thread(
+                self._core.list_namespaced_pod,
+                namespace,
+                label_selector=f"{RESERVATION_ID_KEY} in ({','.join(chunk)})",
+                resource_version="0",  # the API server's watch cache, not etcd; a miss is looked at again
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+            for pod in json.loads(resp.data).get("items") or []:
+                meta = pod.get("metadata") or {}
+                rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
+                if rid:
+                    found[rid] = ObjectRef("v1", "Pod", namespace, meta.get("name", ""), meta.get("uid", ""))
+        return found
+
+    async def create(self, namespace: str, body: dict) -> None:
+        await asyncio.to_thread(
+            self._core.create_namespaced_event,
+            namespace,
+            body,
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )

@@ -1,0 +1,139 @@
+"""Log output: JSON lines for log collectors (python-json-logger), `key=value` text for a terminal, and the
+one line written per admission.
+
+Formats only: it decides nothing and never holds an admission up beyond writing its line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import IO, Any, Mapping
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter
+
+LOG_FORMATS = ("json", "text")
+LOG_FORMAT_ENV = "GPULEDGER_LOG_FORMAT"
+ADMISSION_LOGGER = "gpuledger.admission"
+
+# the admission line's fields, in the order the text format prints them
+ADMISSION_FIELDS = (
+    "route",
+    "uid",
+    "namespace",
+    "pod",
+    "decision",
+    "allowed",
+    "code",
+    "node",
+    "devices",
+    "strategy",
+    "reservation_id",
+    "latency_ms",
+    "ledger_batch",
+)
+
+
+def choose_format(
+    flag: str | None = None, environ: Mapping[str, str] = os.environ, stream: IO | None = None
+) -> str:
+    """The flag, else $GPULEDGER_LOG_FORMAT, else text on a terminal and json anywhere else."""
+    value = flag or environ.get(LOG_FORMAT_ENV) or ""
+    if value:
+        if value not in LOG_FORMATS:
+            raise ValueError(f"log format {value!r} is not accepted: expected {' or '.join(LOG_FORMATS)}")
+        return value
+    stream = stream if stream is not None else sys.stderr
+    return "text" if getattr(stream, "isatty", lambda: False)() else "json"
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in record.__dict__.items()
+        if k not in RESERVED_ATTRS and k != "taskName" and not k.startswith("_")
+    }
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`: the same fields as the JSON line, for a human."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = _extras(record)
+        if not extras:
+            return line
+        ordered = [k for k in ADMISSION_FIELDS if k in extras] + sorted(
+            k for k in extras if k not in ADMISSION_FIELDS
+        )
+        pairs = " ".join(f"{k}={_text(extras[k])}" for k in ordered)
+        head, newline, rest = line.partition("\n")  # keep a traceback below the line
+        return f"{head} {pairs}{newline}{rest}"
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "-"
+    text = str(value)
+    return f'"{text}"' if (" " in text or not text) else text
+
+
+def json_formatter() -> logging.Formatter:
+    return JsonFormatter(
+        "{levelname}{name}{message}",
+        style="{",
+        timestamp="time",
+        rename_fields={"levelname": "level", "name": "logger"},
+    )
+
+
+def configure(log_format: str, level: str | int = "INFO", stream: IO | None = None) -> logging.Handler:
+    """One handler on the root logger (replacing any), so every library's records come out the same way."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(json_formatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler
+
+
+def pod_of(obj: dict | None, name: str = "") -> str:
+    """The pod's name as the admission knows it; a generateName pod has none yet (`web-7d9f-*`)."""
+    meta = (obj or {}).get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    if name or meta.get("name"):
+        return str(name or meta.get("name"))
+    return f"{meta['generateName']}*" if meta.get("generateName") else ""
+
+
+def admission_fields(route: str, review: Any, decision: Any, latency_s: float) -> dict[str, Any]:
+    """The admission line: who, what was decided, where, by which strategy, how long, in which batch."""
+    return {
+        "route": route,
+        "uid": review.uid,
+        "namespace": review.namespace,
+        "pod": pod_of(review.object or review.old_object, review.name),
+        "decision": decision.outcome or ("allowed" if decision.allowed else "denied"),
+        "allowed": decision.allowed,
+        "code": decision.code if not decision.allowed else 200,
+        "node": decision.node,
+        "devices": list(decision.devices),
+        "strategy": decision.strategy or None,
+        "reservation_id": decision.reservation_id,
+        "latency_ms": round(latency_s * 1000.0, 3),
+        "ledger_batch": decision.ledger_batch or None,
+    }
+
+
+def log_admission(logger: logging.Logger, fields: dict[str, Any]) -> None:
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("admission", extra=fields)
