@@ -6,7 +6,7 @@ the full walk, gang latency, rebuild time and resident memory.
 
 The naive baseline is the same ledger with its strategies' candidate walks switched off, so every
 placement filters and scores every node (what a scheduler without an index does). The denial baseline is
-the same ledger answering each denial with `Ledger._diagnose_full` (every node classified, as before the
+the same ledger answering each denial with `Diagnoser.diagnose_full` (every node classified, as before the
 per-shape diagnosis).
 """
 
@@ -138,7 +138,7 @@ def denial_rates(nodes: list[NodeInfo], count: int, full_count: int) -> dict[str
     out["repeat"] = timed(count, "d-", churn=False)
     out["churn"] = timed(count, "c-", churn=True)
     out["churn_cost"] = churn_only(count)
-    led._diagnose = led._diagnose_full  # type: ignore[method-assign]  # the baseline: every node classified
+    led._diagnoser.diagnose = led._diagnoser.diagnose_full  # type: ignore[method-assign]  # the baseline: every node classified
     out["full"] = timed(full_count, "full-", churn=False)
     return out
 

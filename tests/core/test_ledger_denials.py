@@ -35,20 +35,20 @@ change = st.one_of(
 
 def full_walk(led: Ledger, req: Request, exclude=frozenset()):
     strategy = registry.get_strategy(req.strategy or led.config.default_strategy)
-    return led._diagnose_full(req, strategy, led._context(req), exclude)
+    return led._diagnoser.diagnose_full(req, strategy, led._filters.context(req), exclude)
 
 
 def cached(led: Ledger, req: Request, exclude=frozenset()):
     strategy = registry.get_strategy(req.strategy or led.config.default_strategy)
-    return led._diagnose(req, strategy, led._context(req), exclude)
+    return led._diagnoser.diagnose(req, strategy, led._filters.context(req), exclude)
 
 
 def uncached_answer(led: Ledger, req: Request):
-    led._diagnose = led._diagnose_full  # type: ignore[method-assign]
+    led._diagnoser.diagnose = led._diagnoser.diagnose_full  # type: ignore[method-assign]
     try:
         return led.explain(req, with_scores=False).result
     finally:
-        del led._diagnose
+        del led._diagnoser.diagnose
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,7 +105,7 @@ def test_flood_of_denials_is_answered_from_the_diagnosis_and_follows_changes():
     assert isinstance(first, Denial)
     assert dict(first.by_reason) == {Reason.NOT_ENOUGH_GPUS: 3, Reason.TAINT: 1}
     assert "strategy best_fit" in first.message and "2 whole GPU(s)" in first.message
-    assert len(led._diagnoses) == 1
+    assert len(led._diagnoser.diagnoses) == 1
     # the same shape again: nothing re-walked, the same answer (its own id)
     again = led.reserve(Request(id="d1", gpus=2, cpu_milli=1000), 0.0)
     assert again == Denial(**{**first.__dict__, "id": "d1"})

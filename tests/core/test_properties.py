@@ -153,7 +153,7 @@ def check_invariants(led: Ledger) -> None:
         for attr in ("cpu_free", "mem_free", "unknown_gpus", "fully_free", "free_milli_raw", "dev_free_milli",
                      "dev_free_mem", "dev_owner", "dev_nshares"):
             assert getattr(fresh, attr) == getattr(n, attr), (name, attr)
-        assert set(n.holders) == {hid for hid, h in led._holdings.items() if h.node == name}
+        assert set(n.holders) == {hid for hid, h in led._books.holdings.items() if h.node == name}
         if n.placeable:
             assert name in index.all.by_free.get(n.whole_free, ()), name
             open_entries += n.open_devices()
@@ -200,11 +200,11 @@ def check_index_matches_scan(led: Ledger, req: Request) -> None:
     if name not in INDEXED or req.group or req.pinned or req.preferred_domain:
         return
     strategy = registry.get_strategy(name)
-    ctx = led._context(req)
+    ctx = led._filters.context(req)
     if strategy.admit(req, ctx) is not None:
         return
-    fast = led._select(req, strategy, ctx, None)
-    slow = led._select(req, _NoIndex(strategy), ctx, None)
+    fast = led._selector.select(req, strategy, ctx, None)
+    slow = led._selector.select(req, _NoIndex(strategy), ctx, None)
     assert (fast is None) == (slow is None), (req, fast, slow)
     if fast is not None:
         assert (fast.node.name, fast.fit) == (slow.node.name, slow.fit), (req, fast, slow)

@@ -1,0 +1,207 @@
+"""Following the cluster: Node and Pod objects applied or deleted, the placements stored on pods adopted (a
+gang's unclaimed slots restored from the plan a pod carries), and the bulk load that rebuilds a ledger.
+One malformed object is recorded as a problem, never fatal; adoption never places a pod of its own.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+
+from allocator.core import objects as kube
+from allocator.core.books import Books, GroupState, Reservation, slot_hid
+from allocator.core.inventory import Holding
+from allocator.core.leases import Leases
+from allocator.core.model import GroupSlot, Placement, ReservationState
+
+
+class Adoption:
+    def __init__(self, books: Books, leases: Leases):
+        self.books = books
+        self.leases = leases
+
+    def apply_object(self, obj: dict, now: float) -> None:
+        """An ADDED/MODIFIED Node or Pod (or a List of them)."""
+        books = self.books
+        books.last_now = max(books.last_now, now)
+        for item in kube.iter_objects(obj):
+            self.apply_one(item, now)
+
+    def load(self, objects: Iterable[dict], now: float) -> None:
+        """Apply every object of a fresh ledger's rebuild."""
+        # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the growing
+        # heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            # streamed: what a pod holds on a node not seen yet is applied when the node arrives
+            for obj in kube.iter_objects(objects):
+                self.apply_one(obj, now)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def apply_one(self, item: dict, now: float) -> None:
+        books = self.books
+        try:
+            kind = kube.kind_of(item)
+            if kind == "Pod":
+                self.apply_pod(item, now)
+            elif kind == "Node":
+                problems: list[str] = []
+                info = kube.node_from_object(item, books.config, problems)
+                if not info.name:
+                    raise ValueError("metadata.name is missing")
+                books.upsert_node(info)
+                books.problems.extend(problems)
+        except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
+            # one malformed object must not stop the ledger from following the cluster
+            books.problems.append(f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}")
+
+    def delete_object(self, obj: dict) -> None:
+        books = self.books
+        for item in kube.iter_objects(obj):
+            try:
+                kind = kube.kind_of(item)
+                if kind == "Node":
+                    books.remove_node(str((item.get("metadata") or {}).get("name", "")))
+                elif kind == "Pod":
+                    self.forget_pod(kube.pod_key(item))
+            except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
+                books.problems.append(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
+
+    def forget_pod(self, key: str) -> None:
+        hid = self.books.pods.pop(key, None)
+        if hid is not None:
+            self.leases.release(hid)
+
+    def apply_pod(self, obj: dict, now: float) -> None:
+        books = self.books
+        problems: list[str] = []
+        usage = kube.pod_usage(obj, books.config.placement_key, problems, lazy=True)
+        if problems:
+            books.problems.extend(problems)
+        prev = books.pods.get(usage.key)
+        if usage.terminal:
+            self.forget_pod(usage.key)
+            return
+        if usage.placement is not None:
+            pid = usage.placement.id
+            if prev is not None and prev != pid:
+                self.forget_pod(usage.key)
+            books.pods[usage.key] = pid
+            if pid in books.reservations:
+                self.leases.confirm(pid, now)
+                return
+            self.adopt(usage, now)
+            return
+        hid = "pod:" + usage.key
+        if not usage.node or not (usage.cpu_milli or usage.memory_mib or usage.gpus):
+            if prev is not None:
+                self.forget_pod(usage.key)
+            return
+        h = Holding(hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=usage.gpus)
+        if prev == hid and books.holdings.get(hid) == h:
+            return
+        if prev is not None:
+            self.forget_pod(usage.key)
+        books.pods[usage.key] = hid
+        books.hold(h)
+
+    def adopt(self, usage: kube.PodUsage, now: float) -> None:
+        """Take over a placement found on a pod (rebuild, or a pod whose reservation is gone)."""
+        books = self.books
+        p = usage.placement
+        assert p is not None
+        if p.group is not None and p.slot is not None:
+            group = books.groups.get(p.group)
+            if group is None:
+                group = self.restore_group(p, now)
+            who = group.claims.get(p.slot)
+            if who is not None and who != p.id:
+                self.count_instead(usage, p)
+                return
+            if p.slot in group.slots and who is None and slot_hid(p.group, p.slot) in books.holdings:
+                books.unhold(slot_hid(p.group, p.slot))
+                books.slot_of.pop(slot_hid(p.group, p.slot), None)
+            if not self.make_room(p):
+                self.count_instead(usage, p)
+                if p.slot in group.slots and group.claims.get(p.slot) is None:
+                    books.drop_slot(group, p.slot)
+                return
+            group.slots[p.slot] = GroupSlot(p.slot, p.node, p.devices, p.uuids, p.shares)
+            group.claims[p.slot] = p.id
+            books.slot_of[p.id] = (p.group, p.slot)
+        elif not self.make_room(p):
+            self.count_instead(usage, p)
+            return
+        books.hold(Holding(p.id, p.node, p.devices, p.shares, p.cpu_milli, p.memory_mib))
+        books.reservations[p.id] = Reservation(p, ReservationState.CONFIRMED, now)
+
+    def restore_group(self, p: Placement, now: float) -> GroupState:
+        books = self.books
+        deadline = p.group_deadline if p.group_deadline is not None else now
+        group = GroupState(
+            key=p.group or "",
+            slots={},
+            claims={},
+            deadline=deadline,
+            cpu_milli=p.cpu_milli,
+            memory_mib=p.memory_mib,
+            strategy=p.strategy,
+        )
+        books.groups[group.key] = group
+        if deadline > now:
+            for s in p.group_plan:
+                if s.slot == p.slot:
+                    continue
+                node = books.index.nodes.get(s.node)
+                if node is not None and node.conflicts(s.devices, s.shares):
+                    continue
+                group.slots[s.slot] = s
+                group.claims[s.slot] = None
+                hid = slot_hid(group.key, s.slot)
+                books.slot_of[hid] = (group.key, s.slot)
+                books.hold(Holding(hid, s.node, s.devices, s.shares, p.cpu_milli, p.memory_mib))
+        return group
+
+    def make_room(self, p: Placement) -> bool:
+        """Whether a pod's placement can be held: unconfirmed holders in its way give way to the pod."""
+        books = self.books
+        node = books.index.nodes.get(p.node)
+        if node is None:
+            return True
+        blockers = node.conflicts(p.devices, p.shares)
+        if not blockers:
+            return True
+        for hid in blockers:
+            res = books.reservations.get(hid)
+            unclaimed = hid in books.slot_of and hid not in books.reservations
+            if not unclaimed and (res is None or res.state != ReservationState.RESERVED):
+                return False
+        for hid in sorted(blockers):
+            self.leases.release(hid)
+        # a released claimed slot may have returned to its group, unclaimed, on the same devices
+        for hid in sorted(node.conflicts(p.devices, p.shares)):
+            if hid in books.slot_of and hid not in books.reservations:
+                self.leases.release(hid)
+        return not node.conflicts(p.devices, p.shares)
+
+    def count_instead(self, usage: kube.PodUsage, p: Placement) -> None:
+        """A placement that collides with a confirmed one: count the pod as GPUs of unknown identity."""
+        books = self.books
+        books.problems.append(
+            f"pod {usage.key}: placement {p.id} on {p.node} collides with another pod; counted as "
+            f"{len(p.devices)} GPU(s) of unknown identity"
+        )
+        hid = "pod:" + usage.key
+        books.pods[usage.key] = hid
+        books.hold(
+            Holding(
+                hid,
+                p.node,
+                cpu_milli=p.cpu_milli,
+                memory_mib=p.memory_mib,
+                unknown_gpus=len(p.devices) or (1 if p.shares else 0),
+            )
+        )

@@ -1,0 +1,183 @@
+"""The ledger's books: the nodes, and every record of what is held on them (holdings, reservations, gangs,
+counted pods), changed only through `hold`/`unhold` so a node's free state equals what its holders use.
+Shared by every part of the ledger; the books never decide a placement, read a clock or parse an object.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.core import objects as kube
+from allocator.core.inventory import ClusterIndex, Holding, NodeState
+from allocator.core.model import GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
+from allocator.core.plugin import DEFAULT_BALANCED_WEIGHTS
+from allocator.core.topology import Topology
+
+
+@dataclass
+class LedgerConfig:
+    default_strategy: str = "best_fit"
+    reservation_ttl_s: float = 30.0  # unconfirmed reservations expire after this
+    tolerated_gpu_taint_keys: tuple[str, ...] = ("nvidia.com/gpu",)  # tolerated on the pod's behalf
+    spine_label: str = "topology.scheduler/spine"
+    leaf_label: str = "topology.scheduler/leaf"
+    leaf_order: tuple[str, ...] = ()  # empty = natural sort of label values
+    priority_headroom: float = 0.1  # share of GPU capacity kept for priority >= 1 (strategy `priority`)
+    balanced_weights: dict = field(default_factory=lambda: dict(DEFAULT_BALANCED_WEIGHTS))
+    placement_key: bytes = b""  # HMAC key for placement annotations (empty = unsigned, dev only)
+
+
+@dataclass
+class Reservation:
+    placement: Placement
+    state: ReservationState
+    created: float
+
+
+@dataclass
+class GroupState:
+    """A gang: its slots (slot -> GroupSlot) and who claimed each (None = unclaimed, held for the group)."""
+
+    key: str
+    slots: dict[int, GroupSlot]
+    claims: dict[int, str | None]
+    deadline: float
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    strategy: str = ""
+    slot_taints: dict[int, tuple[Taint, ...]] = field(default_factory=dict)  # taints tolerated per slot
+
+    def plan(self) -> tuple[GroupSlot, ...]:
+        return tuple(self.slots[s] for s in sorted(self.slots))
+
+
+def slot_hid(group: str, slot: int) -> str:
+    """Holder id of an unclaimed group slot (also what `expiry_candidates` lists for it)."""
+    return f"{group}#slot{slot}"
+
+
+# static filter verdicts for one request shape: node -> (reason or None, taints tolerated for the pod)
+StaticVerdicts = dict[str, tuple[Reason | None, tuple[Taint, ...]]]
+
+
+class Books:
+    """The state every part of the ledger shares. Holders are keyed by the caller's id."""
+
+    def __init__(self, config: LedgerConfig):
+        self.config = config
+        self.index = ClusterIndex()
+        self.performance: dict[str, float] = {}  # node -> historical performance in [0, 1] (balanced)
+        self.context_extra: dict[str, Any] = {}  # inputs for plug-in strategies
+        self.problems: deque[str] = deque(maxlen=200)  # malformed cluster data seen, newest last
+        self.holdings: dict[str, Holding] = {}
+        self.node_holders: dict[str, set[str]] = {}
+        self.reservations: dict[str, Reservation] = {}
+        self.groups: dict[str, GroupState] = {}
+        self.slot_of: dict[str, tuple[str, int]] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
+        self.pods: dict[str, str] = {}  # pod key -> holder id
+        self.rr_cursor = ""
+        self.last_now = float("-inf")
+        # caches of what only node changes invalidate: kept here, where nodes change
+        self.filter_cache: dict[tuple, StaticVerdicts] = {}  # static filter signature -> verdicts
+        self.topology_cache: Topology | None = None
+
+    # ------------------------------------------------------------------------------------------ inventory
+    def upsert_node(self, node: NodeInfo) -> None:
+        old = self.index.nodes.get(node.name)
+        if old is not None and old.info == node:
+            return
+        if old is not None:
+            self.index.remove(node.name)
+        if old is None or old.leaf_key != (node.spine, node.leaf):
+            self.topology_cache = None
+        state = NodeState(node)
+        for hid in sorted(self.node_holders.get(node.name, ())):
+            state.apply(self.holdings[hid])
+        self.index.add(state)
+        for cache in self.filter_cache.values():
+            cache.pop(node.name, None)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node's capacity; what is held on it stays recorded and returns if the node does."""
+        if self.index.remove(name) is not None:
+            self.topology_cache = None
+            for cache in self.filter_cache.values():
+                cache.pop(name, None)
+
+    def topology(self) -> Topology:
+        if self.topology_cache is None:
+            leaves = list(self.index.leaf_members)
+            self.topology_cache = Topology.build(leaves, self.config.leaf_order)
+        return self.topology_cache
+
+    # ------------------------------------------------------------------------------------------ holdings
+    def hold(self, h: Holding) -> None:
+        self.holdings[h.id] = h
+        self.node_holders.setdefault(h.node, set()).add(h.id)
+        node = self.index.nodes.get(h.node)
+        if node is not None:
+            self.index.change(node, lambda: node.apply(h))
+
+    def unhold(self, hid: str) -> Holding | None:
+        h = self.holdings.pop(hid, None)
+        if h is None:
+            return None
+        holders = self.node_holders.get(h.node)
+        if holders is not None:
+            holders.discard(hid)
+            if not holders:
+                del self.node_holders[h.node]
+        node = self.index.nodes.get(h.node)
+        if node is not None:
+            self.index.change(node, lambda: node.remove(hid))
+        return h
+
+    def drop_slot(self, group: GroupState, slot: int) -> None:
+        """Forget a slot of a gang; a gang left without slots is forgotten."""
+        group.slots.pop(slot, None)
+        group.claims.pop(slot, None)
+        if not group.slots:
+            del self.groups[group.key]
+
+    # ------------------------------------------------------------------------------------------ views
+    def snapshot(self) -> dict:
+        """Canonical state (no timestamps, no rotation cursor): equal for a live ledger and its rebuild."""
+        nodes = {}
+        for name in sorted(self.index.nodes):
+            n = self.index.nodes[name]
+            nodes[name] = {
+                "cpu_free": n.cpu_free,
+                "mem_free": n.mem_free,
+                "unknown_gpus": n.unknown_gpus,
+                "devices": [
+                    [
+                        n.dev_index[p],
+                        n.dev_free_milli[p],
+                        n.dev_free_mem[p],
+                        n.dev_owner[p],
+                        sorted([hid, s.milli, s.memory_mib] for hid, s in (n.dev_shares[p] or {}).items()),
+                    ]
+                    for p in range(len(n.dev_index))
+                ],
+            }
+        reservations = {
+            rid: [res.state.value, kube.placement_to_dict(res.placement)]
+            for rid, res in sorted(self.reservations.items())
+        }
+        groups = {
+            key: {
+                "deadline": g.deadline,
+                "slots": {
+                    s: [g.slots[s].node, list(g.slots[s].devices), [[x.device, x.milli] for x in g.slots[s].shares], g.claims.get(s)]
+                    for s in sorted(g.slots)
+                },
+            }
+            for key, g in sorted(self.groups.items())
+        }
+        holdings = {
+            hid: [h.node, list(h.devices), [[s.device, s.milli, s.memory_mib] for s in h.shares], h.cpu_milli, h.memory_mib, h.unknown_gpus]
+            for hid, h in sorted(self.holdings.items())
+        }
+        return {"nodes": nodes, "reservations": reservations, "groups": groups, "holdings": holdings}

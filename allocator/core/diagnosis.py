@@ -1,0 +1,229 @@
+"""Denials: why no node takes a request, counted per reason over every node with the closest near misses, kept
+current per request shape by re-classifying only the nodes touched since (O(changes), not O(nodes)).
+A diagnosis only explains: it never chooses a node and never changes what is held.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter, OrderedDict
+
+from allocator.core.books import Books
+from allocator.core.filters import Filters, dynamic, static_signature, unplaceable_reason
+from allocator.core.inventory import NodeState
+from allocator.core.model import Denial, NearMiss, Reason, Request
+from allocator.core.plugin import ScoreContext, Strategy
+
+DIAGNOSIS_LIMIT = 16  # request shapes whose denial diagnosis is kept current
+NEAR_MISSES = 3
+
+
+class _Diagnosis:
+    """Every node's denial classification for one request shape: counts per reason, the nodes that fit, and
+    the near-miss keys in order; `seq` is the position in `ClusterIndex.touched` it is current up to."""
+
+    __slots__ = ("_keys", "counts", "first", "fitting", "misses", "near", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.first: dict[str, Reason | None] = {}  # node -> reason counted (None = fits)
+        self.counts: dict[Reason, int] = {}
+        self.fitting = 0
+        self.near: list[tuple] = []  # sorted near-miss keys (closest first), the node name last
+        self.misses: dict[str, NearMiss] = {}  # near misses built so far, valid until their node is touched
+        self._keys: dict[str, tuple] = {}  # node -> its key in `near`
+
+    def add(self, name: str, reason: Reason | None, key: tuple | None, bulk: bool = False) -> None:
+        """Count a node in; `bulk` appends its key unsorted (the caller sorts `near` once at the end)."""
+        self.first[name] = reason
+        if reason is None:
+            self.fitting += 1
+        else:
+            self.counts[reason] = self.counts.get(reason, 0) + 1
+        if key is not None:
+            self._keys[name] = key
+            if bulk:
+                self.near.append(key)
+            else:
+                insort(self.near, key)
+
+    def drop(self, name: str) -> None:
+        if name not in self.first:
+            return
+        reason = self.first.pop(name)
+        if reason is None:
+            self.fitting -= 1
+        else:
+            left = self.counts[reason] - 1
+            if left:
+                self.counts[reason] = left
+            else:
+                del self.counts[reason]
+        self.misses.pop(name, None)
+        key = self._keys.pop(name, None)
+        if key is not None:
+            del self.near[bisect_left(self.near, key)]
+
+
+class Diagnoser:
+    """Per-reason counts and near misses for a request no node takes, and the denial that says so."""
+
+    def __init__(self, books: Books, filters: Filters):
+        self.books = books
+        self.filters = filters
+        self.diagnoses: OrderedDict[tuple, _Diagnosis] = OrderedDict()  # request shape -> diagnosis, LRU
+
+    def classify(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
+        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key or None)."""
+        if not node.placeable:
+            return unplaceable_reason(node), None
+        reason, _ = self.filters.static(node, req)
+        if reason is not None:
+            return reason, None
+        _, reasons = dynamic(node, req, strategy, ctx)
+        if not reasons:
+            return None, None
+        return reasons[0], (-node.whole_free, -max_share(node), -node.cpu_free, -node.mem_free, node.name)
+
+    def near_miss(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext) -> NearMiss:
+        _, reasons = dynamic(node, req, strategy, ctx)
+        detail = (
+            f"has {node.whole_free} free GPU(s), largest free share {max_share(node)}m, "
+            f"{node.cpu_free}m cpu and {node.mem_free} MiB memory free"
+        )
+        return NearMiss(node.name, tuple(reasons), node.whole_free, detail)
+
+    def diagnose_full(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
+        """(per-reason node counts, the closest near misses, nodes that fit), by classifying every node.
+        The reference `diagnose` must equal; also the path for strategies with their own device choice."""
+        counts: Counter[Reason] = Counter()
+        misses: list[tuple] = []
+        fitting = 0
+        for node in self.books.index.nodes.values():
+            if node.name in exclude:
+                counts[Reason.LEAF_CONSTRAINT] += 1
+                continue
+            reason, key = self.classify(node, req, strategy, ctx)
+            if reason is None:
+                fitting += 1
+                continue
+            counts[reason] += 1
+            if key is not None:
+                misses.append(key)
+        misses.sort()
+        nodes = self.books.index.nodes
+        near = tuple(self.near_miss(nodes[key[-1]], req, strategy, ctx) for key in misses[:NEAR_MISSES])
+        return counts, near, fitting
+
+    def diagnose(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
+        """What `diagnose_full` answers, from a per-request-shape diagnosis that re-classifies only the nodes
+        touched since it was last read (a flood of pods that cannot fit costs O(changes), not O(nodes))."""
+        if getattr(type(strategy), "choose_devices", None) is not Strategy.choose_devices:
+            return self.diagnose_full(req, strategy, ctx, exclude)  # a device choice that may read the cluster
+        diag = self.diagnosis(req, strategy, ctx)
+        nodes = self.books.index.nodes
+        counts = Counter({r: n for r, n in diag.counts.items()})
+        fitting = diag.fitting
+        if exclude:
+            excluded = 0
+            for name in exclude:
+                if name not in nodes:
+                    continue
+                excluded += 1
+                reason = diag.first[name]
+                if reason is None:
+                    fitting -= 1
+                    continue
+                left = counts[reason] - 1
+                if left:
+                    counts[reason] = left
+                else:
+                    del counts[reason]
+            if excluded:
+                counts[Reason.LEAF_CONSTRAINT] += excluded
+        near = []
+        for key in diag.near:
+            if len(near) == NEAR_MISSES:
+                break
+            name = key[-1]
+            if name not in exclude:
+                miss = diag.misses.get(name)
+                if miss is None:
+                    miss = diag.misses[name] = self.near_miss(nodes[name], req, strategy, ctx)
+                near.append(miss)
+        return counts, tuple(near), fitting
+
+    def diagnosis(self, req: Request, strategy: Strategy, ctx: ScoreContext) -> _Diagnosis:
+        shape = (static_signature(req), req.gpus, req.gpu_milli, req.cpu_milli, req.memory_mib)
+        index = self.books.index
+        log, base = index.touched, index.touched_base
+        diag = self.diagnoses.get(shape)
+        if diag is None or diag.seq < base:
+            diag = _Diagnosis()
+            for node in index.nodes.values():
+                diag.add(node.name, *self.classify(node, req, strategy, ctx), bulk=True)
+            diag.near.sort()
+            self.diagnoses[shape] = diag
+            if len(self.diagnoses) > DIAGNOSIS_LIMIT:
+                self.diagnoses.popitem(last=False)
+        else:
+            self.diagnoses.move_to_end(shape)
+            nodes = index.nodes
+            for name in set(log[diag.seq - base :]):
+                diag.drop(name)
+                node = nodes.get(name)
+                if node is not None:
+                    diag.add(name, *self.classify(node, req, strategy, ctx))
+        diag.seq = base + len(log)
+        return diag
+
+    def denial(self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = "") -> Denial:
+        by_reason = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].value)))
+        parts = []
+        for reason, n in by_reason:
+            text = f"{n} node(s) {reason.value}"
+            best = next((m for m in near if m.reasons and m.reasons[0] == reason), None)
+            if best is not None:
+                if reason == Reason.NOT_ENOUGH_GPUS:
+                    text += f" (best: {best.node} has {best.free_gpus} free)"
+                else:
+                    text += f" (best: {best.node} {best.detail})"
+            parts.append(text)
+        if not self.books.index.nodes:
+            parts.append("the ledger knows no nodes")
+        message = prefix or f"no node fits {describe(req)} with strategy {strategy_name}"
+        return Denial(
+            id=req.id,
+            message=f"{message}: {', '.join(parts)}" if parts else message,
+            by_reason=by_reason,
+            near_misses=near,
+            strategy=strategy_name,
+        )
+
+
+def describe(req: Request) -> str:
+    """What a request asks for, in the words of a denial."""
+    if req.gpus > 0:
+        what = f"{req.gpus} whole GPU(s)"
+        if req.gpu_memory_mib:
+            what += f" with {req.gpu_memory_mib} MiB each"
+    elif req.is_shared:
+        parts = []
+        if req.gpu_milli:
+            parts.append(f"{req.gpu_milli} milli-GPU")
+        if req.gpu_memory_mib:
+            parts.append(f"{req.gpu_memory_mib} MiB GPU memory")
+        what = "a share of " + " and ".join(parts)
+    else:
+        what = "a pod without GPUs"
+    if req.cpu_milli or req.memory_mib:
+        what += f" (+{req.cpu_milli}m cpu, {req.memory_mib} MiB memory)"
+    if req.product:
+        what += f" of product {req.product!r}"
+    return what
+
+
+def max_share(node: NodeState) -> int:
+    """The largest free milli-GPU on a device without an exclusive holder."""
+    owner, free = node.dev_owner, node.dev_free_milli
+    return max((free[p] for p in range(len(owner)) if owner[p] is None), default=0)
