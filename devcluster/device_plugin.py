@@ -36,6 +36,7 @@ class FakeGPUPlugin:
         self.health = {d: HEALTHY for d in device_ids}
         self.allocations: list[list[str]] = []
         self.preferred: list[dict] = []
+        self.registrations = 0  # one per kubelet (re)start it registered with
         self._changed = threading.Condition()
         self._version = 0
         self._server: grpc.Server | None = None
@@ -144,6 +145,7 @@ class FakeGPUPlugin:
                 ),
                 timeout=timeout,
             )
+        self.registrations += 1
 
     def _reregister_on_kubelet_restart(self) -> None:
         """A restarting kubelet empties the socket folder; like NVIDIA's plugin, serve and register again."""

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -102,6 +103,7 @@ class RealNode:
     workdir: Path | None = None
     lock_timeout: float = 600.0
     node_ip: str = ""
+    healthz_url: str = ""
     kubelet: subprocess.Popen | None = None
     containerd: Containerd | None = None
     _lock: int | None = None
@@ -201,6 +203,8 @@ class RealNode:
             if self.kubelet.poll() is not None:
                 raise RuntimeError(f"kubelet exited {self.kubelet.returncode} ({self.kubelet_log}):\n"
                                    f"{tail(self.kubelet_log)}")
+            if not self.healthy():  # a restarted kubelet: the Node still reads Ready from its predecessor
+                return None
             proc = self.cp.kubectl("get", "node", self.name, "-o", "json", check=False)
             if proc.returncode != 0:
                 return None
@@ -213,9 +217,17 @@ class RealNode:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\nkubelet log ({self.kubelet_log}):\n{tail(self.kubelet_log)}") from None
 
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.healthz_url, timeout=2) as r:
+                return r.read() == b"ok"
+        except OSError:
+            return False
+
     # ------------------------------------------------------------------ the kubelet
     def kubelet_config(self) -> dict:
         port, healthz = free_port(self.node_ip), free_port()
+        self.healthz_url = f"http://127.0.0.1:{healthz}/healthz"
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",

@@ -130,3 +130,13 @@ def test_pod_resources_names_the_devices_a_running_pod_holds(apiserver, real_nod
     devices = held[(plain_namespace, "holds-one", "main")]
     assert printed.strip() == f"CUDA= NV={devices[0]}" and len(devices) == 1
     assert {d for dev in allocatable.devices for d in dev.device_ids} == set(plugin.health)
+
+
+def test_kubelet_restart_reregisters_the_plugin_and_gpus_stay_usable(apiserver, real_node, plain_namespace):
+    node, plugin = real_node
+    before = plugin.registrations
+    node.restart_kubelet()
+    apiserver.wait_for(lambda: plugin.registrations > before, timeout=30, what="the plugin registering again")
+    done = run_pod(apiserver, plain_namespace, pod("after-restart", PRINT_ENV, gpus=1))
+    assert done["status"]["phase"] == "Succeeded"
+    assert logs(apiserver, plain_namespace, "after-restart").strip() == f"CUDA= NV={plugin.allocations[-1][0]}"
