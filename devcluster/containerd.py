@@ -1,7 +1,8 @@
 """One containerd for one real node: its own root, state, sockets and CNI bridge network, all under the node's folder.
 
 Binds only unix sockets and a loopback streaming port; never reads /etc/containerd nor uses the system's socket.
-`teardown` ends only what this containerd started (its shims, found by their -address) and unmounts its mounts.
+`teardown` ends only what this containerd started (its shims, found by their -address), unmounts its mounts and
+removes its entries from libcni's cache, the one thing it writes outside the folder.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from devcluster import images
 
 CNI_BIN_DIR = Path(os.environ.get("GPULEDGER_CNI_BIN_DIR", "/usr/lib/cni"))  # Debian's containernetworking-plugins
+CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache, which containerd 1.6 does not let us move
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
 
 
@@ -119,6 +121,7 @@ state = "{self.folder / 'state'}"
     def teardown(self) -> None:
         """containerd and its shims killed, its mounts (rootfs overlays, netns, shm) lazily unmounted, bridge gone.
         The containers themselves are killed beforehand through their cgroups (RealNode.stop)."""
+        sandboxes = [p.name for p in (self.folder / "root" / "io.containerd.grpc.v1.cri" / "sandboxes").glob("*")]
         for pid in self.shim_pids():
             _kill(pid)
         if self.proc is not None and self.proc.poll() is None:
@@ -131,6 +134,9 @@ state = "{self.folder / 'state'}"
         for mount in reversed(mounts_under(self.folder)):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        for sandbox in sandboxes:  # libcni caches each attachment here; no CNI DEL ran for killed sandboxes
+            for cached in CNI_CACHE.glob(f"*-{sandbox}-*"):
+                cached.unlink(missing_ok=True)
 
 
 def _kill(pid: int) -> None:
