@@ -7,6 +7,7 @@ export GPULEDGER_CACHE ?= $(HOME)/.cache/gpuledger
 export K8S_VERSION ?= 1.32.4
 export KUBE_APISERVER ?= $(GPULEDGER_CACHE)/kube-apiserver-v$(K8S_VERSION)
 export KUBE_CONTROLLER_MANAGER ?= $(GPULEDGER_CACHE)/kube-controller-manager-v$(K8S_VERSION)
+export KUBELET ?= $(GPULEDGER_CACHE)/kubelet-v$(K8S_VERSION)
 
 .PHONY: all venv apiserver test test-fast lint demo bench simulate clean
 
@@ -24,7 +25,11 @@ venv: $(VENV)/.installed
 $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER):
 	bash devcluster/build_kube_components.sh
 
-apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER)
+# the real node's kubelet (tests/e2e/test_real_node.py), built the same way
+$(KUBELET):
+	COMPONENTS=kubelet bash devcluster/build_kube_components.sh
+
+apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBELET)
 
 # ruff (rules and format) over LINT_PATHS, mypy over the product code among them, then the import-linter
 # contracts. A subset checks only those paths: make lint LINT_PATHS="certs allocator/sim" (mypy still reads

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-controller-manager from the k8s.io/kubernetes Go module; cache them outside the repo.
+# Build kube-apiserver, kube-controller-manager (and, with COMPONENTS=..., kubelet or kubectl) from the
+# k8s.io/kubernetes Go module; cache them outside the repo.
 # The staging modules (k8s.io/api, apimachinery, ...) are required at v0.0.0 in kubernetes' go.mod
 # and need `replace` directives to the matching v0.MINOR.PATCH tags.
 # The controller-manager runs only the workload controllers (job, statefulset, deployment, ...) in the tests;
 # it shares nearly every package with the apiserver, so its build mostly hits Go's build cache.
+# The kubelet (the real node of tests/e2e/test_real_node.py) is static too (CGO_ENABLED=0), as upstream ships it.
+# Builds run under `nice -n 19`: the machines that run them are shared.
 set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-1.32.4}"
 CACHE="${GPULEDGER_CACHE:-$HOME/.cache/gpuledger}"
@@ -35,7 +38,7 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.
 for c in "${missing[@]}"; do
   out="$CACHE/$c-v$K8S_VERSION"
   start=$SECONDS
-  CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "k8s.io/kubernetes/cmd/$c" 2>build.log \
+  CGO_ENABLED=0 nice -n 19 go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "k8s.io/kubernetes/cmd/$c" 2>build.log \
     || { cat build.log >&2; exit 1; }
   mv "$out.tmp" "$out"
   echo "built $c in $((SECONDS - start))s" >&2

@@ -37,6 +37,7 @@ CACHE = Path(os.environ.get("GPULEDGER_CACHE", Path.home() / ".cache" / "gpuledg
 
 ADMIN = "admin"
 ALICE = "alice"
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"  # how kube-apiserver authenticates to a real kubelet
 REPO = Path(__file__).resolve().parents[1]
 RBAC_MANIFEST = REPO / "manifests" / "rbac.yaml"
 
@@ -372,6 +373,10 @@ class ControlPlane(KubeClient):
         paths = pki.write_bundle(certs, self.ca, serving)
         self.ca_file = str(paths["ca.crt"])
         sa_key, sa_pub = _write_sa_keys(certs)
+        # logs/exec on a real node (devcluster/kubelet.py): the kubelet trusts this CA and serves on its InternalIP
+        kubelet_client = pki.make_client_cert(self.ca, KUBELET_CLIENT_USER)
+        (certs / "kubelet-client.crt").write_bytes(kubelet_client.cert_pem)
+        (certs / "kubelet-client.key").write_bytes(kubelet_client.key_pem)
         lines = []
         for user, groups in USERS.items():
             token = os.urandom(16).hex()
@@ -399,6 +404,9 @@ class ControlPlane(KubeClient):
                 # ServiceAccount: no token controller runs. TaintNodesByCondition: it taints every new node
                 # not-ready, a taint only the node lifecycle controller (absent: no kubelets) would lift
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                f"--kubelet-client-certificate={certs / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={certs / 'kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--enable-priority-and-fairness=false",
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The real node's container runtime from Debian's packages: containerd (+ ctr and the runc v2 shim), runc, the
+# CNI plugins (bridge, host-local, loopback) and a static busybox that devcluster/images.py turns into images.
+# Installs only what is missing; starts nothing (devcluster/kubelet.py runs its own containerd per node).
+set -euo pipefail
+need=()
+command -v containerd >/dev/null && command -v containerd-shim-runc-v2 >/dev/null && command -v ctr >/dev/null \
+  || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] \
+  || need+=(containernetworking-plugins)
+# the static build: an image holds no libc for a dynamically linked busybox to load
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "ok installed" || need+=(busybox-static)
+if [ "${#need[@]}" -eq 0 ]; then exit 0; fi
+echo "== installing the real node's runtime from Debian: ${need[*]}" >&2
+sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+sudo_ apt-get update -qq
+# policy-rc.d or no systemd: the package's own containerd service is not started (and not needed)
+sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

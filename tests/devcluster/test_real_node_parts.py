@@ -1,0 +1,144 @@
+"""The real node's parts that need no kubelet: image tarballs, containerd's config, node credentials, and the fake
+device plugin answering the device-plugin protocol to an in-process stand-in for the kubelet's registry."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+import tomllib
+from concurrent import futures
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from cryptography.x509.oid import NameOID
+
+from certs import pki
+from devcluster import images, kubelet_api
+from devcluster.containerd import Containerd
+from devcluster.kubelet import node_credentials, node_rbac
+
+BUSYBOX = images.BUSYBOX
+
+
+def _members(tar_bytes: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_docker_archive_names_the_image_and_its_layer_digest():
+    layer = b"not really a tar, only bytes to digest"
+    archive = images.docker_archive("registry.k8s.io/pause:3.10", layer, {"Entrypoint": ["/pause"]})
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+        (entry,) = manifest
+        config = json.load(tar.extractfile(entry["Config"]))
+        assert tar.extractfile(entry["Layers"][0]).read() == layer
+    assert entry["RepoTags"] == ["registry.k8s.io/pause:3.10"]
+    assert config["rootfs"]["diff_ids"] == [f"sha256:{entry['Layers'][0].split('/')[0]}"]
+    assert (config["os"], config["architecture"], config["config"]["Entrypoint"]) == ("linux", "amd64", ["/pause"])
+
+
+@pytest.mark.skipif(not BUSYBOX.exists(), reason=f"{BUSYBOX} missing: bash devcluster/runtime.sh")
+def test_rootfs_layer_is_busybox_and_its_applets_and_is_reproducible():
+    layer = images.rootfs_layer()
+    members = _members(layer)
+    assert members["bin/busybox"].isfile() and members["bin/busybox"].mode == 0o755
+    assert members["bin/sh"].issym() and members["bin/sh"].linkname == "/bin/busybox"
+    assert members["tmp"].mode == 0o1777
+    assert images.rootfs_layer() == layer  # fixed mtimes and order: the same busybox, the same digests
+
+
+def test_containerd_config_keeps_to_its_folder_and_names_the_pause_image(tmp_path):
+    ctd = Containerd(tmp_path, bridge="glbrtest", pod_cidr="10.244.3.0/24")
+    config = tomllib.loads(ctd.config_toml())
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert config["grpc"]["address"] == str(tmp_path / "containerd.sock")
+    assert all(str(config[k]).startswith(str(tmp_path)) for k in ("root", "state"))
+    assert cri["sandbox_image"] == images.PAUSE_IMAGE
+    assert cri["stream_server_address"] == "127.0.0.1" and cri["restrict_oom_score_adj"] is True
+    assert set(cri["containerd"]["runtimes"]) == {"runc", "nvidia"}
+    (bridge,) = ctd.cni_conflist()["plugins"]
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.244.3.0/24"}]] and not bridge["ipMasq"]
+
+
+def test_node_credentials_are_a_system_nodes_client_cert_from_the_cluster_ca():
+    ca = pki.make_ca("test-cluster-ca")
+    cert_pem, _ = node_credentials(SimpleNamespace(ca=ca), "real-node-7")
+    cert = pki.KeyPair(cert_pem, b"").cert
+    subject = {a.oid: a.value for a in cert.subject}
+    assert subject[NameOID.COMMON_NAME] == "system:node:real-node-7"
+    assert subject[NameOID.ORGANIZATION_NAME] == "system:nodes"
+    assert cert.issuer == ca.cert.subject
+    roles = {b["roleRef"]["name"]: b["subjects"][0]["name"] for b in node_rbac()}
+    assert roles["system:node"] == "system:nodes"
+
+
+def test_strip_gogo_drops_only_the_go_options():
+    proto = (
+        'syntax = "proto3";\nimport "github.com/gogo/protobuf/gogoproto/gogo.proto";\n'
+        "option (gogoproto.sizer_all) = true;\n"
+        'message A {\n\trepeated string devices_ids = 1 [(gogoproto.customname) = "DevicesIDs"];\n}\n'
+    )
+    assert kubelet_api.strip_gogo(proto) == 'syntax = "proto3";\nmessage A {\n\trepeated string devices_ids = 1;\n}\n'
+
+
+def _stubs_available() -> bool:
+    try:
+        import grpc_tools  # noqa: F401
+    except ImportError:
+        return False
+    return (kubelet_api.generated_dir() / kubelet_api.PACKAGE / "done").exists() or bool(shutil.which("go"))
+
+
+@pytest.mark.skipif(not _stubs_available(), reason="needs grpcio-tools and go (the kubelet's .proto files)")
+def test_fake_plugin_registers_and_answers_like_nvidias():
+    import grpc
+
+    from devcluster.device_plugin import FakeGPUPlugin
+
+    api = kubelet_api.load()
+    registered = []
+
+    class Registry:  # what the kubelet's device manager serves at device-plugins/kubelet.sock
+        def Register(self, request, context):
+            registered.append(request)
+            return api.deviceplugin.Empty()
+
+    folder = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # unix socket paths are short
+    kubelet = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api.deviceplugin_grpc.add_RegistrationServicer_to_server(Registry(), kubelet)
+    kubelet.add_insecure_port(f"unix://{folder / 'kubelet.sock'}")
+    kubelet.start()
+    ids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(3)]
+    try:
+        with FakeGPUPlugin(ids, socket_dir=folder) as plugin, \
+                grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+            (request,) = registered
+            assert (request.version, request.resource_name, request.endpoint) == (
+                "v1beta1", "nvidia.com/gpu", plugin.endpoint)
+            assert request.options.get_preferred_allocation_available
+            stub = api.deviceplugin_grpc.DevicePluginStub(channel)
+            stream = stub.ListAndWatch(api.deviceplugin.Empty(), timeout=10)
+            assert [(d.ID, d.health) for d in next(stream).devices] == [(i, "Healthy") for i in ids]
+            plugin.set_health(ids[1], False)
+            assert [d.health for d in next(stream).devices] == ["Healthy", "Unhealthy", "Healthy"]
+            stream.cancel()
+            preferred = stub.GetPreferredAllocation(api.deviceplugin.PreferredAllocationRequest(container_requests=[
+                api.deviceplugin.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=[ids[2], ids[0]], must_include_deviceIDs=[ids[2]], allocation_size=2)]))
+            assert list(preferred.container_responses[0].deviceIDs) == [ids[2], ids[0]]
+            answer = stub.Allocate(api.deviceplugin.AllocateRequest(container_requests=[
+                api.deviceplugin.ContainerAllocateRequest(devices_ids=[ids[0], ids[2]])]))
+            assert dict(answer.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": f"{ids[0]},{ids[2]}"}
+            assert plugin.allocations == [[ids[0], ids[2]]]
+            with pytest.raises(grpc.RpcError) as denied:
+                stub.Allocate(api.deviceplugin.AllocateRequest(container_requests=[
+                    api.deviceplugin.ContainerAllocateRequest(devices_ids=["GPU-nope"])]))
+            assert denied.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        kubelet.stop(0)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,142 @@
+"""Real pods on a real node: kubelet v1.32 + containerd + runc from Debian, the fake GPU device plugin over the
+kubelet's device-plugin gRPC API, and PodResources read back over its own gRPC API.
+
+Pods are bound by nodeName in a namespace that is not opted in to admission: this module proves the node, not
+gpuledger's placement.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import grpc
+import pytest
+
+from devcluster import images, kubelet_api
+from devcluster.device_plugin import FakeGPUPlugin
+from devcluster.kubelet import RealNode, missing_parts
+from devcluster.nodes import device_uuid
+
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+
+NODE = "real-node-0"
+GPUS = 4
+PRINT_ENV = "echo CUDA=$CUDA_VISIBLE_DEVICES NV=$NVIDIA_VISIBLE_DEVICES"
+
+
+@pytest.fixture(scope="module")
+def real_node(apiserver):
+    """One real node with the fake plugin advertising GPUS devices, for the whole module."""
+    lacking = missing_parts()
+    if lacking:
+        message = "a real node needs: " + "; ".join(lacking)
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    started = time.monotonic()
+    with RealNode(apiserver, name=NODE) as node:
+        ready = time.monotonic()
+        with FakeGPUPlugin([device_uuid(NODE, i) for i in range(GPUS)]) as plugin:
+            apiserver.wait_for(
+                lambda: apiserver.get_json("node", NODE)["status"].get("allocatable", {}).get("nvidia.com/gpu")
+                == str(GPUS),
+                timeout=30, what=f"{GPUS} nvidia.com/gpu allocatable on {NODE}",
+            )
+            print(f"\nreal node: Ready in {ready - started:.1f}s, GPUs allocatable {time.monotonic() - ready:.1f}s "
+                  f"later (logs: {node.kubelet_log}, {node.containerd_log})")
+            yield node, plugin
+
+
+@pytest.fixture
+def plain_namespace(apiserver):
+    """A namespace gpuledger's admission ignores; deleting it lets the kubelet stop and remove its pods."""
+    name = apiserver.create_namespace(f"realnode-{uuid.uuid4().hex[:6]}", admission=False)
+    yield name
+    apiserver.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def pod(name: str, command: str, gpus: int = 0) -> dict:
+    container = {"name": "main", "image": images.TEST_IMAGE, "imagePullPolicy": "Never",
+                 "command": ["sh", "-c", command]}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": NODE, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "containers": [container]}}
+
+
+def run_pod(apiserver, namespace: str, spec: dict, until=("Succeeded", "Failed"), timeout: float = 60) -> dict:
+    spec = dict(spec, metadata=dict(spec["metadata"], namespace=namespace))
+    apiserver.apply(spec)
+    name = spec["metadata"]["name"]
+
+    def done():
+        obj = apiserver.get_json("pod", name, "-n", namespace)
+        return obj if obj["status"].get("phase") in until else None
+
+    return apiserver.wait_for(done, timeout=timeout, what=f"pod {namespace}/{name} {'/'.join(until)}")
+
+
+def logs(apiserver, namespace: str, name: str) -> str:
+    return apiserver.kubectl("logs", "-n", namespace, name).stdout
+
+
+def test_pod_runs_and_its_output_reaches_kubectl_logs(apiserver, real_node, plain_namespace):
+    done = run_pod(apiserver, plain_namespace, pod("print-env", PRINT_ENV))
+    assert done["status"]["phase"] == "Succeeded"
+    assert logs(apiserver, plain_namespace, "print-env") == "CUDA= NV=\n"
+
+
+def test_pod_exiting_1_ends_failed(apiserver, real_node, plain_namespace):
+    done = run_pod(apiserver, plain_namespace, pod("exit-1", "echo about to fail; exit 1"))
+    assert done["status"]["phase"] == "Failed"
+    terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 1
+    assert logs(apiserver, plain_namespace, "exit-1") == "about to fail\n"
+
+
+def test_gpu_pod_sees_the_devices_the_plugin_allocated(apiserver, real_node, plain_namespace):
+    _, plugin = real_node
+    before = len(plugin.allocations)
+    done = run_pod(apiserver, plain_namespace, pod("two-gpus", PRINT_ENV, gpus=2))
+    assert done["status"]["phase"] == "Succeeded"
+    out = logs(apiserver, plain_namespace, "two-gpus").strip()
+    cuda, nv = out.split(" ")
+    seen = nv.removeprefix("NV=").split(",")
+    assert cuda == "CUDA="  # NVIDIA's plugin sets only NVIDIA_VISIBLE_DEVICES; CUDA indexes what the runtime exposes
+    assert len(set(seen)) == 2 and set(seen) <= set(plugin.health), out
+    assert plugin.allocations[before:] == [seen]  # exactly what Allocate answered, in its order
+    assert plugin.preferred and plugin.preferred[-1]["size"] == 2  # the kubelet asked for a preference first
+
+
+def test_pod_resources_names_the_devices_a_running_pod_holds(apiserver, real_node, plain_namespace):
+    node, plugin = real_node
+    command = f"{PRINT_ENV}; trap 'exit 0' TERM; sleep 3600 & wait"
+    running = run_pod(apiserver, plain_namespace, pod("holds-one", command, gpus=1), until=("Running",))
+    assert running["status"]["phase"] == "Running"
+    printed = apiserver.wait_for(lambda: logs(apiserver, plain_namespace, "holds-one"), what="the pod's output")
+    api = kubelet_api.load()
+    with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as channel:
+        stub = api.podresources_grpc.PodResourcesListerStub(channel)
+        listed = stub.List(api.podresources.ListPodResourcesRequest(), timeout=10)
+        allocatable = stub.GetAllocatableResources(api.podresources.AllocatableResourcesRequest(), timeout=10)
+    held = {
+        (p.namespace, p.name, c.name): [d for dev in c.devices if dev.resource_name == "nvidia.com/gpu"
+                                        for d in dev.device_ids]
+        for p in listed.pod_resources for c in p.containers
+    }
+    devices = held[(plain_namespace, "holds-one", "main")]
+    assert printed.strip() == f"CUDA= NV={devices[0]}" and len(devices) == 1
+    assert {d for dev in allocatable.devices for d in dev.device_ids} == set(plugin.health)
+
+
+def test_kubelet_restart_reregisters_the_plugin_and_gpus_stay_usable(apiserver, real_node, plain_namespace):
+    node, plugin = real_node
+    before = plugin.registrations
+    node.restart_kubelet()
+    apiserver.wait_for(lambda: plugin.registrations > before, timeout=30, what="the plugin registering again")
+    done = run_pod(apiserver, plain_namespace, pod("after-restart", PRINT_ENV, gpus=1))
+    assert done["status"]["phase"] == "Succeeded"
+    assert logs(apiserver, plain_namespace, "after-restart").strip() == f"CUDA= NV={plugin.allocations[-1][0]}"
