@@ -57,5 +57,7 @@ def test_the_layers_contract_names_packages_that_exist():
     for layer in layers:
         for name in (part.strip() for part in layer.split("|")):
             base = ROOT / name.replace(".", "/")
-            assert base.is_dir() or base.with_suffix(".py").exists(), f"{name} is in the layers but does not exist"
+            assert base.is_dir() or base.with_suffix(".py").exists(), (
+                f"{name} is in the layers but does not exist"
+            )
     assert layers[-1] == "allocator.core"

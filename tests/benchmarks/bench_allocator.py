@@ -65,7 +65,9 @@ def rate(led: Ledger, count: int, strategy: str, prefix: str) -> float:
     gc.collect()
     t0 = time.perf_counter()
     for i in range(count):
-        r = led.reserve(Request(id=f"{prefix}{i}", gpus=1, cpu_milli=1000, memory_mib=4096, strategy=strategy), 0.0)
+        r = led.reserve(
+            Request(id=f"{prefix}{i}", gpus=1, cpu_milli=1000, memory_mib=4096, strategy=strategy), 0.0
+        )
         assert isinstance(r, Placement), r
     return count / (time.perf_counter() - t0)
 
@@ -143,8 +145,9 @@ def denial_rates(nodes: list[NodeInfo], count: int, full_count: int) -> dict[str
     return out
 
 
-def report_denials(sizes: list[int], gpus: int, leaves_per_spine: int, count: int, full_count: int,
-                   placements: int) -> None:
+def report_denials(
+    sizes: list[int], gpus: int, leaves_per_spine: int, count: int, full_count: int, placements: int
+) -> None:
     for size in sizes:
         nodes = cluster(size, gpus, leaves_per_spine)
         place = rate(fresh(nodes), min(placements, size * gpus), "best_fit", "p-")
@@ -263,8 +266,17 @@ def memory_child(args) -> None:
 
     led = Ledger.rebuild(objects(), LedgerConfig(placement_key=KEY), now=0.0)
     gc.collect()
-    print(json.dumps({"peak_mib": _status_mib("VmHWM"), "rss_mib": _status_mib("VmRSS"), "baseline_mib": base,
-                      "reservations": len(led.reservations()), "nodes": len(led.index.nodes)}))
+    print(
+        json.dumps(
+            {
+                "peak_mib": _status_mib("VmHWM"),
+                "rss_mib": _status_mib("VmRSS"),
+                "baseline_mib": base,
+                "reservations": len(led.reservations()),
+                "nodes": len(led.index.nodes),
+            }
+        )
+    )
 
 
 def _stream(nodes, count):
@@ -290,8 +302,14 @@ def main(argv=None) -> int:
         memory_child(args)
         return 0
     if args.denials_only:
-        report_denials(args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials,
-                       args.placements)
+        report_denials(
+            args.denial_nodes,
+            args.gpus,
+            args.leaves_per_spine,
+            args.denials,
+            args.full_denials,
+            args.placements,
+        )
         return 0
 
     nodes = cluster(args.nodes, args.gpus, args.leaves_per_spine)
@@ -313,8 +331,9 @@ def main(argv=None) -> int:
             f"ratio {indexed / naive:6.1f}x  ({args.placements} vs {args.naive_placements} placements)"
         )
 
-    report_denials(args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials,
-                   args.placements)
+    report_denials(
+        args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials, args.placements
+    )
 
     mean_ms, worst_ms = gang_latency(nodes)
     print(f"16-node gang (8 GPUs per pod): mean {mean_ms:.2f} ms, worst {worst_ms:.2f} ms over 20 gangs")
@@ -324,8 +343,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY), now=0.0)
     took = time.perf_counter() - t0
-    print(f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
-          f"({len(led.reservations())} placements restored)")
+    print(
+        f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
+        f"({len(led.reservations())} placements restored)"
+    )
     del led
     gc.collect()
 
@@ -334,14 +355,17 @@ def main(argv=None) -> int:
             out.write(json.dumps(obj) + "\n")
     del objects
     try:
-        run = subprocess.run([sys.executable, __file__, "--memory-child", out.name],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, __file__, "--memory-child", out.name], capture_output=True, text=True, check=True
+        )
     finally:
         os.unlink(out.name)
     mem = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) for a process "
-          f"holding a ledger of {mem['nodes']} nodes and {args.pods} pods, objects streamed from a file; "
-          f"interpreter + imports alone {mem['baseline_mib']:.0f} MiB")
+    print(
+        f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) for a process "
+        f"holding a ledger of {mem['nodes']} nodes and {args.pods} pods, objects streamed from a file; "
+        f"interpreter + imports alone {mem['baseline_mib']:.0f} MiB"
+    )
     return 0
 
 

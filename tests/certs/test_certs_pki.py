@@ -6,7 +6,7 @@ import socket
 import ssl
 import stat
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography import x509
@@ -14,7 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs import pki
 
-NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def _handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, server_hostname: str) -> bytes:
@@ -91,8 +91,12 @@ def test_identity_is_in_sans_not_cn(tmp_path):
     cn = serving.cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)[0].value
     assert cn == "a.example" and pki.dns_sans(serving.cert_pem) == ["a.example", "b.example"]
     cn_only = pki._leaf(
-        ca, "a.example", ExtendedKeyUsageOID.SERVER_AUTH,
-        x509.SubjectAlternativeName([x509.DNSName("b.example")]), 90, None,
+        ca,
+        "a.example",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        x509.SubjectAlternativeName([x509.DNSName("b.example")]),
+        90,
+        None,
     )
     server = _server_ctx(tmp_path, ca, cn_only)
     assert _handshake(server, _client_ctx(ca), "b.example") == b"ping"
@@ -106,7 +110,10 @@ def test_certificate_profiles():
     client = pki.make_client_cert(ca, "system:apiserver", now=NOW)
     ca_cert = ca.cert
     assert ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    for leaf, usage in ((serving, ExtendedKeyUsageOID.SERVER_AUTH), (client, ExtendedKeyUsageOID.CLIENT_AUTH)):
+    for leaf, usage in (
+        (serving, ExtendedKeyUsageOID.SERVER_AUTH),
+        (client, ExtendedKeyUsageOID.CLIENT_AUTH),
+    ):
         cert = leaf.cert
         assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
         assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [usage]

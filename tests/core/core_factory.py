@@ -74,13 +74,20 @@ def pod(
     if placement is not None:
         ann[kube.PLACEMENT_ANNOTATION] = kube.encode_placement(placement, key)
         node_name = node_name or placement.node
-    spec: dict = {"containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": limits}}]}
+    spec: dict = {
+        "containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": limits}}]
+    }
     if node_name:
         spec["nodeName"] = node_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": ann, "uid": f"uid-{namespace}-{name}"},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": ann,
+            "uid": f"uid-{namespace}-{name}",
+        },
         "spec": spec,
         "status": {"phase": phase},
     }

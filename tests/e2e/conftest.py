@@ -38,7 +38,9 @@ class Workloads:
         self.cp, self.stack, self.namespace = cp, stack, namespace
 
     def apply(self, text: str, check: bool = True, user: str = "alice", extra: tuple[str, ...] = ()):
-        return self.cp.kubectl("apply", "-n", self.namespace, *extra, "-f", "-", input=text, as_user=user, check=check)
+        return self.cp.kubectl(
+            "apply", "-n", self.namespace, *extra, "-f", "-", input=text, as_user=user, check=check
+        )
 
     def pods(self, selector: str | None = None) -> list[dict]:
         return self.cp.pods(self.namespace, selector)

@@ -8,9 +8,8 @@ PyTorchJob test creates the job, then its pod with a controlling ownerReference,
 
 from __future__ import annotations
 
-import yaml
-
 import pytest
+import yaml
 
 from tests.e2e.conftest import gpu_pod_yaml
 

@@ -58,7 +58,11 @@ def test_full_variant_reads_gpu_spec_and_shares(tmp_path):
 
 def test_five_column_variant(tmp_path):
     pods = read_pods(write(tmp_path, "pods.csv", FIVE))
-    assert [(p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods] == [(1, 1000, ()), (1, 460, ()), (4, 1000, ())]
+    assert [(p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods] == [
+        (1, 1000, ()),
+        (1, 460, ()),
+        (4, 1000, ()),
+    ]
 
 
 def test_requests_carry_share_whole_and_product_or_list(tmp_path):
@@ -119,8 +123,10 @@ def test_limit_nodes_spreads_over_the_list(tmp_path):
 
 
 @needs_trace
-@pytest.mark.parametrize("workload,count,columns_with_spec", [
-    ("default", 8152, True), ("multigpu50", 9061, False), ("gpushare40", 8152, True)])
+@pytest.mark.parametrize(
+    "workload,count,columns_with_spec",
+    [("default", 8152, True), ("multigpu50", 9061, False), ("gpushare40", 8152, True)],
+)
 def test_the_shared_openb_variants(workload, count, columns_with_spec):
     nodes, pods = load_openb(SHARED, workload, "gpu")
     assert len(pods) == count
@@ -177,10 +183,17 @@ spec:
 
 def test_yaml_cluster_and_pods(tmp_path):
     pytest.importorskip("allocator.core.objects")
-    nodes, requests = load_yaml(write(tmp_path, "cluster.yaml", CLUSTER_YAML), write(tmp_path, "pods.yaml", PODS_YAML))
+    nodes, requests = load_yaml(
+        write(tmp_path, "cluster.yaml", CLUSTER_YAML), write(tmp_path, "pods.yaml", PODS_YAML)
+    )
     assert [n.name for n in nodes] == ["gpu-a"] and len(nodes[0].devices) == 4
     whole, share, cpu_only = requests
-    assert isinstance(whole, Request) and whole.gpus == 2 and whole.cpu_milli == 4000 and whole.memory_mib == 8192
+    assert (
+        isinstance(whole, Request)
+        and whole.gpus == 2
+        and whole.cpu_milli == 4000
+        and whole.memory_mib == 8192
+    )
     assert share.gpu_milli == 300 and share.product == "A100" and share.cpu_milli == 500
     assert not cpu_only.needs_gpu and cpu_only.cpu_milli == 2000
 
@@ -188,7 +201,10 @@ def test_yaml_cluster_and_pods(tmp_path):
 def test_yaml_errors_are_clear(tmp_path):
     pytest.importorskip("allocator.core.objects")
     with pytest.raises(TraceError, match="no objects of kind Node"):
-        load_yaml(write(tmp_path, "c.yaml", "kind: Pod\nmetadata: {name: x}\n"), write(tmp_path, "p.yaml", PODS_YAML))
+        load_yaml(
+            write(tmp_path, "c.yaml", "kind: Pod\nmetadata: {name: x}\n"),
+            write(tmp_path, "p.yaml", PODS_YAML),
+        )
     bad = textwrap.dedent("""
         kind: Pod
         metadata: {name: bad, annotations: {agentaflow.gpu/milli: "lots"}}

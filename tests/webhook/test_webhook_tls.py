@@ -12,8 +12,8 @@ from cryptography import x509
 from certs.pki import make_ca, make_client_cert, make_serving_cert, write_bundle
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, service
 from webhook.admission.review import make_review
-from webhook.transport.app import create_app
 from webhook.ledger_client import InProcessLedgerClient
+from webhook.transport.app import create_app
 from webhook.transport.server import start_server
 from webhook.transport.tls import ReloadingTLS
 
@@ -67,7 +67,7 @@ async def test_rotation_under_load_drops_nothing(bundle, tmp_path):
                             if resp.status != 200 or data["response"]["uid"] != body["request"]["uid"]:
                                 failures.append((resp.status, data))
                             answered[0] += 1
-                    except Exception as exc:  # noqa: BLE001 - any failure counts
+                    except Exception as exc:  # any failure counts
                         failures.append(repr(exc))
 
     try:
