@@ -1,4 +1,5 @@
-"""LedgerService (what the Ray actor holds), in-process: resync keeps admissions in flight, sweeps, sources."""
+"""LedgerService (what the Ray actor holds), in-process: resync keeps admissions in flight,
+sweeps, sources."""
 
 from __future__ import annotations
 

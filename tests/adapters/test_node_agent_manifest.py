@@ -1,4 +1,5 @@
-"""The node-agent DaemonSet as rendered in the prod overlay: runs the real CLI, may patch nodes and nothing more."""
+"""The node-agent DaemonSet as rendered in the prod overlay: runs the real CLI,
+may patch nodes and nothing more."""
 
 import shutil
 import subprocess

@@ -1,4 +1,5 @@
-"""Cluster sync against the real kube-apiserver: what reaches the ledger, in what batches, and when it resyncs.
+"""Cluster sync against the real kube-apiserver: what reaches the ledger, in what batches,
+and when it resyncs.
 
 The target here records the calls the Ray actor would receive (same method names and arguments), so these
 tests pin the sync's own behaviour; tests/test_sync_ledger.py drives a real Ledger through the same path.
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.e2e
 
 
 class RecordingTarget:
-    """Records every batched call; `fail_next` makes the next call raise, `synced` is what status() reports."""
+    """Records every batched call; `fail_next` makes the next call raise, `synced` is what status()
+    reports."""
 
     def __init__(self):
         self.lock = threading.Lock()

@@ -154,7 +154,8 @@ def report_denials(
         d = denial_rates(nodes, count, full_count)
         print(
             f"denials, {size} nodes x {gpus} GPUs (cluster full, 1-GPU pod, best_fit): "
-            f"{d['repeat']:>7.0f}/s repeated, full walk {d['full']:>5.0f}/s (ratio {d['repeat'] / d['full']:.0f}x), "
+            f"{d['repeat']:>7.0f}/s repeated, full walk {d['full']:>5.0f}/s "
+            f"(ratio {d['repeat'] / d['full']:.0f}x), "
             f"placements {place:.0f}/s (denial/placement {d['repeat'] / place:.2f}); "
             f"release + placement + denial loop {d['churn']:.0f}/s vs release + placement alone "
             f"{d['churn_cost']:.0f}/s; first denial of the shape {d['first'] * 1000:.1f} ms"
@@ -362,7 +363,8 @@ def main(argv=None) -> int:
         os.unlink(out.name)
     mem = json.loads(run.stdout.strip().splitlines()[-1])
     print(
-        f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) for a process "
+        f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) "
+        "for a process "
         f"holding a ledger of {mem['nodes']} nodes and {args.pods} pods, objects streamed from a file; "
         f"interpreter + imports alone {mem['baseline_mib']:.0f} MiB"
     )

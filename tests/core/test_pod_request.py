@@ -1,4 +1,5 @@
-"""Pod (+ owner) -> Request: every annotation, the group rule, and errors that name annotation, value and fix."""
+"""Pod (+ owner) -> Request: every annotation, the group rule, and errors that name
+annotation, value and fix."""
 
 from __future__ import annotations
 

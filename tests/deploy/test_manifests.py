@@ -476,7 +476,8 @@ def test_webhook_deployment(path):
 
 
 def test_serve_accepts_the_rendered_arguments():
-    """Every overlay's `gpuledger serve` argv parses with the real CLI parser, and the mounted config loads."""
+    """Every overlay's `gpuledger serve` argv parses with the real CLI parser, and the mounted config
+    loads."""
     serve = pytest.importorskip("webhook.serve")
     config_module = pytest.importorskip("webhook.config")
     for path in ALL:
@@ -1024,7 +1025,8 @@ def test_metric_name_extraction():
 
 # ------------------------------------------------------------------------------------ docs/deployment.md
 def test_deployment_guide_names_what_exists():
-    """The guide's modes, object names and CLI flags are the real ones (drift fails here, not in an outage)."""
+    """The guide's modes, object names and CLI flags are the real ones (drift fails here, not in an
+    outage)."""
     from certs import cli as certs_cli
 
     text = (REPO / "docs" / "deployment.md").read_text()

@@ -1,4 +1,5 @@
-"""`gpuledger demo` end to end, as `make demo` runs it, in both modes; in subprocesses (own Ray, own ports)."""
+"""`gpuledger demo` end to end, as `make demo` runs it, in both modes;
+in subprocesses (own Ray, own ports)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The real node's parts that need no kubelet: image tarballs, containerd's config, node credentials, and the fake
-device plugin answering the device-plugin protocol to an in-process stand-in for the kubelet's registry."""
+"""The real node's parts that need no kubelet: image tarballs, containerd's config, node credentials, and
+the fake device plugin answering the device-plugin protocol to an in-process stand-in for the kubelet's
+registry."""
 
 from __future__ import annotations
 

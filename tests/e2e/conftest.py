@@ -91,7 +91,8 @@ def wait_nodes_free(apiserver, stack: Stack, nodes: list[str], timeout: float = 
 
 
 def stable_snapshot(stack: Stack, quiet_s: float = 1.0, timeout: float = 30) -> dict:
-    """The ledger's snapshot once it stopped changing for `quiet_s` (events from earlier tests have landed)."""
+    """The ledger's snapshot once it stopped changing for `quiet_s` (events from earlier tests have
+    landed)."""
     deadline = time.monotonic() + timeout
     last = stack.call("snapshot")
     while time.monotonic() < deadline:

@@ -1,5 +1,5 @@
-"""Real pods on a real node: kubelet v1.32 + containerd + runc from Debian, the fake GPU device plugin over the
-kubelet's device-plugin gRPC API, and PodResources read back over its own gRPC API.
+"""Real pods on a real node: kubelet v1.32 + containerd + runc from Debian, the fake GPU device plugin
+over the kubelet's device-plugin gRPC API, and PodResources read back over its own gRPC API.
 
 Pods are bound by nodeName in a namespace that is not opted in to admission: this module proves the node, not
 gpuledger's placement.
@@ -48,7 +48,8 @@ def real_node(apiserver):
                 what=f"{GPUS} nvidia.com/gpu allocatable on {NODE}",
             )
             print(
-                f"\nreal node: Ready in {ready - started:.1f}s, GPUs allocatable {time.monotonic() - ready:.1f}s "
+                f"\nreal node: Ready in {ready - started:.1f}s, "
+                f"GPUs allocatable {time.monotonic() - ready:.1f}s "
                 f"later (logs: {node.kubelet_log}, {node.containerd_log})"
             )
             yield node, plugin

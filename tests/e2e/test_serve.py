@@ -1,4 +1,5 @@
-"""`gpuledger serve` as deployed (its own process: Ray ledger, cluster sync, TLS webhook) against kube-apiserver.
+"""`gpuledger serve` as deployed (its own process: Ray ledger, cluster sync, TLS webhook)
+against kube-apiserver.
 
 Its own control plane, so its registrations never meet the shared one's.
 """

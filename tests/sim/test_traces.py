@@ -23,12 +23,14 @@ from allocator.sim.traces import (
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
 needs_trace = pytest.mark.skipif(not SHARED.is_dir(), reason="shared openb traces not present")
 
-FULL = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
-p0,12000,16384,1,1000,,LS,Running,0,12537496,0
+FULL = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+    """p0,12000,16384,1,1000,,LS,Running,0,12537496,0
 p1,6000,12288,1,460,V100M16|V100M32,LS,Running,427061,12902960,427061
 p2,88000,327680,8,1000,G2,BE,Running,1,2,1
 p3,4000,8192,0,0,,BE,Running,1,2,1
 """
+)
 FIVE = """name,cpu_milli,memory_mib,num_gpu,gpu_milli
 q0,12000,16384,1,1000
 q1,6000,12288,1,460

@@ -20,8 +20,8 @@ from tests.strategies.support import FullScan, make, take
     st.integers(1, 4),
 )
 def test_spread_leaf_walk_order_is_leaf_total_then_most_free_then_name(layout, takes, need):
-    """`leaf_walk(descending)` (its first node from the index's per-total heads) yields exactly: placeable nodes
-    with >= need whole-free GPUs in leaves with >= need, by leaf total desc, whole-free desc, name."""
+    """`leaf_walk(descending)` (its first node from the index's per-total heads) yields exactly: placeable
+    nodes with >= need whole-free GPUs in leaves with >= need, by leaf total desc, whole-free desc, name."""
     led = make(
         *(
             node(f"n{i:02d}", gpus, leaf=f"l{leaf}", unschedulable=cordoned)

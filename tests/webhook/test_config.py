@@ -107,7 +107,8 @@ def test_the_topology_scheduler_config_map_is_accepted_as_written(tmp_path):
 
 
 def test_a_config_map_dump_holding_either_format_is_accepted(tmp_path):
-    # `kubectl get configmap -n kube-system topology-scheduler-config -o yaml`: the settings under one data key
+    # `kubectl get configmap -n kube-system topology-scheduler-config -o yaml`: the settings under one
+    # data key
     dump = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -138,11 +139,13 @@ def test_the_deployed_config_loads_with_the_default_ledger_settings():
     [
         (
             {"default_strategy": "fastest"},
-            r"default_strategy='fastest' is not accepted: expected one of balanced, best_fit, .*priority.*round_robin",
+            r"default_strategy='fastest' is not accepted: "
+            r"expected one of balanced, best_fit, .*priority.*round_robin",
         ),
         (
             {"scoring_weights": {"speed": 1}},
-            r"scoring_weights.speed=1 is not accepted: 'speed' is no scoring weight; expected one of resourceAvailability, "
+            r"scoring_weights.speed=1 is not accepted: 'speed' is no scoring weight; "
+            r"expected one of resourceAvailability, "
             r"topologyAlignment, domainUtilization, historicalPerformance",
         ),
         (
@@ -160,7 +163,8 @@ def test_the_deployed_config_loads_with_the_default_ledger_settings():
         ),
         (
             {"topology_constraints": {"maxNodesPerLeaf": -1}},
-            r"topology_constraints.maxNodesPerLeaf=-1 is not accepted: expected an integer from 0 \(no limit\)",
+            r"topology_constraints.maxNodesPerLeaf=-1 is not accepted: "
+            r"expected an integer from 0 \(no limit\)",
         ),
         (
             {"topology_constraints": {"maxGPUsPerLeaf": "32"}},
@@ -168,7 +172,8 @@ def test_the_deployed_config_loads_with_the_default_ledger_settings():
         ),
         (
             {"topology_constraints": {"maxLeaves": 2}},
-            r"topology_constraints.maxLeaves=2 is not accepted: expected one of maxNodesPerLeaf, maxGPUsPerLeaf",
+            r"topology_constraints.maxLeaves=2 is not accepted: "
+            r"expected one of maxNodesPerLeaf, maxGPUsPerLeaf",
         ),
         (
             {"leaf_label": "not a label!"},
@@ -202,7 +207,7 @@ def test_scheduler_config_shape_errors(tmp_path):
         WebhookConfig.from_mapping({"default_strategy": "random", "defaultStrategy": "priority"})
 
 
-# ------------------------------------------------------------------------------------------- SCHEDULING_STRATEGY
+# ---------------------------------------------------------------------------------------- SCHEDULING_STRATEGY
 def args_for(path: Path | None = None):
     argv = ["--tls-cert", "c", "--tls-key", "k"] + (["--config", str(path)] if path else [])
     return build_parser().parse_args(argv)
@@ -225,7 +230,8 @@ def test_scheduling_strategy_overrides_the_file(tmp_path):
 
 # ------------------------------------------------------------------------------------------- reload
 class Pushes:
-    """Pushes to an in-process LedgerService (what the Ray actor's `apply_config` runs), at the test's time."""
+    """Pushes to an in-process LedgerService (what the Ray actor's `apply_config` runs), at the test's
+    time."""
 
     def __init__(self, service: LedgerService):
         self.service, self.now, self.calls, self.fail = service, NOW, 0, False

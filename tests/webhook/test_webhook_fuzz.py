@@ -1,4 +1,5 @@
-"""Hypothesis against the real server (plain HTTP on 127.0.0.1) and the parser: no crash, every denial says why."""
+"""Hypothesis against the real server (plain HTTP on 127.0.0.1) and the parser:
+no crash, every denial says why."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A real aiohttp server over real TLS: certificates from certs/pki.py, rotation under load, mTLS, TLS >= 1.2."""
+"""A real aiohttp server over real TLS: certificates from certs/pki.py, rotation under load,
+mTLS, TLS >= 1.2."""
 
 from __future__ import annotations
 
