@@ -110,7 +110,7 @@ async def test_500_concurrent_creates_race_for_64_gpus(ray_local, tls_files, tmp
     finally:
         await server.stop()
     assert [a["response"]["uid"] for a in answers] == [b["request"]["uid"] for b in bodies]
-    allowed = [(p, a) for p, a in zip(pods, answers) if a["response"]["allowed"]]
+    allowed = [(p, a) for p, a in zip(pods, answers, strict=True) if a["response"]["allowed"]]
     denied = [a for a in answers if not a["response"]["allowed"]]
     assert len(allowed) == 64 and len(denied) == 436
     assert all(

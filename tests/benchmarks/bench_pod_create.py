@@ -247,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             modes = {"webhook": "bench-webhook", "baseline": "bench-plain", "noop": "bench-noop"}
             for mode, ns in modes.items():  # warm every path (connections, TLS sessions, caches)
-                cp.wait_for(lambda: _try_create(cp, ns, f"probe-{mode}"), timeout=30, what=f"{mode} path up")
+                cp.wait_for(
+                    lambda ns=ns, mode=mode: _try_create(cp, ns, f"probe-{mode}"),
+                    timeout=30,
+                    what=f"{mode} path up",
+                )
                 create_round(cp, ns, args.warmup, 1, f"warm-{mode}")
             drain(cp, webhook, list(modes.values()))
             samples: dict[str, list[float]] = {m: [] for m in modes}

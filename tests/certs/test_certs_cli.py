@@ -63,7 +63,7 @@ def test_generate_writes_a_verifiable_bundle_and_private_modes(tmp_path, capsys)
     )
     assert "kubectl apply -k" in capsys.readouterr().out
     ca, serving = (out / "ca.crt").read_bytes(), (out / "tls.crt").read_bytes()
-    assert pki.dns_sans(serving) == pki.service_dns_names("gl", "ns") + ["gl.example"]
+    assert pki.dns_sans(serving) == [*pki.service_dns_names("gl", "ns"), "gl.example"]
     assert pki.ip_sans(serving) == ["127.0.0.1"]
     x509.load_pem_x509_certificate(serving).verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
     assert pki.not_after(serving) == T0 + timedelta(days=90)
@@ -301,11 +301,13 @@ def _served_certificate(server_ctx: ssl.SSLContext, trusted: bytes, host: str) -
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-            with client_trusting(trusted).wrap_socket(raw, server_hostname=host) as tls:
-                der = tls.getpeercert(binary_form=True)
-                tls.sendall(b"x")
-                return der
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            client_trusting(trusted).wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+            tls.sendall(b"x")
+            return der
     finally:
         thread.join(5)
         listener.close()

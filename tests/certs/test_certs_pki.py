@@ -34,10 +34,12 @@ def _handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, server_ho
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-            with client_ctx.wrap_socket(raw, server_hostname=server_hostname) as tls:
-                tls.sendall(b"ping")
-                return tls.recv(64)
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            client_ctx.wrap_socket(raw, server_hostname=server_hostname) as tls,
+        ):
+            tls.sendall(b"ping")
+            return tls.recv(64)
     finally:
         thread.join(5)
         listener.close()
@@ -73,7 +75,7 @@ def test_serving_cert_passes_real_tls_hostname_verification_by_san(tmp_path):
     names = pki.service_dns_names("gpuledger", "gpuledger-system")
     serving = pki.make_serving_cert(ca, names, ip_addresses=["127.0.0.1"])
     server = _server_ctx(tmp_path, ca, serving)
-    for host in names + ["127.0.0.1"]:
+    for host in [*names, "127.0.0.1"]:
         assert _handshake(server, _client_ctx(ca), host) == b"ping"
 
 

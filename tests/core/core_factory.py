@@ -97,7 +97,7 @@ def leafy_cluster(spines: int = 1, leaves: int = 4, per_leaf: int = 4, gpus: int
     """Nodes named s{spine}-l{leaf}-n{i} in leaves l1..lN of spines s1..sM."""
     out = []
     for s in range(1, spines + 1):
-        for l in range(1, leaves + 1):
+        for leaf in range(1, leaves + 1):
             for i in range(1, per_leaf + 1):
-                out.append(node(f"s{s}-l{l:02d}-n{i}", gpus, spine=f"s{s}", leaf=f"s{s}-leaf{l}"))
+                out.append(node(f"s{s}-l{leaf:02d}-n{i}", gpus, spine=f"s{s}", leaf=f"s{s}-leaf{leaf}"))
     return out

@@ -337,7 +337,7 @@ def test_bad_container_quantities_are_errors_not_crashes():
         req(p)
     p = pod({"topology.scheduler/gpu-count": "1"})
     p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "fast"
-    with pytest.raises(AnnotationError, match="requests.cpu"):
+    with pytest.raises(AnnotationError, match=r"requests\.cpu"):
         req(p)
 
 

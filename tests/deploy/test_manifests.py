@@ -534,7 +534,9 @@ def test_dockerfile_is_multi_stage_and_non_root_matching_the_pods():
 
 def test_dockerignore_keeps_secrets_and_the_venv_out():
     lines = [
-        l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and l[0] != "#"
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and line[0] != "#"
     ]
     assert lines[0] == "*"  # deny by default, then allow only the package sources
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}

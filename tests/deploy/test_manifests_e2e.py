@@ -68,7 +68,7 @@ def rules_of(apiserver, user: str, namespace: str = "team-a") -> set[tuple[str, 
     out = apiserver.kubectl("auth", "can-i", "--list", "--as", user, "-n", namespace).stdout.splitlines()
     header = out[0]
     starts = [header.index(col) for col in ("Resources", "Non-Resource URLs", "Resource Names", "Verbs")]
-    bounds = list(zip(starts, starts[1:] + [None]))
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
     return {tuple(line[a:b].strip() for a, b in bounds) for line in out[1:] if line.strip()}
 
 

@@ -65,7 +65,7 @@ spec:
     workloads.wait_confirmed(pods)
     placed = events(workloads, "GPUPlaced", expect=2)
     by_pod = {e["involvedObject"]["name"]: e for e in placed}
-    for pod, placement in zip(pods, placements):
+    for pod, placement in zip(pods, placements, strict=True):
         event = by_pod[pod["metadata"]["name"]]
         assert (
             event["involvedObject"]["uid"] == pod["metadata"]["uid"]

@@ -112,7 +112,7 @@ def test_unknown_workload_lists_the_ones_present(tmp_path):
     write(tmp_path, "openb_node_list_gpu_node.csv", NODES)
     nodes, pods = load_openb(tmp_path, "default", "gpu")
     assert len(nodes) == 3 and len(pods) == 3
-    with pytest.raises(TraceError, match="workloads in .*: default"):
+    with pytest.raises(TraceError, match=r"workloads in .*: default"):
         load_openb(tmp_path, "nosuch", "gpu")
     with pytest.raises(TraceError, match="accepted: gpu, all"):
         load_openb(tmp_path, "default", "cpu")
@@ -212,5 +212,5 @@ def test_yaml_errors_are_clear(tmp_path):
         metadata: {name: bad, annotations: {agentaflow.gpu/milli: "lots"}}
         spec: {containers: [{name: c, image: x}]}
     """)
-    with pytest.raises(TraceError, match="agentaflow.gpu/milli"):
+    with pytest.raises(TraceError, match=r"agentaflow\.gpu/milli"):
         load_yaml(write(tmp_path, "c.yaml", CLUSTER_YAML), write(tmp_path, "p.yaml", bad))

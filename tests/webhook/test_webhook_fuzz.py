@@ -67,7 +67,7 @@ interesting = st.sampled_from(
 )
 annotation_values = st.one_of(interesting, st.text(max_size=30))
 annotations = st.dictionaries(
-    st.sampled_from(ANNOTATIONS + ("gpuledger.io/placement", "other/key")), annotation_values, max_size=6
+    st.sampled_from((*ANNOTATIONS, "gpuledger.io/placement", "other/key")), annotation_values, max_size=6
 )
 
 

@@ -80,7 +80,7 @@ def gpu_pod(
 
 
 def config(**overrides) -> WebhookConfig:
-    values = dict(hmac_key=HMAC_KEY, deadline_s=2.0)
+    values = {"hmac_key": HMAC_KEY, "deadline_s": 2.0}
     values.update(overrides)
     return WebhookConfig(**values)
 
