@@ -16,11 +16,11 @@ from tests.core.core_factory import node
 # digits that Python's int(), float(), Decimal() and re's \d all read as numbers
 FOREIGN_TWO = [
     "٢",
-    "２",
+    "２",  # noqa: RUF001 - look-alike digits on purpose
     "२",
     "۲",
     "২",
-    "𝟐",
+    "𝟐",  # noqa: RUF001 - look-alike digits on purpose
 ]  # Arabic-Indic, fullwidth, Devanagari, Persian, Bengali, math bold
 
 
@@ -74,7 +74,7 @@ def test_kubernetes_grammar(text, value):
     ]
     + FOREIGN_TWO
     + [f"{d}Gi" for d in FOREIGN_TWO]
-    + ["1٠٠m", "１０２４Mi"],
+    + ["1٠٠m", "１０２４Mi"],  # noqa: RUF001 - look-alike digits on purpose
 )
 def test_everything_else_is_a_quantity_error_naming_the_accepted_forms(bad):
     with pytest.raises(quantity.QuantityError) as err:
@@ -133,7 +133,7 @@ def test_ascii_int_turns_overflow_into_a_value_error():
     "field,value",
     [
         ("cpu", "٦٤"),
-        ("memory", "５１２Gi"),
+        ("memory", "５１２Gi"),  # noqa: RUF001 - look-alike digits on purpose
         ("nvidia.com/gpu", "८"),
     ],
 )
@@ -152,9 +152,9 @@ def test_node_with_foreign_digits_keeps_its_other_fields_and_reports_the_bad_one
 
 def test_node_gpu_memory_label_and_device_annotation_take_ascii_digits_only():
     problems: list[str] = []
-    info = kube.node_from_object(node("n", 2, gpu_memory="٤٠٩٦0"), None, problems)
+    info = kube.node_from_object(node("n", 2, gpu_memory="٤٠٩٦0"), None, problems)  # noqa: RUF001
     assert {d.memory_mib for d in info.devices} == {0} and kube.GPU_MEMORY_LABEL in problems[0]
-    for devices in ([{"index": "٣"}], [{"index": 0, "memoryMiB": "８"}]):
+    for devices in ([{"index": "٣"}], [{"index": 0, "memoryMiB": "８"}]):  # noqa: RUF001
         problems = []
         info = kube.node_from_object(node("n", 2, devices=devices), None, problems)
         assert [d.index for d in info.devices] == [0, 1]  # the annotation is ignored, allocatable stands
@@ -175,7 +175,7 @@ def test_placements_with_foreign_digits_or_deep_nesting_do_not_decode():
         kube.encode_placement(kube.placement_from_dict({"id": "r", "node": "n", "devices": [1]}))
     )
     assert kube.decode_placement(json.dumps(good)).devices == (1,)
-    for field, value in (("devices", ["٣"]), ("cpu", "１"), ("score", "١.٥"), ("cpu", float("inf"))):
+    for field, value in (("devices", ["٣"]), ("cpu", "１"), ("score", "١.٥"), ("cpu", float("inf"))):  # noqa: RUF001
         assert kube.decode_placement(json.dumps({**good, field: value})) is None
     assert kube.decode_placement("[" * 100_000) is None
 

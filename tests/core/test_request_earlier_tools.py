@@ -184,7 +184,8 @@ def test_network_bandwidth_words_stay_words():
 
 
 @pytest.mark.parametrize(
-    "value", ["100GB", "100GBps", "fast", "0Gb", "-1Gb", "100", "Gb", "100Gib", "１００Gb", ""]
+    "value",
+    ["100GB", "100GBps", "fast", "0Gb", "-1Gb", "100", "Gb", "100Gib", "１００Gb", ""],  # noqa: RUF001
 )
 def test_network_bandwidth_refusals_name_the_forms(value):
     text = refused(
@@ -259,7 +260,7 @@ def test_index_sources_are_tried_in_order():
         )
         == 2
     )
-    assert scheduling_map_index({"metadata": {"name": "gpu-test-١"}}) == 0  # not a number: entry 0
+    assert scheduling_map_index({"metadata": {"name": "gpu-test-١"}}) == 0  # not a number: entry 0  # noqa: RUF001
     assert (
         scheduling_map_index({"metadata": {"name": "x-12345678901"}}) == 345678901
     )  # as the StatefulSet rule

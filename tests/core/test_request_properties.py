@@ -47,9 +47,9 @@ texts = st.text(max_size=40) | st.sampled_from(
         "0=n:0",
         "0=n:0,1\n1=m:2",
         "٢",
-        "２",
+        "２",  # noqa: RUF001 - look-alike digits on purpose
         "१",
-        "１０２４",
+        "１０２４",  # noqa: RUF001 - look-alike digits on purpose
         "0=leaf-0-node-0:٣",
         "٣=n:0",
         "\u00a0",
@@ -67,7 +67,7 @@ def _is_foreign_digit(c: str) -> bool:
 
 # every Unicode decimal digit that is not 0-9: Arabic-Indic, fullwidth, Devanagari, Bengali, Thai, ...
 foreign_digit = st.characters(categories=["Nd"]).filter(_is_foreign_digit)
-# a number with at least one foreign digit among ASCII ones ("1٠", "٢", "１０２４")
+# a number with at least one foreign digit among ASCII ones ("1٠", "٢", "１０２４")  # noqa: RUF003
 foreign_number = (
     st.lists(st.sampled_from("0123456789") | foreign_digit, min_size=0, max_size=4)
     .flatmap(lambda digits: st.tuples(st.just(digits), foreign_digit, st.integers(0, len(digits))))
@@ -180,8 +180,8 @@ def test_foreign_digits_are_never_a_quantity(number, suffix):
     "annotations,named",
     [
         ({GPU_COUNT: "٢"}, GPU_COUNT),
-        ({GPU_COUNT: "２"}, GPU_COUNT),
-        ({GPU_COUNT: "1", GPU_MEMORY: "１０２４"}, GPU_MEMORY),
+        ({GPU_COUNT: "２"}, GPU_COUNT),  # noqa: RUF001 - look-alike digits on purpose
+        ({GPU_COUNT: "1", GPU_MEMORY: "１０２４"}, GPU_MEMORY),  # noqa: RUF001 - look-alike digits on purpose
         ({SCHEDULING_MAP: "0=leaf-0-node-0:٣"}, SCHEDULING_MAP),
         ({GPU_COUNT: "1", PRIORITY: "१०"}, PRIORITY),
     ],
