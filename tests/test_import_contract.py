@@ -1,4 +1,5 @@
-"""The layers hold: the import-linter contracts in pyproject.toml, a stdlib-only core, no product code in tests/."""
+"""The layers hold: the import-linter contracts in pyproject.toml, a stdlib-only core,
+no product code in tests/."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def test_the_core_imports_only_the_standard_library():
         for name in _imports(path):
             top = name.split(".")[0]
             assert name.startswith("allocator.core") or top in sys.stdlib_module_names, (
-                f"{path.relative_to(ROOT)} imports {name}: allocator.core may import only the standard library "
-                "and itself"
+                f"{path.relative_to(ROOT)} imports {name}: "
+                "allocator.core may import only the standard library and itself"
             )
 
 
@@ -57,5 +58,7 @@ def test_the_layers_contract_names_packages_that_exist():
     for layer in layers:
         for name in (part.strip() for part in layer.split("|")):
             base = ROOT / name.replace(".", "/")
-            assert base.is_dir() or base.with_suffix(".py").exists(), f"{name} is in the layers but does not exist"
+            assert base.is_dir() or base.with_suffix(".py").exists(), (
+                f"{name} is in the layers but does not exist"
+            )
     assert layers[-1] == "allocator.core"

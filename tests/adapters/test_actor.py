@@ -16,16 +16,16 @@ import jsonpatch
 import pytest
 import ray
 
+from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
 from allocator.ray_actor import get_or_create_ledger, wait_ready
 from allocator.service import AdmitCall, Request
-from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
 from certs.pki import make_ca, make_serving_cert, write_bundle
 from tests.webhook.webhook_support import HMAC_KEY, cluster, config, gpu_pod
 from webhook.admission.review import decode_patch, make_review
 from webhook.config import WebhookConfig
 from webhook.config_watch import ConfigWatcher, ray_push
-from webhook.transport.app import create_app
 from webhook.ledger_client import RayLedgerClient
+from webhook.transport.app import create_app
 from webhook.transport.server import start_server
 from webhook.transport.tls import ReloadingTLS
 
@@ -35,8 +35,13 @@ KEY = HMAC_KEY.encode()
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(address="local", namespace="gpuledger-test-actor", include_dashboard=False, num_cpus=1,
-             log_to_driver=False)
+    ray.init(
+        address="local",
+        namespace="gpuledger-test-actor",
+        include_dashboard=False,
+        num_cpus=1,
+        log_to_driver=False,
+    )
     yield
     ray.shutdown()
 
@@ -59,8 +64,13 @@ def new_actor(objects: list[dict], tmp_path: Path, cfg=None, **kwargs):
     source = tmp_path / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
     write_objects(source, objects)
     name = f"ledger-{uuid.uuid4().hex[:8]}"
-    handle = get_or_create_ledger(cfg.ledger_config(), {"kind": "file", "path": str(source)}, name=name,
-                                  namespace="gpuledger-test", **kwargs)
+    handle = get_or_create_ledger(
+        cfg.ledger_config(),
+        {"kind": "file", "path": str(source)},
+        name=name,
+        namespace="gpuledger-test",
+        **kwargs,
+    )
     wait_ready(handle)
     return handle, name, source
 
@@ -73,12 +83,14 @@ async def start(handle, paths, cfg=None):
     return server, client
 
 
-async def post_all(url: str, ca_pem: bytes, bodies: list[dict], connections: int,
-                   route: str = "/mutate") -> list[dict]:
+async def post_all(
+    url: str, ca_pem: bytes, bodies: list[dict], connections: int, route: str = "/mutate"
+) -> list[dict]:
     import ssl
 
     ctx = ssl.create_default_context(cadata=ca_pem.decode())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=connections)) as session:
+
         async def one(body):
             async with session.post(f"{url}{route}", json=body) as resp:
                 assert resp.status == 200
@@ -98,11 +110,13 @@ async def test_500_concurrent_creates_race_for_64_gpus(ray_local, tls_files, tmp
     finally:
         await server.stop()
     assert [a["response"]["uid"] for a in answers] == [b["request"]["uid"] for b in bodies]
-    allowed = [(p, a) for p, a in zip(pods, answers) if a["response"]["allowed"]]
+    allowed = [(p, a) for p, a in zip(pods, answers, strict=True) if a["response"]["allowed"]]
     denied = [a for a in answers if not a["response"]["allowed"]]
     assert len(allowed) == 64 and len(denied) == 436
-    assert all(a["response"]["status"]["code"] == 403 and "not enough GPUs" in a["response"]["status"]["message"]
-               for a in denied)
+    assert all(
+        a["response"]["status"]["code"] == 403 and "not enough GPUs" in a["response"]["status"]["message"]
+        for a in denied
+    )
     seen = set()
     for pod, answer in allowed:
         out = jsonpatch.apply_patch(pod, decode_patch(answer))
@@ -125,9 +139,15 @@ def test_replicas_get_or_create_one_shared_actor(ray_local, tmp_path):
 
     def replica():
         try:
-            handles.append(get_or_create_ledger(cfg.ledger_config(), {"kind": "file", "path": str(source)},
-                                                name=name, namespace="gpuledger-test"))
-        except Exception as exc:  # noqa: BLE001
+            handles.append(
+                get_or_create_ledger(
+                    cfg.ledger_config(),
+                    {"kind": "file", "path": str(source)},
+                    name=name,
+                    namespace="gpuledger-test",
+                )
+            )
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=replica) for _ in range(6)]
@@ -194,11 +214,13 @@ async def test_actor_killed_mid_run_is_rebuilt_from_its_source(ray_local, tls_fi
     answers = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=8)) as session:
+
             async def worker(w: int):
                 for i in range(6):
                     pod = gpu_pod(1 + (i % 2))
-                    async with session.post(f"{server.url}/mutate",
-                                            json=make_review(pod, uid=f"k{w}-{i}")) as resp:
+                    async with session.post(
+                        f"{server.url}/mutate", json=make_review(pod, uid=f"k{w}-{i}")
+                    ) as resp:
                         answer = await resp.json()
                     answers.append(answer)
                     if answer["response"]["allowed"]:
@@ -212,7 +234,8 @@ async def test_actor_killed_mid_run_is_rebuilt_from_its_source(ray_local, tls_fi
         await server.stop()
     assert killed.is_set()
     assert len(answers) == 24 and all(a["response"]["allowed"] for a in answers), [
-        a["response"].get("status") for a in answers if not a["response"]["allowed"]]
+        a["response"].get("status") for a in answers if not a["response"]["allowed"]
+    ]
     assert ray.get(handle.ping.remote()) != first  # a new incarnation answered
 
     # nothing lost: every stored pod is held by the rebuilt ledger on its own devices, none twice
@@ -233,25 +256,37 @@ async def test_settings_reach_the_live_actor_from_the_api_and_the_config_file(ra
     config's settings back from the next re-push. The watcher's time is the test's."""
     handle, _, _ = new_actor(cluster(2, 8), tmp_path)
     settings = ray.get(handle.set_default_strategy.remote("priority", "alice", 5000.0))
-    assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == ("priority", "alice",
-                                                                                            5000.0)
+    assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == (
+        "priority",
+        "alice",
+        5000.0,
+    )
     [p] = ray.get(handle.admit.remote([AdmitCall(Request(id="a", gpus=1))]))
     assert p.strategy == "priority"
-    with pytest.raises(ValueError, match=r"strategy='fastest' is not accepted: expected one of balanced, best_fit"):
+    with pytest.raises(
+        ValueError, match=r"strategy='fastest' is not accepted: expected one of balanced, best_fit"
+    ):
         ray.get(handle.set_default_strategy.remote("fastest", "alice"))
     assert ray.get(handle.get_settings.remote())["default_strategy"] == "priority"
 
     path = tmp_path / "config.yaml"
     path.write_text("default_strategy: best_fit\n")  # the config the actor was created with
-    watcher = ConfigWatcher(path, lambda: WebhookConfig.from_file(path), ray_push(handle), source="replica-a",
-                            repush_interval_s=30.0)
+    watcher = ConfigWatcher(
+        path,
+        lambda: WebhookConfig.from_file(path),
+        ray_push(handle),
+        source="replica-a",
+        repush_interval_s=30.0,
+    )
     assert await watcher.check(0.0) is False  # unchanged config: the runtime change stays
     assert ray.get(handle.get_settings.remote())["default_strategy"] == "priority"
     path.write_text("default_strategy: round_robin\ntopologyConstraints: {maxGPUsPerLeaf: 16}\n")
     assert await watcher.check(1.0) is True
     live = ray.get(handle.get_settings.remote())
     assert (live["default_strategy"], live["max_gpus_per_leaf"]) == ("round_robin", 16)
-    assert live["changed_by"].startswith(f"config file {path}") and live["changed_by"].endswith("via replica-a")
+    assert live["changed_by"].startswith(f"config file {path}") and live["changed_by"].endswith(
+        "via replica-a"
+    )
     stats = ray.get(handle.stats.remote())
     assert stats.settings["default_strategy"] == "round_robin" and stats.recoveries.count == 1
 

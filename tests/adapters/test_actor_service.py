@@ -1,4 +1,5 @@
-"""LedgerService (what the Ray actor holds), in-process: resync keeps admissions in flight, sweeps, sources."""
+"""LedgerService (what the Ray actor holds), in-process: resync keeps admissions in flight,
+sweeps, sources."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import jsonpatch
 import pytest
 import yaml
 
-from allocator.service import AdmitCall, LedgerService, LedgerSettings, Recoveries, Unavailable
 from allocator.core.model import GroupSpec, Placement, Request
+from allocator.service import AdmitCall, LedgerService, LedgerSettings, Recoveries, Unavailable
 from tests.webhook.webhook_support import cluster, config
 
 NOW = 1000.0
@@ -37,10 +38,11 @@ def test_resync_keeps_reservations_not_yet_on_a_pod():
 
 
 def test_resync_confirms_what_the_list_stores():
+    import asyncio
+
+    from tests.webhook.webhook_support import Clock, gpu_pod, review
     from webhook.admission.handler import AdmissionHandler
     from webhook.ledger_client import InProcessLedgerClient
-    from tests.webhook.webhook_support import Clock, gpu_pod, review
-    import asyncio
 
     nodes = cluster(2, 8)
     s = svc(nodes)
@@ -71,9 +73,12 @@ def test_sweep_confirms_stored_and_expires_the_rest(tmp_path):
     path.write_text(yaml.safe_dump_all(nodes))
     s = svc(None, {"kind": "file", "path": str(path)})
     a, b = s.admit([AdmitCall(Request(id="a", gpus=1)), AdmitCall(Request(id="b", gpus=1))], NOW)
-    stored = {"apiVersion": "v1", "kind": "Pod",
-              "metadata": {"name": "pa", "namespace": "x", "labels": {"gpuledger.io/reservation-id": "a"}},
-              "spec": {"nodeName": a.node, "containers": [{"name": "c"}]}}
+    stored = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pa", "namespace": "x", "labels": {"gpuledger.io/reservation-id": "a"}},
+        "spec": {"nodeName": a.node, "containers": [{"name": "c"}]},
+    }
     path.write_text(yaml.safe_dump_all([*nodes, stored]))
     assert s.sweep(NOW + 10) == []  # not old enough
     assert s.sweep(NOW + 31) == ["b"]
@@ -119,10 +124,11 @@ def test_claims_mark_one_pod_per_reservation_and_clear_on_confirm():
 
 def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
     """A reservation confirmed by its stored pod (a watch event, not a resync) is no longer replayed."""
+    import asyncio
+
+    from tests.webhook.webhook_support import Clock, gpu_pod, review
     from webhook.admission.handler import AdmissionHandler
     from webhook.ledger_client import InProcessLedgerClient
-    from tests.webhook.webhook_support import Clock, gpu_pod, review
-    import asyncio
 
     s = svc(cluster(2, 8))
     h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
@@ -146,18 +152,30 @@ def test_set_default_strategy_is_live_recorded_and_rejects_unknown_names(caplog)
     assert a.strategy == "best_fit" and s.get_settings()["changed_by"] == "config (ledger start)"
     with caplog.at_level(logging.INFO, logger="gpuledger.service"):
         settings = s.set_default_strategy("Priority", "alice", NOW + 5)  # any accepted spelling
-    assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == ("priority", "alice",
-                                                                                            NOW + 5)
-    assert settings["history"][-1] == {"at": NOW + 5, "by": "alice",
-                                       "changes": {"default_strategy": ["best_fit", "priority"]}}
+    assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == (
+        "priority",
+        "alice",
+        NOW + 5,
+    )
+    assert settings["history"][-1] == {
+        "at": NOW + 5,
+        "by": "alice",
+        "changes": {"default_strategy": ["best_fit", "priority"]},
+    }
     assert "ledger settings changed by alice: default_strategy 'best_fit' -> 'priority'" in caplog.text
     [b] = s.admit([AdmitCall(Request(id="b", gpus=2))], NOW + 6)
     assert b.strategy == "priority"  # the next decision, no rebuild
     status = s.status()
     assert (status["default_strategy"], status["settings_changed_by"], status["settings_changed_at"]) == (
-        "priority", "alice", NOW + 5)
-    with pytest.raises(ValueError, match=r"strategy='fastest' is not accepted: expected one of balanced, best_fit, "
-                                         r".*least_utilized, priority, random, round_robin"):
+        "priority",
+        "alice",
+        NOW + 5,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"strategy='fastest' is not accepted: expected one of balanced, best_fit, "
+        r".*least_utilized, priority, random, round_robin",
+    ):
         s.set_default_strategy("fastest", "alice", NOW + 7)
     with pytest.raises(ValueError, match=r"who='' is not accepted"):
         s.set_default_strategy("random", "", NOW + 7)
@@ -176,8 +194,12 @@ def test_scoring_weights_change_the_balanced_choice_live():
     [packed] = s.admit([AdmitCall(Request(id="x", gpus=2), dry_run=True)], NOW + 1)
     assert packed.node == fill.node
     # the same config pushed again (another replica, a re-push) changes nothing
-    assert s.apply_config(replace(base, scoring_weights={"topologyAlignment": 1}), "replica-b", NOW + 2)[
-        "applied"] is False
+    assert (
+        s.apply_config(replace(base, scoring_weights={"topologyAlignment": 1}), "replica-b", NOW + 2)[
+            "applied"
+        ]
+        is False
+    )
     assert s.changed_by == "replica-a"
 
 
@@ -201,8 +223,13 @@ def test_new_label_keys_rebuild_the_ledger():
 
 def test_rebuild_times_are_kept_for_the_recovery_histogram():
     ticks = iter([10.0, 10.25, 20.0, 20.5])
-    s = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW, timer=lambda: next(ticks),
-                      incarnation="inc-1")
+    s = LedgerService(
+        config().ledger_config(),
+        {"kind": "kubernetes"},
+        now=NOW,
+        timer=lambda: next(ticks),
+        incarnation="inc-1",
+    )
     assert s.stats().recoveries == Recoveries("inc-1", 0, ())
     assert s.resync(cluster(1, 8), NOW)["seconds"] == 0.25
     s.resync(cluster(1, 8), NOW + 1)

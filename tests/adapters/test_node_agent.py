@@ -59,7 +59,9 @@ def test_all_unhealthy_node_is_not_schedulable():
     "utilizations, tier", [([], "none"), ([0, 10], "low"), ([50, 60], "medium"), ([90, 80], "high")]
 )
 def test_utilization_tier(utilizations, tier):
-    reports = [DeviceReport(i, f"u{i}", "A100", 1, True, utilization_pct=u) for i, u in enumerate(utilizations)]
+    reports = [
+        DeviceReport(i, f"u{i}", "A100", 1, True, utilization_pct=u) for i, u in enumerate(utilizations)
+    ]
     assert utilization_tier(reports) == tier
 
 

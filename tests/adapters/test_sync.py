@@ -1,4 +1,5 @@
-"""Cluster sync against the real kube-apiserver: what reaches the ledger, in what batches, and when it resyncs.
+"""Cluster sync against the real kube-apiserver: what reaches the ledger, in what batches,
+and when it resyncs.
 
 The target here records the calls the Ray actor would receive (same method names and arguments), so these
 tests pin the sync's own behaviour; tests/test_sync_ledger.py drives a real Ledger through the same path.
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.e2e
 
 
 class RecordingTarget:
-    """Records every batched call; `fail_next` makes the next call raise, `synced` is what status() reports."""
+    """Records every batched call; `fail_next` makes the next call raise, `synced` is what status()
+    reports."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -75,10 +77,17 @@ class RecordingTarget:
 
 
 def pod(name: str, labels: dict | None = None, node: str | None = None) -> dict:
-    spec = {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    spec = {
+        "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }
     if node:
         spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }
 
 
 @pytest.fixture
@@ -101,7 +110,9 @@ def running(apiserver):
     """A started sync over a recording target; stopped after the test."""
     target = RecordingTarget()
     sync = ClusterSync(
-        apiserver.api_client(WEBHOOK_USER), target, SyncConfig(expiry_interval_s=3600, status_interval_s=0.2, retry_backoff_s=(0.05, 0.5))
+        apiserver.api_client(WEBHOOK_USER),
+        target,
+        SyncConfig(expiry_interval_s=3600, status_interval_s=0.2, retry_backoff_s=(0.05, 0.5)),
     )
     sync.start()
     assert sync.wait_synced(30), sync.stats
@@ -168,8 +179,8 @@ def test_apiserver_restart_410_gone_leads_to_full_resync():
     """
     from kubernetes import client
 
-    from tests.conftest import require_binaries
     from devcluster.cluster import ControlPlane
+    from tests.conftest import require_binaries
 
     require_binaries(with_controllers=False)
     with ControlPlane(with_controllers=False) as cp:
@@ -192,8 +203,10 @@ def test_apiserver_restart_410_gone_leads_to_full_resync():
             assert any("410" in r for r in sync.stats.resync_reasons)
             # nothing lost: the pod created while the watch was down is either in the relist or an event
             cp.wait_for(
-                lambda: target.seen("ADDED", "Pod", "after-restart")
-                or any(o["metadata"]["name"] == "after-restart" for o in target.resyncs[-1]),
+                lambda: (
+                    target.seen("ADDED", "Pod", "after-restart")
+                    or any(o["metadata"]["name"] == "after-restart" for o in target.resyncs[-1])
+                ),
                 what="pod created across the restart",
             )
 

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from allocator.core.objects import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.service import AdmitCall, LedgerService
-from allocator.core.model import Placement, Request
 from allocator.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+from allocator.core.ledger import Ledger, LedgerConfig
+from allocator.core.model import Placement, Request
+from allocator.core.objects import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
+from allocator.service import AdmitCall, LedgerService
 from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node
 
@@ -29,7 +29,9 @@ KEY = b"sync-ledger-test-key"
 def world(apiserver):
     """Three nodes in a leaf of their own and a namespace without admission."""
     tag = uuid.uuid4().hex[:5]
-    nodes = [make_node(f"sl-{tag}-{i}", "spine-sl", f"leaf-sl-{tag}", gpus=4, agentaflow=True) for i in range(3)]
+    nodes = [
+        make_node(f"sl-{tag}-{i}", "spine-sl", f"leaf-sl-{tag}", gpus=4, agentaflow=True) for i in range(3)
+    ]
     create_nodes(apiserver.api_client(), nodes)
     namespace = f"sl-{tag}"
     apiserver.create_namespace(namespace, admission=False)
@@ -48,7 +50,9 @@ def pod(name: str, node: str | None = None, gpus: int = 1, placement: Placement 
     if placement is not None:
         meta["annotations"][PLACEMENT_ANNOTATION] = encode_placement(placement, KEY)
         meta["labels"][RESERVATION_ID_KEY] = placement.id
-    spec: dict = {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    spec: dict = {
+        "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]
+    }
     if node:
         spec["nodeName"] = node
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
@@ -75,8 +79,9 @@ def test_live_ledger_equals_a_rebuild_from_the_api(apiserver, world):
         assert sync.wait_synced(30)
         # admitted pods (reserve, then store the pod carrying the placement) and pods that bypassed admission
         for i in range(3):
-            request = Request(id=f"r{i}-{uuid.uuid4().hex[:6]}", gpus=2,
-                              node_selector=(("topology.scheduler/leaf", leaf),))
+            request = Request(
+                id=f"r{i}-{uuid.uuid4().hex[:6]}", gpus=2, node_selector=(("topology.scheduler/leaf", leaf),)
+            )
             result = service.admit([AdmitCall(request)], time.time())[0]
             assert isinstance(result, Placement), result
             core.create_namespaced_pod(namespace, pod(f"admitted-{i}", placement=result))
@@ -108,8 +113,18 @@ def test_expiry_asks_the_api_before_releasing(apiserver, world):
     sync.resync("test")
     now = time.time()
     stored, lost = (
-        service.admit([AdmitCall(Request(id=f"{name}-{uuid.uuid4().hex[:6]}", gpus=1,
-                                         node_selector=(("kubernetes.io/hostname", nodes[1]),)))], now)[0]
+        service.admit(
+            [
+                AdmitCall(
+                    Request(
+                        id=f"{name}-{uuid.uuid4().hex[:6]}",
+                        gpus=1,
+                        node_selector=(("kubernetes.io/hostname", nodes[1]),),
+                    )
+                )
+            ],
+            now,
+        )[0]
         for name in ("stored", "lost")
     )
     core = client.CoreV1Api(apiserver.api_client())

@@ -65,7 +65,9 @@ def rate(led: Ledger, count: int, strategy: str, prefix: str) -> float:
     gc.collect()
     t0 = time.perf_counter()
     for i in range(count):
-        r = led.reserve(Request(id=f"{prefix}{i}", gpus=1, cpu_milli=1000, memory_mib=4096, strategy=strategy), 0.0)
+        r = led.reserve(
+            Request(id=f"{prefix}{i}", gpus=1, cpu_milli=1000, memory_mib=4096, strategy=strategy), 0.0
+        )
         assert isinstance(r, Placement), r
     return count / (time.perf_counter() - t0)
 
@@ -143,15 +145,17 @@ def denial_rates(nodes: list[NodeInfo], count: int, full_count: int) -> dict[str
     return out
 
 
-def report_denials(sizes: list[int], gpus: int, leaves_per_spine: int, count: int, full_count: int,
-                   placements: int) -> None:
+def report_denials(
+    sizes: list[int], gpus: int, leaves_per_spine: int, count: int, full_count: int, placements: int
+) -> None:
     for size in sizes:
         nodes = cluster(size, gpus, leaves_per_spine)
         place = rate(fresh(nodes), min(placements, size * gpus), "best_fit", "p-")
         d = denial_rates(nodes, count, full_count)
         print(
             f"denials, {size} nodes x {gpus} GPUs (cluster full, 1-GPU pod, best_fit): "
-            f"{d['repeat']:>7.0f}/s repeated, full walk {d['full']:>5.0f}/s (ratio {d['repeat'] / d['full']:.0f}x), "
+            f"{d['repeat']:>7.0f}/s repeated, full walk {d['full']:>5.0f}/s "
+            f"(ratio {d['repeat'] / d['full']:.0f}x), "
             f"placements {place:.0f}/s (denial/placement {d['repeat'] / place:.2f}); "
             f"release + placement + denial loop {d['churn']:.0f}/s vs release + placement alone "
             f"{d['churn_cost']:.0f}/s; first denial of the shape {d['first'] * 1000:.1f} ms"
@@ -263,8 +267,17 @@ def memory_child(args) -> None:
 
     led = Ledger.rebuild(objects(), LedgerConfig(placement_key=KEY), now=0.0)
     gc.collect()
-    print(json.dumps({"peak_mib": _status_mib("VmHWM"), "rss_mib": _status_mib("VmRSS"), "baseline_mib": base,
-                      "reservations": len(led.reservations()), "nodes": len(led.index.nodes)}))
+    print(
+        json.dumps(
+            {
+                "peak_mib": _status_mib("VmHWM"),
+                "rss_mib": _status_mib("VmRSS"),
+                "baseline_mib": base,
+                "reservations": len(led.reservations()),
+                "nodes": len(led.index.nodes),
+            }
+        )
+    )
 
 
 def _stream(nodes, count):
@@ -290,8 +303,14 @@ def main(argv=None) -> int:
         memory_child(args)
         return 0
     if args.denials_only:
-        report_denials(args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials,
-                       args.placements)
+        report_denials(
+            args.denial_nodes,
+            args.gpus,
+            args.leaves_per_spine,
+            args.denials,
+            args.full_denials,
+            args.placements,
+        )
         return 0
 
     nodes = cluster(args.nodes, args.gpus, args.leaves_per_spine)
@@ -313,8 +332,9 @@ def main(argv=None) -> int:
             f"ratio {indexed / naive:6.1f}x  ({args.placements} vs {args.naive_placements} placements)"
         )
 
-    report_denials(args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials,
-                   args.placements)
+    report_denials(
+        args.denial_nodes, args.gpus, args.leaves_per_spine, args.denials, args.full_denials, args.placements
+    )
 
     mean_ms, worst_ms = gang_latency(nodes)
     print(f"16-node gang (8 GPUs per pod): mean {mean_ms:.2f} ms, worst {worst_ms:.2f} ms over 20 gangs")
@@ -324,8 +344,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY), now=0.0)
     took = time.perf_counter() - t0
-    print(f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
-          f"({len(led.reservations())} placements restored)")
+    print(
+        f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
+        f"({len(led.reservations())} placements restored)"
+    )
     del led
     gc.collect()
 
@@ -334,14 +356,18 @@ def main(argv=None) -> int:
             out.write(json.dumps(obj) + "\n")
     del objects
     try:
-        run = subprocess.run([sys.executable, __file__, "--memory-child", out.name],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, __file__, "--memory-child", out.name], capture_output=True, text=True, check=True
+        )
     finally:
         os.unlink(out.name)
     mem = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) for a process "
-          f"holding a ledger of {mem['nodes']} nodes and {args.pods} pods, objects streamed from a file; "
-          f"interpreter + imports alone {mem['baseline_mib']:.0f} MiB")
+    print(
+        f"resident memory: peak {mem['peak_mib']:.0f} MiB (after rebuild {mem['rss_mib']:.0f} MiB) "
+        "for a process "
+        f"holding a ledger of {mem['nodes']} nodes and {args.pods} pods, objects streamed from a file; "
+        f"interpreter + imports alone {mem['baseline_mib']:.0f} MiB"
+    )
     return 0
 
 

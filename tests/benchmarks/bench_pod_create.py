@@ -38,7 +38,10 @@ def pod(name: str) -> dict:
                     "name": "main",
                     "image": "nvcr.io/nvidia/pytorch:24.05-py3",
                     "command": ["python", "train.py"],
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"cpu": "1", "memory": "4Gi"}},
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": "1"},
+                        "requests": {"cpu": "1", "memory": "4Gi"},
+                    },
                 }
             ]
         },
@@ -51,8 +54,13 @@ def noop_app():
 
     async def allow(request: web.Request) -> web.Response:
         review = await request.json()
-        return web.json_response({"apiVersion": review["apiVersion"], "kind": "AdmissionReview",
-                                  "response": {"uid": review["request"]["uid"], "allowed": True}})
+        return web.json_response(
+            {
+                "apiVersion": review["apiVersion"],
+                "kind": "AdmissionReview",
+                "response": {"uid": review["request"]["uid"], "allowed": True},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/mutate", allow)
@@ -108,9 +116,11 @@ def server_breakdown(webhook) -> dict[str, float]:
     """Mean milliseconds inside the webhook per route, and per ledger answer, from its own /metrics."""
     text = webhook.get("/metrics")[1]
     out = {}
-    for name, metric, route in (("mutate", "gpuledger_admission_duration_seconds", "mutate"),
-                                ("validate", "gpuledger_admission_duration_seconds", "validate"),
-                                ("ledger_admit", "agentaflow_scheduling_duration", None)):
+    for name, metric, route in (
+        ("mutate", "gpuledger_admission_duration_seconds", "mutate"),
+        ("validate", "gpuledger_admission_duration_seconds", "validate"),
+        ("ledger_admit", "agentaflow_scheduling_duration", None),
+    ):
         s, c = metric_sum(text, metric, route)
         out[name] = s / c * 1e3 if c else float("nan")
     return out
@@ -176,7 +186,9 @@ def drain(cp, webhook, namespaces: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--pods", type=int, default=100, help="pods per round and mode (at most 128: one GPU each)")
+    p.add_argument(
+        "--pods", type=int, default=100, help="pods per round and mode (at most 128: one GPU each)"
+    )
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--json", help="write the figures here too")
@@ -205,20 +217,41 @@ def main(argv: list[str] | None = None) -> int:
             served.append(webhook)
             tls, noop_port = webhook.transport.tls, free_port()
             noop = ServedProcess(
-                [sys.executable, __file__, "--serve-noop", "--port", str(noop_port), "--tls-cert", str(tls["tls.crt"]),
-                 "--tls-key", str(tls["tls.key"])],
-                f"https://127.0.0.1:{noop_port}", str(tls["ca.crt"]), webhook.workdir / "noop.log")
+                [
+                    sys.executable,
+                    __file__,
+                    "--serve-noop",
+                    "--port",
+                    str(noop_port),
+                    "--tls-cert",
+                    str(tls["tls.crt"]),
+                    "--tls-key",
+                    str(tls["tls.key"]),
+                ],
+                f"https://127.0.0.1:{noop_port}",
+                str(tls["ca.crt"]),
+                webhook.workdir / "noop.log",
+            )
             served.append(noop)
             webhook.wait("/readyz")
             webhook.register("Fail", 10)
             register_noop(cp, noop.url, webhook.ca.cert_pem)
             cp.create_namespace("bench-webhook", admission=True, users=())
             cp.create_namespace("bench-plain", admission=False, users=())
-            cp.apply({"apiVersion": "v1", "kind": "Namespace",
-                      "metadata": {"name": "bench-noop", "labels": {"bench/noop": "enabled"}}})
+            cp.apply(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": "bench-noop", "labels": {"bench/noop": "enabled"}},
+                }
+            )
             modes = {"webhook": "bench-webhook", "baseline": "bench-plain", "noop": "bench-noop"}
             for mode, ns in modes.items():  # warm every path (connections, TLS sessions, caches)
-                cp.wait_for(lambda: _try_create(cp, ns, f"probe-{mode}"), timeout=30, what=f"{mode} path up")
+                cp.wait_for(
+                    lambda ns=ns, mode=mode: _try_create(cp, ns, f"probe-{mode}"),
+                    timeout=30,
+                    what=f"{mode} path up",
+                )
                 create_round(cp, ns, args.warmup, 1, f"warm-{mode}")
             drain(cp, webhook, list(modes.values()))
             samples: dict[str, list[float]] = {m: [] for m in modes}
@@ -242,21 +275,39 @@ def main(argv: list[str] | None = None) -> int:
     }
     ratio_median = figures["webhook"]["median_ms"] / figures["baseline"]["median_ms"]
     ratio_p99 = figures["webhook"]["p99_ms"] / figures["baseline"]["p99_ms"]
-    print(f"pod create through kube-apiserver, {args.rounds} rounds x {args.pods} pods per mode, "
-          f"{args.clients} client(s)")
+    print(
+        f"pod create through kube-apiserver, {args.rounds} rounds x {args.pods} pods per mode, "
+        f"{args.clients} client(s)"
+    )
     print(f"{'mode':<10} {'n':>5} {'median ms':>10} {'p99 ms':>8} {'mean ms':>8}")
     for mode, f in figures.items():
         print(f"{mode:<10} {f['n']:>5} {f['median_ms']:>10.2f} {f['p99_ms']:>8.2f} {f['mean_ms']:>8.2f}")
-    print(f"webhook / baseline: median x{ratio_median:.2f} (+{(ratio_median - 1) * 100:.0f}%), "
-          f"p99 x{ratio_p99:.2f}; goal: median within +15%")
+    print(
+        f"webhook / baseline: median x{ratio_median:.2f} (+{(ratio_median - 1) * 100:.0f}%), "
+        f"p99 x{ratio_p99:.2f}; goal: median within +15%"
+    )
     noop_ratio = figures["noop"]["median_ms"] / figures["baseline"]["median_ms"]
-    print(f"no-op webhooks / baseline: median x{noop_ratio:.2f} (the floor for any pair of admission webhooks)")
-    print("inside the gpuledger webhook (means): "
-          + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items()))
+    print(
+        f"no-op webhooks / baseline: median x{noop_ratio:.2f} (the floor for any pair of admission webhooks)"
+    )
+    print(
+        "inside the gpuledger webhook (means): "
+        + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items())
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"figures": figures, "ratio_median": ratio_median,
-                                               "ratio_p99": ratio_p99, "noop_ratio": noop_ratio,
-                                               "inside_webhook": inside, "args": vars(args)}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "figures": figures,
+                    "ratio_median": ratio_median,
+                    "ratio_p99": ratio_p99,
+                    "noop_ratio": noop_ratio,
+                    "inside_webhook": inside,
+                    "args": vars(args),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

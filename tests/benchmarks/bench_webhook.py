@@ -34,48 +34,94 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-# ---------------------------------------------------------------------------------------------- load generator
+# --------------------------------------------------------------------------------------------- load generator
+
 
 def _pod_body(i: int, run: str) -> bytes:
     name = f"bench-{run}-{i}"
     pod = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {
-            "name": name, "namespace": "bench", "labels": {"app": "bench", "run": run},
+            "name": name,
+            "namespace": "bench",
+            "labels": {"app": "bench", "run": run},
             "annotations": {
                 "topology.scheduler/gpu-count": "1",
                 "agentaflow.gpu/scheduling-strategy": "best-fit",
-                "kubectl.kubernetes.io/last-applied-configuration": json.dumps({
-                    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "bench"},
-                    "spec": {"containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}]}}),
+                "kubectl.kubernetes.io/last-applied-configuration": json.dumps(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": name, "namespace": "bench"},
+                        "spec": {
+                            "containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}]
+                        },
+                    }
+                ),
             },
         },
         "spec": {
-            "containers": [{
-                "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3", "command": ["python", "train.py"],
-                "env": [{"name": "EPOCHS", "value": "10"}],
-                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
-                "volumeMounts": [{"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-                                  "readOnly": True}],
-                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
-                "imagePullPolicy": "IfNotPresent",
-            }],
-            "restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default", "securityContext": {}, "schedulerName": "default-scheduler",
-            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-                             "tolerationSeconds": 300}],
-            "volumes": [{"name": "kube-api-access", "projected": {"sources": [{"serviceAccountToken": {
-                "expirationSeconds": 3607, "path": "token"}}]}}],
-            "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "command": ["python", "train.py"],
+                    "env": [{"name": "EPOCHS", "value": "10"}],
+                    "resources": {"requests": {"cpu": "2", "memory": "8Gi"}},
+                    "volumeMounts": [
+                        {
+                            "name": "kube-api-access",
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                            "readOnly": True,
+                        }
+                    ],
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "kube-api-access",
+                    "projected": {
+                        "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]
+                    },
+                }
+            ],
+            "priority": 0,
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
         },
     }
     review = {
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
         "request": {
-            "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": name, "namespace": "bench",
-            "operation": "CREATE", "userInfo": {"username": "bench", "groups": ["system:authenticated"]},
-            "object": pod, "oldObject": None, "dryRun": False,
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": name,
+            "namespace": "bench",
+            "operation": "CREATE",
+            "userInfo": {"username": "bench", "groups": ["system:authenticated"]},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
             "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
         },
     }
@@ -92,11 +138,15 @@ async def _generate(port: int, ca_file: str, bodies: list[bytes], in_flight: int
     statuses: dict[str, int] = {}
 
     async def worker():
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost")
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=ctx, server_hostname="localhost"
+        )
         try:
             for body in queue:
-                request = (b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+                request = (
+                    b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body)
+                ) + body
                 started = time.perf_counter()
                 writer.write(request)
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -122,8 +172,9 @@ def _generator_process(conn, port: int, ca_file: str, n: int, in_flight: int, ru
 def load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
     """Run the generator in another process; the server keeps serving in this one meanwhile."""
     parent, child = mp.Pipe()
-    proc = mp.get_context("spawn").Process(target=_generator_process,
-                                           args=(child, port, ca_file, n, in_flight, uuid.uuid4().hex[:6]))
+    proc = mp.get_context("spawn").Process(
+        target=_generator_process, args=(child, port, ca_file, n, in_flight, uuid.uuid4().hex[:6])
+    )
     proc.start()
     return {"proc": proc, "conn": parent}
 
@@ -144,7 +195,8 @@ async def run_load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
     return result
 
 
-# ---------------------------------------------------------------------------------------------- the server side
+# -------------------------------------------------------------------------------------------- the server side
+
 
 def noop_app():
     from aiohttp import web
@@ -153,8 +205,10 @@ def noop_app():
 
     async def mutate(request):
         body = await request.json()
-        return web.json_response({**answer, "response": {"uid": body["request"]["uid"], "allowed": True}},
-                                 dumps=lambda o: json.dumps(o, separators=(",", ":")))
+        return web.json_response(
+            {**answer, "response": {"uid": body["request"]["uid"], "allowed": True}},
+            dumps=lambda o: json.dumps(o, separators=(",", ":")),
+        )
 
     app = web.Application()
     app.router.add_post("/mutate", mutate)
@@ -187,8 +241,21 @@ def in_cluster_call_cost(n: int) -> dict | None:
     tmp = tempfile.mkdtemp(prefix="gpuledger-bench-ray-")
     port = 6390
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    out = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                          f"--temp-dir={tmp}", "--disable-usage-stats"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=1",
+            "--include-dashboard=false",
+            f"--temp-dir={tmp}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         print("ray start failed:", out.stderr[-500:], file=sys.stderr)
         return None
@@ -201,7 +268,9 @@ def in_cluster_call_cost(n: int) -> dict | None:
             f"t = time.perf_counter()\nfor _ in range({n}): ray.get(a.ping.remote())\n"
             f"print(json.dumps({{'sync_ms': (time.perf_counter() - t) / {n} * 1e3}}))\n"
         )
-        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
         line = [x for x in res.stdout.splitlines() if x.startswith("{")]
         return json.loads(line[-1]) if line else None
     finally:
@@ -213,8 +282,8 @@ def raw_admission_rate(handle, n: int) -> float:
     """One admission per actor call, sequential: the rate of a webhook that did not batch."""
     import ray
 
-    from allocator.service import AdmitCall
     from allocator.core.request import request_from_pod
+    from allocator.service import AdmitCall
 
     pod = json.loads(_pod_body(0, "raw"))["request"]["object"]
     calls = [AdmitCall(request_from_pod(pod, None, None, f"raw-{i}", namespace="bench")) for i in range(n)]
@@ -229,9 +298,9 @@ def raw_admission_rate(handle, n: int) -> float:
 async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     import ray
 
-    from webhook.transport.app import create_app
     from webhook.config import WebhookConfig
     from webhook.ledger_client import RayLedgerClient
+    from webhook.transport.app import create_app
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
 
@@ -247,7 +316,9 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         from allocator.service import LedgerService
         from webhook.ledger_client import InProcessLedgerClient
 
-        service = LedgerService(config.ledger_config(), {"kind": "file", "path": args.cluster_file}, time.time())
+        service = LedgerService(
+            config.ledger_config(), {"kind": "file", "path": args.cluster_file}, time.time()
+        )
         inproc = await start_server(create_app(config, InProcessLedgerClient(service)), "127.0.0.1", 0, tls())
     tune_gc()  # as `gpuledger serve` does
     results = {}
@@ -260,7 +331,9 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
             calls_before, items_before = client.admissions.calls, client.admissions.items
             results[f"webhook_{name}"] = await run_load(webhook.port, ca_file, n, in_flight)
             calls = client.admissions.calls - calls_before
-            results[f"webhook_{name}"]["mean_batch"] = (client.admissions.items - items_before) / max(calls, 1)
+            results[f"webhook_{name}"]["mean_batch"] = (client.admissions.items - items_before) / max(
+                calls, 1
+            )
             # release everything (nothing is ever stored): each phase starts from an empty 8,000-GPU ledger
             await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
             results[f"noop_{name}"] = await run_load(noop.port, ca_file, n, in_flight)
@@ -281,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--requests", type=int, default=7000, help="requests in the 100-in-flight phase")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--in-process", action="store_true",
-                        help="also measure the webhook on an in-process ledger (no Ray)")
+    parser.add_argument(
+        "--in-process", action="store_true", help="also measure the webhook on an in-process ledger (no Ray)"
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -300,18 +374,41 @@ def main(argv: list[str] | None = None) -> int:
         ca = make_ca()
         tls_paths = write_bundle(workdir / "tls", ca, make_serving_cert(ca, ["localhost"], ["127.0.0.1"]))
         cluster_file = workdir / "cluster.yaml"
-        cluster_file.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
-                                                "items": cluster(args.nodes, args.gpus, leaves=max(1, args.nodes // 32),
-                                                                 spines=max(1, args.nodes // 256))}))
+        cluster_file.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "List",
+                    "items": cluster(
+                        args.nodes,
+                        args.gpus,
+                        leaves=max(1, args.nodes // 32),
+                        spines=max(1, args.nodes // 256),
+                    ),
+                }
+            )
+        )
         args.cluster_file = str(cluster_file)
-        ray.init(address="local", namespace="gpuledger-bench", include_dashboard=False, num_cpus=1,
-                 log_to_driver=False)
+        ray.init(
+            address="local",
+            namespace="gpuledger-bench",
+            include_dashboard=False,
+            num_cpus=1,
+            log_to_driver=False,
+        )
         config = WebhookConfig(hmac_key="bench-key")
-        handle = get_or_create_ledger(config.ledger_config(), {"kind": "file", "path": str(cluster_file)},
-                                      name=f"bench-{uuid.uuid4().hex[:6]}", sweep_interval_s=0)
+        handle = get_or_create_ledger(
+            config.ledger_config(),
+            {"kind": "file", "path": str(cluster_file)},
+            name=f"bench-{uuid.uuid4().hex[:6]}",
+            sweep_interval_s=0,
+        )
         status = wait_ready(handle, timeout_s=300)
-        print(f"ledger: {status['nodes']} nodes, {args.nodes * args.gpus} GPUs; Ray {ray.__version__}; "
-              f"{os.cpu_count()} CPUs", flush=True)
+        print(
+            f"ledger: {status['nodes']} nodes, {args.nodes * args.gpus} GPUs; Ray {ray.__version__}; "
+            f"{os.cpu_count()} CPUs",
+            flush=True,
+        )
         local = raw_call_cost(handle, 500)
         raw_rate = raw_admission_rate(handle, 500)
         results = asyncio.run(serve_and_measure(args, handle, workdir / "tls", str(tls_paths["ca.crt"])))
@@ -323,30 +420,51 @@ def main(argv: list[str] | None = None) -> int:
     t, lt = results["webhook_throughput"], results["webhook_latency"]
     nt, nl = results["noop_throughput"], results["noop_latency"]
     print()
-    print(f"raw Ray actor call (local, Ray started in-process): {local['sync_ms']:.3f} ms blocking, "
-          f"{local['async_ms']:.3f} ms awaited")
+    print(
+        f"raw Ray actor call (local, Ray started in-process): {local['sync_ms']:.3f} ms blocking, "
+        f"{local['async_ms']:.3f} ms awaited"
+    )
     if in_cluster:
         print(f"raw Ray actor call (in-cluster, joined by address): {in_cluster['sync_ms']:.3f} ms blocking")
     print(f"raw Ray admission rate (1 admission per call, sequential): {raw_rate:,.0f}/s")
     print()
     print(f"{'scenario':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}  statuses")
-    rows = [("webhook, 100 in flight", t), ("no-op aiohttp, 100 in flight", nt),
-            ("webhook, 20 in flight", lt), ("no-op aiohttp, 20 in flight", nl)]
+    rows = [
+        ("webhook, 100 in flight", t),
+        ("no-op aiohttp, 100 in flight", nt),
+        ("webhook, 20 in flight", lt),
+        ("no-op aiohttp, 20 in flight", nl),
+    ]
     if "inproc_throughput" in results:
-        rows += [("webhook no Ray, 100 in flight", results["inproc_throughput"]),
-                 ("webhook no Ray, 20 in flight", results["inproc_latency"])]
+        rows += [
+            ("webhook no Ray, 100 in flight", results["inproc_throughput"]),
+            ("webhook no Ray, 20 in flight", results["inproc_latency"]),
+        ]
     for label, r in rows:
         print(f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['statuses']}")
     print()
-    print(f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
-          f"webhook / raw Ray admission rate: {t['rate'] / raw_rate:.1f}x; "
-          f"mean batch per actor call: {t['mean_batch']:.1f} (100 in flight), {lt['mean_batch']:.1f} (20)")
-    print(f"targets: >= 2,000 admissions/s at 100 in flight: {'met' if t['rate'] >= 2000 else 'NOT met'} "
-          f"({t['rate']:,.0f}/s); p99 <= 25 ms at 20 in flight: {'met' if lt['p99_ms'] <= 25 else 'NOT met'} "
-          f"({lt['p99_ms']:.1f} ms)")
+    print(
+        f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
+        f"webhook / raw Ray admission rate: {t['rate'] / raw_rate:.1f}x; "
+        f"mean batch per actor call: {t['mean_batch']:.1f} (100 in flight), {lt['mean_batch']:.1f} (20)"
+    )
+    print(
+        f"targets: >= 2,000 admissions/s at 100 in flight: {'met' if t['rate'] >= 2000 else 'NOT met'} "
+        f"({t['rate']:,.0f}/s); p99 <= 25 ms at 20 in flight: {'met' if lt['p99_ms'] <= 25 else 'NOT met'} "
+        f"({lt['p99_ms']:.1f} ms)"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "raw_call": local, "in_cluster_call": in_cluster,
-                                               "raw_admission_rate": raw_rate}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    "raw_call": local,
+                    "in_cluster_call": in_cluster,
+                    "raw_admission_rate": raw_rate,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -14,7 +14,7 @@ import ssl
 import stat
 import subprocess
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from certs import bundle, cli, pki, render
 from tests.certs.test_certs_pki import _handshake
 from tests.deploy.test_manifests import OVERLAYS, one, validate, webhook_deployment
 
-T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not on PATH")
 
 
@@ -58,10 +58,12 @@ def patched_cabundles(directory: Path) -> set[bytes]:
 
 # ------------------------------------------------------------------------------------------- generate
 def test_generate_writes_a_verifiable_bundle_and_private_modes(tmp_path, capsys):
-    out = generate(tmp_path, "--service", "gl", "--namespace", "ns", "--dns", "gl.example", "--ip", "127.0.0.1")
+    out = generate(
+        tmp_path, "--service", "gl", "--namespace", "ns", "--dns", "gl.example", "--ip", "127.0.0.1"
+    )
     assert "kubectl apply -k" in capsys.readouterr().out
     ca, serving = (out / "ca.crt").read_bytes(), (out / "tls.crt").read_bytes()
-    assert pki.dns_sans(serving) == pki.service_dns_names("gl", "ns") + ["gl.example"]
+    assert pki.dns_sans(serving) == [*pki.service_dns_names("gl", "ns"), "gl.example"]
     assert pki.ip_sans(serving) == ["127.0.0.1"]
     x509.load_pem_x509_certificate(serving).verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
     assert pki.not_after(serving) == T0 + timedelta(days=90)
@@ -71,7 +73,10 @@ def test_generate_writes_a_verifiable_bundle_and_private_modes(tmp_path, capsys)
 
     secret = yaml.safe_load((out / bundle.SECRET_FILE).read_text())
     assert (secret["type"], secret["metadata"]["name"], secret["metadata"]["namespace"]) == (
-        "kubernetes.io/tls", render.TLS_SECRET, "ns")
+        "kubernetes.io/tls",
+        render.TLS_SECRET,
+        "ns",
+    )
     files = {"tls.crt": serving, "tls.key": (out / "tls.key").read_bytes(), "ca.crt": ca}
     assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == files
     assert patched_cabundles(out) == {ca} == {(out / bundle.BUNDLE_FILE).read_bytes()}
@@ -115,11 +120,15 @@ def test_output_directory_is_an_installable_kustomization(tmp_path, overlay):
         (webhook,) = one(docs, kind)["webhooks"]
         assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca
         assert webhook["clientConfig"]["service"]["path"]  # the patch merged into, not replaced, the webhook
-    tls_volume = next(v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    tls_volume = next(
+        v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"
+    )
     secret = one(docs, "Secret", tls_volume["secret"]["secretName"])
     service = one(docs, "Service", "gpuledger")
     served = base64.b64decode(secret["data"]["tls.crt"])
-    assert pki.dns_sans(served) == pki.service_dns_names(service["metadata"]["name"], service["metadata"]["namespace"])
+    assert pki.dns_sans(served) == pki.service_dns_names(
+        service["metadata"]["name"], service["metadata"]["namespace"]
+    )
     assert one(docs, "Secret", render.PLACEMENT_KEY_SECRET)
 
 
@@ -169,7 +178,7 @@ def test_rotate_on_an_empty_directory_says_what_to_run(tmp_path, capsys):
 
 def test_renewed_certificate_is_served_and_trusted_with_the_unchanged_cabundle(tmp_path):
     """A real handshake after a rotation, trusting only the caBundle published before it."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     out = generate(tmp_path, "--ip", "127.0.0.1", "--days", "3", now=now - timedelta(days=2, hours=1))
     (published,) = patched_cabundles(out)
     assert bundle.rotate(out, now=now - timedelta(minutes=1)).serving_rotated
@@ -180,7 +189,7 @@ def test_renewed_certificate_is_served_and_trusted_with_the_unchanged_cabundle(t
 def test_ca_roll_publishes_first_and_signs_later_so_no_client_is_stranded(tmp_path):
     """CA at two thirds: phase 1 adds the next CA to the bundle while the old one keeps signing; phase 2
     (after the overlap) signs with the next CA and keeps the old one trusted until it expires."""
-    real_now = datetime.now(timezone.utc)
+    real_now = datetime.now(UTC)
     t0 = real_now - timedelta(days=22, hours=1)
     out = generate(tmp_path, "--days", "10", "--ca-days", "30", "--ip", "127.0.0.1", now=t0)
     old_ca = (out / "ca.crt").read_bytes()
@@ -228,7 +237,7 @@ def test_a_polling_reloader_never_reads_a_torn_file_during_rotation(tmp_path):
     """What the webhook's reloader sees while rotate() runs: each poll either loads a complete, matching
     pair or (for the instant between the key's and the certificate's rename) a key/cert mismatch, which it
     answers by keeping the previous context. Never a truncated or half-written PEM."""
-    out = generate(tmp_path, now=datetime.now(timezone.utc))
+    out = generate(tmp_path, now=datetime.now(UTC))
     stop = threading.Event()
     loaded, mismatched, other_errors = set(), [0], []
 
@@ -292,11 +301,13 @@ def _served_certificate(server_ctx: ssl.SSLContext, trusted: bytes, host: str) -
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-            with client_trusting(trusted).wrap_socket(raw, server_hostname=host) as tls:
-                der = tls.getpeercert(binary_form=True)
-                tls.sendall(b"x")
-                return der
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            client_trusting(trusted).wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+            tls.sendall(b"x")
+            return der
     finally:
         thread.join(5)
         listener.close()
@@ -306,7 +317,7 @@ def test_the_webhooks_reloader_serves_the_rotated_certificate(tmp_path):
     """rotate() with the webhook's own ReloadingTLS (webhook/tls.py): after one poll, new handshakes get the
     renewed certificate, still trusted by the caBundle published before the rotation."""
     tls_module = pytest.importorskip("webhook.transport.tls")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     out = generate(tmp_path, "--ip", "127.0.0.1", "--days", "3", now=now - timedelta(days=2, hours=1))
     (published,) = patched_cabundles(out)
     reloader = tls_module.ReloadingTLS(str(out / "tls.crt"), str(out / "tls.key"))

@@ -6,7 +6,7 @@ import socket
 import ssl
 import stat
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography import x509
@@ -14,7 +14,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs import pki
 
-NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def _handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, server_hostname: str) -> bytes:
@@ -34,10 +34,12 @@ def _handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, server_ho
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-            with client_ctx.wrap_socket(raw, server_hostname=server_hostname) as tls:
-                tls.sendall(b"ping")
-                return tls.recv(64)
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            client_ctx.wrap_socket(raw, server_hostname=server_hostname) as tls,
+        ):
+            tls.sendall(b"ping")
+            return tls.recv(64)
     finally:
         thread.join(5)
         listener.close()
@@ -73,7 +75,7 @@ def test_serving_cert_passes_real_tls_hostname_verification_by_san(tmp_path):
     names = pki.service_dns_names("gpuledger", "gpuledger-system")
     serving = pki.make_serving_cert(ca, names, ip_addresses=["127.0.0.1"])
     server = _server_ctx(tmp_path, ca, serving)
-    for host in names + ["127.0.0.1"]:
+    for host in [*names, "127.0.0.1"]:
         assert _handshake(server, _client_ctx(ca), host) == b"ping"
 
 
@@ -91,8 +93,12 @@ def test_identity_is_in_sans_not_cn(tmp_path):
     cn = serving.cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)[0].value
     assert cn == "a.example" and pki.dns_sans(serving.cert_pem) == ["a.example", "b.example"]
     cn_only = pki._leaf(
-        ca, "a.example", ExtendedKeyUsageOID.SERVER_AUTH,
-        x509.SubjectAlternativeName([x509.DNSName("b.example")]), 90, None,
+        ca,
+        "a.example",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        x509.SubjectAlternativeName([x509.DNSName("b.example")]),
+        90,
+        None,
     )
     server = _server_ctx(tmp_path, ca, cn_only)
     assert _handshake(server, _client_ctx(ca), "b.example") == b"ping"
@@ -106,7 +112,10 @@ def test_certificate_profiles():
     client = pki.make_client_cert(ca, "system:apiserver", now=NOW)
     ca_cert = ca.cert
     assert ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    for leaf, usage in ((serving, ExtendedKeyUsageOID.SERVER_AUTH), (client, ExtendedKeyUsageOID.CLIENT_AUTH)):
+    for leaf, usage in (
+        (serving, ExtendedKeyUsageOID.SERVER_AUTH),
+        (client, ExtendedKeyUsageOID.CLIENT_AUTH),
+    ):
         cert = leaf.cert
         assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
         assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [usage]

@@ -74,13 +74,20 @@ def pod(
     if placement is not None:
         ann[kube.PLACEMENT_ANNOTATION] = kube.encode_placement(placement, key)
         node_name = node_name or placement.node
-    spec: dict = {"containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": limits}}]}
+    spec: dict = {
+        "containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": limits}}]
+    }
     if node_name:
         spec["nodeName"] = node_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": ann, "uid": f"uid-{namespace}-{name}"},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": ann,
+            "uid": f"uid-{namespace}-{name}",
+        },
         "spec": spec,
         "status": {"phase": phase},
     }
@@ -90,7 +97,7 @@ def leafy_cluster(spines: int = 1, leaves: int = 4, per_leaf: int = 4, gpus: int
     """Nodes named s{spine}-l{leaf}-n{i} in leaves l1..lN of spines s1..sM."""
     out = []
     for s in range(1, spines + 1):
-        for l in range(1, leaves + 1):
+        for leaf in range(1, leaves + 1):
             for i in range(1, per_leaf + 1):
-                out.append(node(f"s{s}-l{l:02d}-n{i}", gpus, spine=f"s{s}", leaf=f"s{s}-leaf{l}"))
+                out.append(node(f"s{s}-l{leaf:02d}-n{i}", gpus, spine=f"s{s}", leaf=f"s{s}-leaf{leaf}"))
     return out

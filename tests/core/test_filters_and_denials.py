@@ -43,12 +43,16 @@ def test_taints_and_gpu_taint_tolerated_on_pods_behalf():
     d = led.reserve(Request(id="3", gpus=8), 0.0)
     assert isinstance(d, Denial) and dict(d.by_reason)[Reason.TAINT] == 1
     # a pod that tolerates the GPU taint itself needs nothing added
-    r = led.reserve(Request(id="4", gpus=1, tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists"),)), 0.0)
+    r = led.reserve(
+        Request(id="4", gpus=1, tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists"),)), 0.0
+    )
     assert r.node == "gpu" and r.tolerated_taints == ()
 
 
 def test_gpu_taint_keys_are_configurable():
-    led = make(node("a", 2, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]), tolerated_gpu_taint_keys=())
+    led = make(
+        node("a", 2, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]), tolerated_gpu_taint_keys=()
+    )
     d = led.reserve(Request(id="1", gpus=1), 0.0)
     assert isinstance(d, Denial) and d.by_reason == ((Reason.TAINT, 1),)
 
@@ -78,8 +82,10 @@ def test_node_selector_and_affinity_operators():
 
 
 def test_product_and_gpu_memory_filters():
-    led = make(node("t4", 4, product="Tesla-T4", gpu_memory=15360), node("a100", 4, product="NVIDIA-A100-SXM4-80GB",
-                                                                          gpu_memory=81920))
+    led = make(
+        node("t4", 4, product="Tesla-T4", gpu_memory=15360),
+        node("a100", 4, product="NVIDIA-A100-SXM4-80GB", gpu_memory=81920),
+    )
     assert led.reserve(Request(id="1", gpus=1, product="a100"), 0.0).node == "a100"
     assert led.reserve(Request(id="2", gpus=1, product="T4"), 0.0).node == "t4"
     d = led.reserve(Request(id="3", gpus=1, product="H100"), 0.0)
@@ -124,7 +130,9 @@ def test_preferred_domain_is_soft():
 
 def test_denial_message_counts_reasons_and_names_best_near_miss():
     taint = {"key": "dedicated", "effect": "NoSchedule"}
-    nodes = [node(f"full-{i:02d}", 4) for i in range(12)] + [node(f"t-{i}", 8, taints=[taint]) for i in range(4)]
+    nodes = [node(f"full-{i:02d}", 4) for i in range(12)] + [
+        node(f"t-{i}", 8, taints=[taint]) for i in range(4)
+    ]
     led = make(*nodes)
     for i in range(12):
         take(led, f"full-{i:02d}", 2 if i else 1, f"pre{i}")
@@ -143,7 +151,10 @@ def test_denial_for_share_and_unknown_gpu_identity():
         {
             "kind": "Pod",
             "metadata": {"name": "legacy", "namespace": "x"},
-            "spec": {"nodeName": "a", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+            "spec": {
+                "nodeName": "a",
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+            },
             "status": {"phase": "Running"},
         },
         0.0,
@@ -163,8 +174,10 @@ def test_invalid_requests_are_denied_with_the_field_named():
 
 def test_same_seed_same_result_across_ledgers():
     nodes = [node(f"n{i}", 8, leaf=f"L{i % 3}") for i in range(9)]
-    reqs = [Request(id=f"r{i}", gpus=1 + i % 3, strategy=s, seed=7)
-            for i, s in enumerate(["random", "balanced", "round_robin", "distributed"] * 5)]
+    reqs = [
+        Request(id=f"r{i}", gpus=1 + i % 3, strategy=s, seed=7)
+        for i, s in enumerate(["random", "balanced", "round_robin", "distributed"] * 5)
+    ]
 
     def run():
         led = make(*nodes)

@@ -6,7 +6,7 @@ import pytest
 
 from allocator.core import objects as kube
 from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Reason, ReservationState, Request
+from allocator.core.model import Denial, Placement, Reason, Request, ReservationState
 from tests.core.core_factory import node, pod
 
 KEY = b"test-key"
@@ -112,7 +112,9 @@ def test_rebuild_equals_live():
     nodes = [node("a", 8), node("b", 4)]
     led = ledger_with(*nodes)
     pods = []
-    for i, req in enumerate([Request(id="r1", gpus=2), Request(id="r2", gpu_milli=300), Request(id="r3", gpus=4)]):
+    for i, req in enumerate(
+        [Request(id="r1", gpus=2), Request(id="r2", gpu_milli=300), Request(id="r3", gpus=4)]
+    ):
         p = led.reserve(req, 0.0)
         pods.append(pod(f"p{i}", placement=p, key=KEY))
     pods.append(pod("other", node_name="a", gpus=1, cpu="1", memory="1Gi"))

@@ -57,8 +57,17 @@ def test_pod_requests_sum_containers_max_init_sidecars_and_limits_default():
                 {"name": "init", "resources": {"requests": {"cpu": "3", "memory": "1Gi"}}},
             ],
             "containers": [
-                {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"nvidia.com/gpu": 2}}},
-                {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}},  # requests default to limits
+                {
+                    "name": "a",
+                    "resources": {
+                        "requests": {"cpu": "500m", "memory": "2Gi"},
+                        "limits": {"nvidia.com/gpu": 2},
+                    },
+                },
+                {
+                    "name": "b",
+                    "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
+                },  # requests default to limits
             ],
             "overhead": {"cpu": "10m"},
         },
@@ -76,7 +85,11 @@ def test_node_from_object_reads_labels_conditions_taints():
         4,
         spine="sp",
         leaf="lf",
-        labels={"gpu-orchestrator/cheap-node": "true", "agentaflow.gpu/schedulable": "false", "accelerator": "x"},
+        labels={
+            "gpu-orchestrator/cheap-node": "true",
+            "agentaflow.gpu/schedulable": "false",
+            "accelerator": "x",
+        },
         taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
         ready=False,
         unschedulable=True,
@@ -173,7 +186,14 @@ def test_share_placement_roundtrip():
 def test_pod_usage():
     p = pod("p", node_name="n1", gpus=2, cpu="1", memory="1Gi", phase="Running")
     u = kube.pod_usage(p)
-    assert (u.key, u.node, u.terminal, u.gpus, u.cpu_milli, u.memory_mib) == ("default/p", "n1", False, 2, 1000, 1024)
+    assert (u.key, u.node, u.terminal, u.gpus, u.cpu_milli, u.memory_mib) == (
+        "default/p",
+        "n1",
+        False,
+        2,
+        1000,
+        1024,
+    )
     assert u.placement is None
     done = kube.pod_usage(pod("p", node_name="n1", phase="Succeeded"))
     assert done.terminal

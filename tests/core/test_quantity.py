@@ -14,22 +14,68 @@ from allocator.core.request import parse_quantity as read_quantity
 from tests.core.core_factory import node
 
 # digits that Python's int(), float(), Decimal() and re's \d all read as numbers
-FOREIGN_TWO = ["٢", "２", "२", "۲", "২", "𝟐"]  # Arabic-Indic, fullwidth, Devanagari, Persian, Bengali, math bold
+FOREIGN_TWO = [
+    "٢",
+    "２",  # noqa: RUF001 - look-alike digits on purpose
+    "२",
+    "۲",
+    "২",
+    "𝟐",  # noqa: RUF001 - look-alike digits on purpose
+]  # Arabic-Indic, fullwidth, Devanagari, Persian, Bengali, math bold
 
 
-@pytest.mark.parametrize("text,value", [
-    ("1.", Fraction(1)), (".5", Fraction(1, 2)), ("+2", Fraction(2)), ("-1", Fraction(-1)), (" 4Gi ", 4 * 2**30),
-    ("1e-3", Fraction(1, 1000)), ("2E2", Fraction(200)), ("1.5Ki", Fraction(1536)), ("7Ei", 7 * 2**60),
-    (0.25, Fraction(1, 4)), (1e20, Fraction(10**20)), (-3, Fraction(-3)),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("1.", Fraction(1)),
+        (".5", Fraction(1, 2)),
+        ("+2", Fraction(2)),
+        ("-1", Fraction(-1)),
+        (" 4Gi ", 4 * 2**30),
+        ("1e-3", Fraction(1, 1000)),
+        ("2E2", Fraction(200)),
+        ("1.5Ki", Fraction(1536)),
+        ("7Ei", 7 * 2**60),
+        (0.25, Fraction(1, 4)),
+        (1e20, Fraction(10**20)),
+        (-3, Fraction(-3)),
+    ],
+)
 def test_kubernetes_grammar(text, value):
     assert quantity.parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("bad", [
-    "", ".", "+", "e3", "1e3Gi", "1ee3", "1e1000", "1e99999999", "Gi", "1 Gi", "1gi", "0x10", "1_000", "inf",
-    "nan", float("nan"), float("inf"), None, [], {}, b"1", False, "1" * 5000,
-] + FOREIGN_TWO + [f"{d}Gi" for d in FOREIGN_TWO] + ["1٠٠m", "１０２４Mi"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        ".",
+        "+",
+        "e3",
+        "1e3Gi",
+        "1ee3",
+        "1e1000",
+        "1e99999999",
+        "Gi",
+        "1 Gi",
+        "1gi",
+        "0x10",
+        "1_000",
+        "inf",
+        "nan",
+        float("nan"),
+        float("inf"),
+        None,
+        [],
+        {},
+        b"1",
+        False,
+        "1" * 5000,
+    ]
+    + FOREIGN_TWO
+    + [f"{d}Gi" for d in FOREIGN_TWO]
+    + ["1٠٠m", "１０２４Mi"],  # noqa: RUF001 - look-alike digits on purpose
+)
 def test_everything_else_is_a_quantity_error_naming_the_accepted_forms(bad):
     with pytest.raises(quantity.QuantityError) as err:
         quantity.parse_quantity(bad)
@@ -73,7 +119,9 @@ def test_ascii_int_and_float_refuse_foreign_digits_that_python_accepts(digit):
         quantity.ascii_int(digit)
     with pytest.raises(ValueError, match="ASCII"):
         quantity.ascii_float(digit)
-    assert quantity.ascii_int(" 7 ") == 7 and quantity.ascii_int(3) == 3 and quantity.ascii_float("1.5") == 1.5
+    assert (
+        quantity.ascii_int(" 7 ") == 7 and quantity.ascii_int(3) == 3 and quantity.ascii_float("1.5") == 1.5
+    )
 
 
 def test_ascii_int_turns_overflow_into_a_value_error():
@@ -81,9 +129,14 @@ def test_ascii_int_turns_overflow_into_a_value_error():
         quantity.ascii_int(float("inf"))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("cpu", "٦٤"), ("memory", "５１２Gi"), ("nvidia.com/gpu", "८"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("cpu", "٦٤"),
+        ("memory", "５１２Gi"),  # noqa: RUF001 - look-alike digits on purpose
+        ("nvidia.com/gpu", "८"),
+    ],
+)
 def test_node_with_foreign_digits_keeps_its_other_fields_and_reports_the_bad_one(field, value):
     obj = node("n1", 4)
     obj["status"]["allocatable"][field] = value
@@ -91,14 +144,17 @@ def test_node_with_foreign_digits_keeps_its_other_fields_and_reports_the_bad_one
     info = kube.node_from_object(obj, None, problems)
     assert info.name == "n1" and len(problems) == 1 and field in problems[0] and repr(value) in problems[0]
     assert (info.cpu_milli, info.memory_mib, len(info.devices)) == {
-        "cpu": (0, 512 * 1024, 4), "memory": (64000, 0, 4), "nvidia.com/gpu": (64000, 512 * 1024, 0)}[field]
+        "cpu": (0, 512 * 1024, 4),
+        "memory": (64000, 0, 4),
+        "nvidia.com/gpu": (64000, 512 * 1024, 0),
+    }[field]
 
 
 def test_node_gpu_memory_label_and_device_annotation_take_ascii_digits_only():
     problems: list[str] = []
-    info = kube.node_from_object(node("n", 2, gpu_memory="٤٠٩٦0"), None, problems)
+    info = kube.node_from_object(node("n", 2, gpu_memory="٤٠٩٦0"), None, problems)  # noqa: RUF001
     assert {d.memory_mib for d in info.devices} == {0} and kube.GPU_MEMORY_LABEL in problems[0]
-    for devices in ([{"index": "٣"}], [{"index": 0, "memoryMiB": "８"}]):
+    for devices in ([{"index": "٣"}], [{"index": 0, "memoryMiB": "８"}]):  # noqa: RUF001
         problems = []
         info = kube.node_from_object(node("n", 2, devices=devices), None, problems)
         assert [d.index for d in info.devices] == [0, 1]  # the annotation is ignored, allocatable stands
@@ -115,9 +171,11 @@ def test_device_annotations_that_used_to_crash_the_node_parser_are_reported(text
 
 
 def test_placements_with_foreign_digits_or_deep_nesting_do_not_decode():
-    good = json.loads(kube.encode_placement(kube.placement_from_dict({"id": "r", "node": "n", "devices": [1]})))
+    good = json.loads(
+        kube.encode_placement(kube.placement_from_dict({"id": "r", "node": "n", "devices": [1]}))
+    )
     assert kube.decode_placement(json.dumps(good)).devices == (1,)
-    for field, value in (("devices", ["٣"]), ("cpu", "１"), ("score", "١.٥"), ("cpu", float("inf"))):
+    for field, value in (("devices", ["٣"]), ("cpu", "１"), ("score", "١.٥"), ("cpu", float("inf"))):  # noqa: RUF001
         assert kube.decode_placement(json.dumps({**good, field: value})) is None
     assert kube.decode_placement("[" * 100_000) is None
 

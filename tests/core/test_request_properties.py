@@ -29,11 +29,36 @@ from allocator.core.request import (
 from tests.core.core_factory import node
 
 # any value a YAML author (or a fuzzer) could put in an annotation or a quantity field
-texts = st.text(max_size=40) | st.sampled_from([
-    "", "0", "1", "2", "-1", "1.5", "1e3", "1e999", "1e1000", "16Gi", "100Gb", "high", "true", "0=n:0",
-    "0=n:0,1\n1=m:2", "٢", "２", "१", "１０２４", "0=leaf-0-node-0:٣", "٣=n:0", "\u00a0", "[" * 50,
-])
-values = texts | st.integers(-(2**70), 2**70) | st.floats() | st.booleans() | st.none() | st.lists(st.integers())
+texts = st.text(max_size=40) | st.sampled_from(
+    [
+        "",
+        "0",
+        "1",
+        "2",
+        "-1",
+        "1.5",
+        "1e3",
+        "1e999",
+        "1e1000",
+        "16Gi",
+        "100Gb",
+        "high",
+        "true",
+        "0=n:0",
+        "0=n:0,1\n1=m:2",
+        "٢",
+        "２",  # noqa: RUF001 - look-alike digits on purpose
+        "१",
+        "１０２４",  # noqa: RUF001 - look-alike digits on purpose
+        "0=leaf-0-node-0:٣",
+        "٣=n:0",
+        "\u00a0",
+        "[" * 50,
+    ]
+)
+values = (
+    texts | st.integers(-(2**70), 2**70) | st.floats() | st.booleans() | st.none() | st.lists(st.integers())
+)
 
 
 def _is_foreign_digit(c: str) -> bool:
@@ -42,15 +67,19 @@ def _is_foreign_digit(c: str) -> bool:
 
 # every Unicode decimal digit that is not 0-9: Arabic-Indic, fullwidth, Devanagari, Bengali, Thai, ...
 foreign_digit = st.characters(categories=["Nd"]).filter(_is_foreign_digit)
-# a number with at least one foreign digit among ASCII ones ("1٠", "٢", "１０２４")
-foreign_number = st.lists(st.sampled_from("0123456789") | foreign_digit, min_size=0, max_size=4).flatmap(
-    lambda digits: st.tuples(st.just(digits), foreign_digit, st.integers(0, len(digits)))
-).map(lambda t: "".join(t[0][: t[2]]) + t[1] + "".join(t[0][t[2]:]))
+# a number with at least one foreign digit among ASCII ones ("1٠", "٢", "１０２４")  # noqa: RUF003
+foreign_number = (
+    st.lists(st.sampled_from("0123456789") | foreign_digit, min_size=0, max_size=4)
+    .flatmap(lambda digits: st.tuples(st.just(digits), foreign_digit, st.integers(0, len(digits))))
+    .map(lambda t: "".join(t[0][: t[2]]) + t[1] + "".join(t[0][t[2] :]))
+)
 
 
 def pod(annotations: dict, labels: dict | None = None, name: str = "p") -> dict:
-    return {"metadata": {"name": name, "namespace": "ml", "annotations": annotations, "labels": labels or {}},
-            "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}
+    return {
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations, "labels": labels or {}},
+        "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]},
+    }
 
 
 # ------------------------------------------------------------------------------------- nothing crashes
@@ -129,7 +158,9 @@ def test_foreign_digits_are_never_a_map_index_or_device(number, key):
     _refused({key: f"{number}=leaf-0-node-0:0"}, key)
     _refused({key: f"0=leaf-0-node-0:{number}"}, key)
     _refused({key: f"0=leaf-0-node-0:0,{number}"}, key)
-    _refused({key: "0=n:0\n1=n:1"}, "apps.kubernetes.io/pod-index", labels={"apps.kubernetes.io/pod-index": number})
+    _refused(
+        {key: "0=n:0\n1=n:1"}, "apps.kubernetes.io/pod-index", labels={"apps.kubernetes.io/pod-index": number}
+    )
     assert scheduling_map_index({"metadata": {"name": f"gpu-test-{number}"}}) == 0  # not an index: entry 0
 
 
@@ -145,13 +176,16 @@ def test_foreign_digits_are_never_a_quantity(number, suffix):
     assert err.value.annotation == "spec.containers[0].resources.limits[nvidia.com/gpu]"
 
 
-@pytest.mark.parametrize("annotations,named", [
-    ({GPU_COUNT: "٢"}, GPU_COUNT),
-    ({GPU_COUNT: "２"}, GPU_COUNT),
-    ({GPU_COUNT: "1", GPU_MEMORY: "１０２４"}, GPU_MEMORY),
-    ({SCHEDULING_MAP: "0=leaf-0-node-0:٣"}, SCHEDULING_MAP),
-    ({GPU_COUNT: "1", PRIORITY: "१०"}, PRIORITY),
-])
+@pytest.mark.parametrize(
+    "annotations,named",
+    [
+        ({GPU_COUNT: "٢"}, GPU_COUNT),
+        ({GPU_COUNT: "２"}, GPU_COUNT),  # noqa: RUF001 - look-alike digits on purpose
+        ({GPU_COUNT: "1", GPU_MEMORY: "１０２４"}, GPU_MEMORY),  # noqa: RUF001 - look-alike digits on purpose
+        ({SCHEDULING_MAP: "0=leaf-0-node-0:٣"}, SCHEDULING_MAP),
+        ({GPU_COUNT: "1", PRIORITY: "१०"}, PRIORITY),
+    ],
+)
 def test_the_reported_examples_are_denied_with_the_annotation_and_value(annotations, named):
     err = _refused(annotations, named)
     assert repr(annotations[named]) in str(err) and "expected" in str(err)
@@ -165,8 +199,11 @@ def _request(annotations: dict, name: str = "p"):
 
 
 @settings(max_examples=200, deadline=None)
-@given(value=st.integers(-(2**31), 2**31 - 1) | st.sampled_from(list(PRIORITY_WORDS)),
-       upper=st.booleans(), pad=st.sampled_from(["", " ", "\t"]))
+@given(
+    value=st.integers(-(2**31), 2**31 - 1) | st.sampled_from(list(PRIORITY_WORDS)),
+    upper=st.booleans(),
+    pad=st.sampled_from(["", " ", "\t"]),
+)
 def test_priority_is_an_integer_or_a_word_of_the_table(value, upper, pad):
     text = str(value).upper() if upper else str(value)
     expected = PRIORITY_WORDS[value] if isinstance(value, str) else value
@@ -174,8 +211,10 @@ def test_priority_is_an_integer_or_a_word_of_the_table(value, upper, pad):
 
 
 @settings(max_examples=300, deadline=None)
-@given(number=st.integers(0, 10**8) | st.decimals(0, 10**6, places=3).map(str),
-       suffix=st.sampled_from(["k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"]))
+@given(
+    number=st.integers(0, 10**8) | st.decimals(0, 10**6, places=3).map(str),
+    suffix=st.sampled_from(["k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"]),
+)
 def test_memory_quantities_are_bytes_rounded_up_to_whole_mib(number, suffix):
     text = f"{number}{suffix}"
     mib = math.ceil(Fraction(str(number)) * quantity.SUFFIXES[suffix] / quantity.MIB)
@@ -186,12 +225,21 @@ def test_memory_quantities_are_bytes_rounded_up_to_whole_mib(number, suffix):
 
 
 @settings(max_examples=300, deadline=None)
-@given(whole=st.integers(0, 10**6), tenths=st.integers(0, 9), prefix=st.sampled_from("kKmMgGtT"),
-       unit=st.sampled_from(["", "b", "bps", "bit/s"]), space=st.sampled_from(["", " "]))
+@given(
+    whole=st.integers(0, 10**6),
+    tenths=st.integers(0, 9),
+    prefix=st.sampled_from("kKmMgGtT"),
+    unit=st.sampled_from(["", "b", "bps", "bit/s"]),
+    space=st.sampled_from(["", " "]),
+)
 def test_bandwidths_are_gbit_per_second(whole, tenths, prefix, unit, space):
     text = f"{whole}.{tenths}{space}{prefix}{unit}"
-    gbps = (Fraction(whole) + Fraction(tenths, 10)) * {"k": Fraction(1, 10**6), "m": Fraction(1, 1000),
-                                                        "g": 1, "t": 1000}[prefix.lower()]
+    gbps = (Fraction(whole) + Fraction(tenths, 10)) * {
+        "k": Fraction(1, 10**6),
+        "m": Fraction(1, 1000),
+        "g": 1,
+        "t": 1000,
+    }[prefix.lower()]
     if gbps > 0:
         r = _request({NETWORK_BANDWIDTH: text})
         assert (r.network_bandwidth, r.network_bandwidth_gbps) == (None, float(gbps))
@@ -200,8 +248,11 @@ def test_bandwidths_are_gbit_per_second(whole, tenths, prefix, unit, space):
 
 
 @settings(max_examples=200, deadline=None)
-@given(stem=st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True), index=st.integers(0, 10**6),
-       labelled=st.none() | st.integers(0, 10**6))
+@given(
+    stem=st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True),
+    index=st.integers(0, 10**6),
+    labelled=st.none() | st.integers(0, 10**6),
+)
 def test_map_index_is_the_label_else_the_trailing_number_of_the_name(stem, index, labelled):
     labels = {} if labelled is None else {"apps.kubernetes.io/pod-index": str(labelled)}
     p = {"metadata": {"name": f"{stem}-{index}", "labels": labels}}

@@ -28,7 +28,9 @@ K8S_SCHEMA_VERSION = "1.32.0"
 NAMESPACE = "gpuledger-system"
 SERVICE_ACCOUNT = "gpuledger"
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not on PATH")
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with kustomize) not on PATH"
+)
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -45,7 +47,9 @@ def objects(docs, kind: str) -> list[dict]:
 
 def one(docs, kind: str, name: str | None = None) -> dict:
     found = [d for d in objects(docs, kind) if name is None or d["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    assert len(found) == 1, (
+        f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    )
     return found[0]
 
 
@@ -125,12 +129,18 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 def all_pod_specs(docs) -> list[tuple[str, dict]]:
-    specs = [(f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
-             for d in objects(docs, "Deployment") + objects(docs, "DaemonSet")]
+    specs = [
+        (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
+        for d in objects(docs, "Deployment") + objects(docs, "DaemonSet")
+    ]
     for rc in objects(docs, "RayCluster"):
-        specs.append((f"RayCluster/{rc['metadata']['name']}/head", rc["spec"]["headGroupSpec"]["template"]["spec"]))
+        specs.append(
+            (f"RayCluster/{rc['metadata']['name']}/head", rc["spec"]["headGroupSpec"]["template"]["spec"])
+        )
         for group in rc["spec"].get("workerGroupSpecs", []):
-            specs.append((f"RayCluster/{rc['metadata']['name']}/{group['groupName']}", group["template"]["spec"]))
+            specs.append(
+                (f"RayCluster/{rc['metadata']['name']}/{group['groupName']}", group["template"]["spec"])
+            )
     return specs
 
 
@@ -139,13 +149,35 @@ CRD_KINDS = {"RayCluster", "ServiceMonitor", "Certificate", "Issuer"}
 POD_TEMPLATE = "pod-template"  # validated as a real Pod by kubernetes-validate
 GO_DURATION = re.compile(r"^(\d+(\.\d+)?(h|m|s|ms|us|ns))+$")
 CERT_USAGES = {
-    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
-    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any", "server auth",
-    "client auth", "code signing", "email protection", "s/mime", "ipsec end system", "ipsec tunnel",
-    "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc",
+    "signing",
+    "digital signature",
+    "content commitment",
+    "key encipherment",
+    "key agreement",
+    "data encipherment",
+    "cert sign",
+    "crl sign",
+    "encipher only",
+    "decipher only",
+    "any",
+    "server auth",
+    "client auth",
+    "code signing",
+    "email protection",
+    "s/mime",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "timestamping",
+    "ocsp signing",
+    "microsoft sgc",
+    "netscape sgc",
 }
 STR_MAP = {"*": str}
-LABEL_SELECTOR = {"?matchLabels": STR_MAP, "?matchExpressions": [{"key": str, "operator": str, "?values": [str]}]}
+LABEL_SELECTOR = {
+    "?matchLabels": STR_MAP,
+    "?matchExpressions": [{"key": str, "operator": str, "?values": [str]}],
+}
 METADATA = {"name": str, "?namespace": str, "?labels": STR_MAP, "?annotations": STR_MAP}
 ISSUER_REF = {"name": str, "?kind": {"Issuer", "ClusterIssuer"}, "?group": {"cert-manager.io"}}
 RAY_GROUP_COMMON = {"?rayStartParams": STR_MAP, "template": POD_TEMPLATE}
@@ -153,48 +185,82 @@ RAY_GROUP_COMMON = {"?rayStartParams": STR_MAP, "template": POD_TEMPLATE}
 # monitoring.coreos.com/v1, cert-manager.io/v1. Only the fields used here are listed; an unknown one fails.
 CRD_SCHEMAS: dict[tuple[str, str], dict] = {
     ("ray.io/v1", "RayCluster"): {
-        "apiVersion": str, "kind": str, "metadata": METADATA,
+        "apiVersion": str,
+        "kind": str,
+        "metadata": METADATA,
         "spec": {
             "?rayVersion": str,
             "?enableInTreeAutoscaling": bool,
             "?gcsFaultToleranceOptions": {
-                "redisAddress": str, "?externalStorageNamespace": str,
+                "redisAddress": str,
+                "?externalStorageNamespace": str,
                 "?redisPassword": {"?value": str, "?valueFrom": dict},
                 "?redisUsername": {"?value": str, "?valueFrom": dict},
             },
             "headGroupSpec": {"?serviceType": {"ClusterIP", "NodePort", "LoadBalancer"}, **RAY_GROUP_COMMON},
             "?workerGroupSpecs": [
-                {"groupName": str, "?replicas": int, "minReplicas": int, "maxReplicas": int, **RAY_GROUP_COMMON}
+                {
+                    "groupName": str,
+                    "?replicas": int,
+                    "minReplicas": int,
+                    "maxReplicas": int,
+                    **RAY_GROUP_COMMON,
+                }
             ],
         },
     },
     ("monitoring.coreos.com/v1", "ServiceMonitor"): {
-        "apiVersion": str, "kind": str, "metadata": METADATA,
+        "apiVersion": str,
+        "kind": str,
+        "metadata": METADATA,
         "spec": {
             "selector": LABEL_SELECTOR,
             "?namespaceSelector": {"?matchNames": [str], "?any": bool},
             "endpoints": [
-                {"?port": str, "?path": str, "?scheme": {"http", "https"}, "?interval": GO_DURATION,
-                 "?scrapeTimeout": GO_DURATION,
-                 "?tlsConfig": {"?serverName": str, "?insecureSkipVerify": bool,
-                                "?ca": {"?secret": {"name": str, "key": str}, "?configMap": {"name": str, "key": str}}}}
+                {
+                    "?port": str,
+                    "?path": str,
+                    "?scheme": {"http", "https"},
+                    "?interval": GO_DURATION,
+                    "?scrapeTimeout": GO_DURATION,
+                    "?tlsConfig": {
+                        "?serverName": str,
+                        "?insecureSkipVerify": bool,
+                        "?ca": {
+                            "?secret": {"name": str, "key": str},
+                            "?configMap": {"name": str, "key": str},
+                        },
+                    },
+                }
             ],
         },
     },
     ("cert-manager.io/v1", "Certificate"): {
-        "apiVersion": str, "kind": str, "metadata": METADATA,
+        "apiVersion": str,
+        "kind": str,
+        "metadata": METADATA,
         "spec": {
-            "secretName": str, "issuerRef": ISSUER_REF, "?commonName": str, "?dnsNames": [str],
-            "?ipAddresses": [str], "?isCA": bool, "?duration": GO_DURATION, "?renewBefore": GO_DURATION,
+            "secretName": str,
+            "issuerRef": ISSUER_REF,
+            "?commonName": str,
+            "?dnsNames": [str],
+            "?ipAddresses": [str],
+            "?isCA": bool,
+            "?duration": GO_DURATION,
+            "?renewBefore": GO_DURATION,
             "?usages": [CERT_USAGES],
             "?privateKey": {
-                "?algorithm": {"RSA", "ECDSA", "Ed25519"}, "?size": int, "?rotationPolicy": {"Never", "Always"},
+                "?algorithm": {"RSA", "ECDSA", "Ed25519"},
+                "?size": int,
+                "?rotationPolicy": {"Never", "Always"},
                 "?encoding": {"PKCS1", "PKCS8"},
             },
         },
     },
     ("cert-manager.io/v1", "Issuer"): {
-        "apiVersion": str, "kind": str, "metadata": METADATA,
+        "apiVersion": str,
+        "kind": str,
+        "metadata": METADATA,
         "spec": {"?selfSigned": {}, "?ca": {"secretName": str}},
     },
 }
@@ -204,8 +270,12 @@ def check_structure(value, spec, path: str = "") -> list[str]:
     """Errors of `value` against a small spec: a type, a set of allowed values, a regex, a list of one spec,
     a dict of fields ("?" prefix = optional, "*" = any key), or POD_TEMPLATE."""
     if spec is POD_TEMPLATE:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template", **value.get("metadata", {})},
-               "spec": value["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "template", **value.get("metadata", {})},
+            "spec": value["spec"],
+        }
         try:
             kubernetes_validate.validate(pod, K8S_SCHEMA_VERSION, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -217,7 +287,9 @@ def check_structure(value, spec, path: str = "") -> list[str]:
     if isinstance(spec, set):
         return [] if value in spec else [f"{path}: {value!r} not one of {sorted(spec)}"]
     if isinstance(spec, re.Pattern):
-        return [] if isinstance(value, str) and spec.match(value) else [f"{path}: {value!r} !~ {spec.pattern}"]
+        return (
+            [] if isinstance(value, str) and spec.match(value) else [f"{path}: {value!r} !~ {spec.pattern}"]
+        )
     if isinstance(spec, list):
         if not isinstance(value, list):
             return [f"{path}: expected a list"]
@@ -229,7 +301,9 @@ def check_structure(value, spec, path: str = "") -> list[str]:
             return [e for k, v in value.items() for e in check_structure(v, spec["*"], f"{path}.{k}")]
         fields = {k.lstrip("?"): (k.startswith("?"), s) for k, s in spec.items()}
         errors = [f"{path}.{k}: unknown field" for k in value if k not in fields]
-        errors += [f"{path}.{k}: required" for k, (optional, _) in fields.items() if not optional and k not in value]
+        errors += [
+            f"{path}.{k}: required" for k, (optional, _) in fields.items() if not optional and k not in value
+        ]
         for k, v in value.items():
             if k in fields:
                 errors += check_structure(v, fields[k][1], f"{path}.{k}")
@@ -279,8 +353,14 @@ def test_namespaced_objects_live_in_the_gpuledger_namespace(path):
     docs = render(path)
     namespaces = {d["metadata"]["name"] for d in objects(docs, "Namespace")}
     assert namespaces == {NAMESPACE}
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
-                      "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "PriorityClass",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
     for d in docs:
         if d["kind"] not in cluster_scoped:
             assert d["metadata"].get("namespace") == NAMESPACE, d["metadata"]["name"]
@@ -306,7 +386,11 @@ def test_every_pod_meets_the_restricted_pod_security_standard(path):
             assert sc.get("privileged") in (None, False), (where, c["name"])
             # requests and limits on everything: the webhook must not be starved or starve its node
             for kind in ("requests", "limits"):
-                assert {"cpu", "memory"} <= set(c.get("resources", {}).get(kind, {})), (where, c["name"], kind)
+                assert {"cpu", "memory"} <= set(c.get("resources", {}).get(kind, {})), (
+                    where,
+                    c["name"],
+                    kind,
+                )
         # a read-only root needs somewhere to write: every Ray/webhook pod mounts /tmp
         mounts = {m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
         assert "/tmp" in mounts or where.startswith("Deployment/gpuledger-redis"), where
@@ -336,7 +420,9 @@ def test_webhook_deployment(path):
 
     # one replica per node
     terms = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert any(t["topologyKey"] == "kubernetes.io/hostname" and selects(t["labelSelector"], labels) for t in terms)
+    assert any(
+        t["topologyKey"] == "kubernetes.io/hostname" and selects(t["labelSelector"], labels) for t in terms
+    )
 
     # a PodDisruptionBudget covers the pods
     pdbs = [p for p in objects(docs, "PodDisruptionBudget") if selects(p["spec"]["selector"], labels)]
@@ -353,7 +439,11 @@ def test_webhook_deployment(path):
     named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert named_ports["https"] == port
     # probes over HTTPS on the serving port
-    for probe, path_ in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
+    for probe, path_ in (
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ):
         get = container[probe]["httpGet"]
         assert get["path"] == path_ and get["scheme"] == "HTTPS"
         assert named_ports.get(get["port"], get["port"]) == port
@@ -386,7 +476,8 @@ def test_webhook_deployment(path):
 
 
 def test_serve_accepts_the_rendered_arguments():
-    """Every overlay's `gpuledger serve` argv parses with the real CLI parser, and the mounted config loads."""
+    """Every overlay's `gpuledger serve` argv parses with the real CLI parser, and the mounted config
+    loads."""
     serve = pytest.importorskip("webhook.serve")
     config_module = pytest.importorskip("webhook.config")
     for path in ALL:
@@ -395,7 +486,9 @@ def test_serve_accepts_the_rendered_arguments():
         args = serve.build_parser().parse_args(argv[2:])
         assert args.port == 8443 and args.hmac_key_file
         config_path = flag(argv, "--config")
-        _, volume = mount_for(webhook_container(docs), webhook_deployment(docs)["spec"]["template"]["spec"], config_path)
+        _, volume = mount_for(
+            webhook_container(docs), webhook_deployment(docs)["spec"]["template"]["spec"], config_path
+        )
         text = one(docs, "ConfigMap", volume["configMap"]["name"])["data"][PurePosixPath(config_path).name]
         config = config_module.WebhookConfig.from_mapping(yaml.safe_load(text))
         # the webhook's own deadline leaves room inside the API server's timeout
@@ -428,14 +521,23 @@ def test_dockerfile_is_multi_stage_and_non_root_matching_the_pods():
         assert spec["securityContext"]["runAsUser"] == int(uid)
         assert spec["securityContext"]["runAsGroup"] == int(gid or uid)
     # the image the manifests name is the one this Dockerfile documents building
-    images = {c["image"] for path in ALL for _, s in all_pod_specs(render(path)) for c in s["containers"]
-              if "gpuledger" in c["image"]}
+    images = {
+        c["image"]
+        for path in ALL
+        for _, s in all_pod_specs(render(path))
+        for c in s["containers"]
+        if "gpuledger" in c["image"]
+    }
     assert len(images) == 1
     assert f"-t {images.pop()} ." in (REPO / "Dockerfile").read_text()
 
 
 def test_dockerignore_keeps_secrets_and_the_venv_out():
-    lines = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and l[0] != "#"]
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and line[0] != "#"
+    ]
     assert lines[0] == "*"  # deny by default, then allow only the package sources
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     assert allowed <= {"pyproject.toml", "README.md", "allocator", "webhook", "certs"}
@@ -466,12 +568,20 @@ def test_webhook_configurations(path):
         (webhook,) = config["webhooks"]
         path_, operations = expected[id(config)]
         ref = webhook["clientConfig"]["service"]
-        assert (ref["name"], ref["namespace"]) == (service["metadata"]["name"], service["metadata"]["namespace"])
+        assert (ref["name"], ref["namespace"]) == (
+            service["metadata"]["name"],
+            service["metadata"]["namespace"],
+        )
         assert ref["path"] == path_
         assert service_ports[ref.get("port", 443)]["targetPort"] == "https"
         assert webhook["rules"] == [
-            {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["pods"],
-             "scope": "Namespaced"}
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": operations,
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
         ]
         assert webhook["admissionReviewVersions"] == ["v1"]
         assert webhook["sideEffects"] == "NoneOnDryRun"
@@ -506,8 +616,14 @@ def test_rbac_is_least_privilege():
     docs = render(BASE)
     role = one(docs, "ClusterRole", "gpuledger")
     binding = one(docs, "ClusterRoleBinding", "gpuledger")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuledger"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpuledger",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
+    ]
     assert not objects(docs, "Role") and not objects(docs, "RoleBinding")
     granted: dict[tuple[str, str], set[str]] = {}
     names: dict[tuple[str, str], list[str]] = {}
@@ -537,10 +653,12 @@ def test_rbac_is_least_privilege():
     }
     # write access to webhook configurations only by name, and only to the ones rendered here
     assert names == {
-        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"):
-            [one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]],
-        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"):
-            [one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]],
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): [
+            one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
+        ],
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): [
+            one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]
+        ],
     }
 
 
@@ -571,9 +689,13 @@ def test_network_policy_admits_only_the_apiserver_prometheus_and_ray(path):
     ray_clusters = [rc["metadata"]["name"] for rc in objects(docs, "RayCluster")]
     for port, peer in admitted:
         assert port == https or (
-            port is None and ray_clusters and peer is not None
-            and (selects(peer["podSelector"], {"ray.io/cluster": ray_clusters[0]})
-                 or selects(peer["podSelector"], pod_labels))
+            port is None
+            and ray_clusters
+            and peer is not None
+            and (
+                selects(peer["podSelector"], {"ray.io/cluster": ray_clusters[0]})
+                or selects(peer["podSelector"], pod_labels)
+            )
         ), (port, peer)
     if not ray_clusters:
         assert admitted == [(https, None)]
@@ -582,7 +704,10 @@ def test_network_policy_admits_only_the_apiserver_prometheus_and_ray(path):
 def test_ray_and_redis_only_talk_to_each_other_and_the_webhook():
     docs = render(OVERLAYS["prod"])
     rc = one(docs, "RayCluster")
-    ray_labels = {"ray.io/cluster": rc["metadata"]["name"], **rc["spec"]["headGroupSpec"]["template"]["metadata"]["labels"]}
+    ray_labels = {
+        "ray.io/cluster": rc["metadata"]["name"],
+        **rc["spec"]["headGroupSpec"]["template"]["metadata"]["labels"],
+    }
     webhook_labels = webhook_deployment(docs)["spec"]["template"]["metadata"]["labels"]
     admitted = ingress_peers(docs, ray_labels)
     assert admitted
@@ -593,7 +718,9 @@ def test_ray_and_redis_only_talk_to_each_other_and_the_webhook():
     redis_labels = redis["spec"]["template"]["metadata"]["labels"]
     redis_port = redis["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
     admitted = ingress_peers(docs, redis_labels)
-    assert admitted and all(port == redis_port and selects(peer["podSelector"], ray_labels) for port, peer in admitted)
+    assert admitted and all(
+        port == redis_port and selects(peer["podSelector"], ray_labels) for port, peer in admitted
+    )
     assert not any(selects(peer["podSelector"], webhook_labels) for _, peer in admitted)
 
 
@@ -626,7 +753,10 @@ def test_prod_webhook_pods_join_the_ray_cluster_as_nodes(name):
     address = flag(start, "--address").replace("${RAY_HEAD_ADDRESS}", env["RAY_HEAD_ADDRESS"])
     host, port = address.rsplit(":", 1)
     assert host.split(".")[:2] == [f"{rc['metadata']['name']}-head-svc", rc["metadata"]["namespace"]]
-    head_ports = {p["name"]: p["containerPort"] for p in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    head_ports = {
+        p["name"]: p["containerPort"]
+        for p in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
+    }
     assert int(port) == head_ports["gcs-server"]
     # a CPU-less node: the ledger actor (which needs a CPU) is never placed on a webhook pod
     assert flag(start, "--num-cpus") == "0" and flag(start, "--num-gpus") == "0"
@@ -640,7 +770,9 @@ def test_prod_webhook_pods_join_the_ray_cluster_as_nodes(name):
     # survive a head restart: keep reconnecting to the GCS longer than the head takes to come back
     assert int(env["RAY_gcs_rpc_server_reconnect_timeout_s"]) >= 60
     # same image everywhere: the actor's code must import on the Ray workers, with the same Ray and Python
-    images = {c["image"] for _, spec in all_pod_specs(docs) for c in spec["containers"] if "redis" not in c["image"]}
+    images = {
+        c["image"] for _, spec in all_pod_specs(docs) for c in spec["containers"] if "redis" not in c["image"]
+    }
     assert images == {container["image"]}
 
 
@@ -654,7 +786,9 @@ def test_ray_cluster_has_gcs_fault_tolerance_on_the_rendered_redis():
     assert service["metadata"]["namespace"] == namespace
     assert int(port) in {p["port"] for p in service["spec"]["ports"]}
     redis = one(docs, "Deployment", name)
-    assert selects({"matchLabels": service["spec"]["selector"]}, redis["spec"]["template"]["metadata"]["labels"])
+    assert selects(
+        {"matchLabels": service["spec"]["selector"]}, redis["spec"]["template"]["metadata"]["labels"]
+    )
     # the legacy annotation must not be combined with gcsFaultToleranceOptions
     assert "ray.io/ft-enabled" not in rc["metadata"].get("annotations", {})
     # the head takes no actors, so a head restart leaves the ledger actor (on a worker) running
@@ -674,22 +808,37 @@ def test_ray_version_matches_the_image():
 def test_cert_manager_issues_the_mounted_secret_for_the_service_names():
     docs = render(OVERLAYS["cert-manager"])
     service = one(docs, "Service", "gpuledger")
-    tls_volume = next(v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
-    serving = next(c for c in objects(docs, "Certificate") if c["spec"]["secretName"] == tls_volume["secret"]["secretName"])
+    tls_volume = next(
+        v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"
+    )
+    serving = next(
+        c
+        for c in objects(docs, "Certificate")
+        if c["spec"]["secretName"] == tls_volume["secret"]["secretName"]
+    )
     spec = serving["spec"]
-    assert spec["dnsNames"] == pki.service_dns_names(service["metadata"]["name"], service["metadata"]["namespace"])
+    assert spec["dnsNames"] == pki.service_dns_names(
+        service["metadata"]["name"], service["metadata"]["namespace"]
+    )
     assert "server auth" in spec["usages"] and spec["privateKey"]["algorithm"] == "ECDSA"
     assert not spec.get("isCA")
 
     def hours(text: str) -> float:
-        return sum(float(v) * {"h": 1, "m": 1 / 60, "s": 1 / 3600}[u] for v, u in re.findall(r"([\d.]+)([hms])", text))
+        return sum(
+            float(v) * {"h": 1, "m": 1 / 60, "s": 1 / 3600}[u]
+            for v, u in re.findall(r"([\d.]+)([hms])", text)
+        )
 
     # renewed at two thirds of its lifetime, like `gpuledger certs rotate`
     assert hours(spec["renewBefore"]) / hours(spec["duration"]) == pytest.approx(1 / 3)
     # the issuer chain resolves to rendered objects and ends in a CA certificate whose key survives renewal
     issuers = {i["metadata"]["name"]: i for i in objects(docs, "Issuer")}
     ca_issuer = issuers[spec["issuerRef"]["name"]]
-    ca_cert = next(c for c in objects(docs, "Certificate") if c["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"])
+    ca_cert = next(
+        c
+        for c in objects(docs, "Certificate")
+        if c["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"]
+    )
     assert ca_cert["spec"]["isCA"] is True
     assert ca_cert["spec"]["privateKey"]["rotationPolicy"] == "Never"
     assert "selfSigned" in issuers[ca_cert["spec"]["issuerRef"]["name"]]["spec"]
@@ -712,20 +861,61 @@ def test_overlays_without_cert_manager_carry_no_injection():
 # ------------------------------------------------------------------------------------------- monitoring
 # the metrics the webhook exports (webhook/metrics.py, when present, is the authority: see known_metrics)
 EXPORTED_METRICS = {
-    "agentaflow_gpu_total", "agentaflow_gpu_available", "agentaflow_gpu_utilization",
-    "agentaflow_workloads_pending", "agentaflow_workloads_running", "agentaflow_scheduling_duration",
-    "topology_scheduler_latency_seconds", "topology_placement_decisions_total",
-    "topology_domain_utilization_ratio", "topology_gpu_allocation_ratio", "topology_domain_fragmentation_ratio",
-    "gpuledger_admission_duration_seconds", "gpuledger_admission_in_flight", "gpuledger_handler_failures_total",
-    "topology_scheduler_placement_duration_seconds", "topology_scheduler_recovery_duration_seconds",
+    "agentaflow_gpu_total",
+    "agentaflow_gpu_available",
+    "agentaflow_gpu_utilization",
+    "agentaflow_workloads_pending",
+    "agentaflow_workloads_running",
+    "agentaflow_scheduling_duration",
+    "topology_scheduler_latency_seconds",
+    "topology_placement_decisions_total",
+    "topology_domain_utilization_ratio",
+    "topology_gpu_allocation_ratio",
+    "topology_domain_fragmentation_ratio",
+    "gpuledger_admission_duration_seconds",
+    "gpuledger_admission_in_flight",
+    "gpuledger_handler_failures_total",
+    "topology_scheduler_placement_duration_seconds",
+    "topology_scheduler_recovery_duration_seconds",
     "topology_scheduler_domain_fragmentation_ratio",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {
-    "sum", "avg", "min", "max", "count", "rate", "irate", "increase", "histogram_quantile", "by", "without",
-    "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "topk", "bottomk", "clamp_min",
-    "clamp_max", "abs", "delta", "deriv", "avg_over_time", "max_over_time", "min_over_time", "offset",
-    "bool", "le", "quantile", "vector", "scalar", "time",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "rate",
+    "irate",
+    "increase",
+    "histogram_quantile",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "topk",
+    "bottomk",
+    "clamp_min",
+    "clamp_max",
+    "abs",
+    "delta",
+    "deriv",
+    "avg_over_time",
+    "max_over_time",
+    "min_over_time",
+    "offset",
+    "bool",
+    "le",
+    "quantile",
+    "vector",
+    "scalar",
+    "time",
 }
 
 
@@ -736,7 +926,7 @@ def known_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
 
         from webhook.metrics import WebhookMetrics
     except ImportError:
-        return {name: ("unknown", ()) for name in EXPORTED_METRICS}
+        return dict.fromkeys(EXPORTED_METRICS, ("unknown", ()))
     found = {}
     for collector in vars(WebhookMetrics()).values():
         if isinstance(collector, MetricWrapperBase):
@@ -771,7 +961,14 @@ def test_dashboard_queries_only_exported_metrics_and_covers_them():
         assert names, expr
         labels: set[str] = set()
         for name in names:
-            base = next((name[: -len(s)] for s in HISTOGRAM_SUFFIXES if name.endswith(s) and name[: -len(s)] in metrics), name)
+            base = next(
+                (
+                    name[: -len(s)]
+                    for s in HISTOGRAM_SUFFIXES
+                    if name.endswith(s) and name[: -len(s)] in metrics
+                ),
+                name,
+            )
             assert base in metrics, f"{name!r} in {expr!r} is not an exported metric"
             kind, label_names = metrics[base]
             if base != name:
@@ -781,7 +978,9 @@ def test_dashboard_queries_only_exported_metrics_and_covers_them():
             used.add(base)
         for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
             for label in filter(None, (g.strip() for g in grouping.split(","))):
-                assert label in labels or metrics[base][0] == "unknown", f"{label!r} is no label of {names} in {expr!r}"
+                assert label in labels or metrics[base][0] == "unknown", (
+                    f"{label!r} is no label of {names} in {expr!r}"
+                )
     assert used == set(metrics), f"metrics with no panel: {sorted(set(metrics) - used)}"
 
 
@@ -797,7 +996,9 @@ def test_dashboard_panels_use_the_datasource_variable():
 def test_service_monitor_scrapes_the_metrics_port():
     docs = render(OVERLAYS["prod"])
     monitor = one(docs, "ServiceMonitor")
-    services = [s for s in objects(docs, "Service") if selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+    services = [
+        s for s in objects(docs, "Service") if selects(monitor["spec"]["selector"], s["metadata"]["labels"])
+    ]
     assert [s["metadata"]["name"] for s in services] == ["gpuledger"]
     assert services[0]["metadata"]["namespace"] in monitor["spec"]["namespaceSelector"]["matchNames"]
     port_names = {p["name"] for p in services[0]["spec"]["ports"]}
@@ -805,21 +1006,29 @@ def test_service_monitor_scrapes_the_metrics_port():
     assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
     # scraped over the webhook's TLS, verified with the CA from the Secret the pods serve from
     assert endpoint["scheme"] == "https"
-    tls_volume = next(v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
-    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": tls_volume["secret"]["secretName"], "key": "ca.crt"}
+    tls_volume = next(
+        v for v in webhook_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"
+    )
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {
+        "name": tls_volume["secret"]["secretName"],
+        "key": "ca.crt",
+    }
     service = services[0]["metadata"]
     assert endpoint["tlsConfig"]["serverName"] in pki.service_dns_names(service["name"], service["namespace"])
     assert not objects(render(OVERLAYS["dev"]), "ServiceMonitor")  # dev needs no Prometheus operator
 
 
 def test_metric_name_extraction():
-    assert metric_names('histogram_quantile(0.99, sum by (le) (rate(a_b_bucket{x="y"}[5m])))') == {"a_b_bucket"}
+    assert metric_names('histogram_quantile(0.99, sum by (le) (rate(a_b_bucket{x="y"}[5m])))') == {
+        "a_b_bucket"
+    }
     assert metric_names("sum(x_total) / on(leaf) group_left y_ratio offset 5m") == {"x_total", "y_ratio"}
 
 
 # ------------------------------------------------------------------------------------ docs/deployment.md
 def test_deployment_guide_names_what_exists():
-    """The guide's modes, object names and CLI flags are the real ones (drift fails here, not in an outage)."""
+    """The guide's modes, object names and CLI flags are the real ones (drift fails here, not in an
+    outage)."""
     from certs import cli as certs_cli
 
     text = (REPO / "docs" / "deployment.md").read_text()
@@ -856,7 +1065,9 @@ def test_ray_commands_use_options_the_installed_ray_accepts():
     script = container_argv(container)[2]
     assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
     pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
-    lines = shell_lines(container) + [shlex.split(part) for part in re.split(r"[;&|]+", pre_stop.split("-c", 1)[1])]
+    lines = shell_lines(container) + [
+        shlex.split(part) for part in re.split(r"[;&|]+", pre_stop.split("-c", 1)[1])
+    ]
     checked = 0
     for tokens in lines:
         if tokens[:2] in (["ray", "start"], ["ray", "stop"]):

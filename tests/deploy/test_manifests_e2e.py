@@ -35,7 +35,9 @@ NOBODY = f"system:serviceaccount:{NAMESPACE}:nobody-{uuid.uuid4().hex[:6]}"
 
 def ensure_namespace(apiserver, name: str, labels: dict | None = None) -> None:
     if apiserver.kubectl("get", "namespace", name, check=False).returncode != 0:
-        apiserver.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        apiserver.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+        )
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def rules_of(apiserver, user: str, namespace: str = "team-a") -> set[tuple[str, 
     out = apiserver.kubectl("auth", "can-i", "--list", "--as", user, "-n", namespace).stdout.splitlines()
     header = out[0]
     starts = [header.index(col) for col in ("Resources", "Non-Resource URLs", "Resource Names", "Verbs")]
-    bounds = list(zip(starts, starts[1:] + [None]))
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
     return {tuple(line[a:b].strip() for a, b in bounds) for line in out[1:] if line.strip()}
 
 
@@ -77,7 +79,14 @@ def role_rows(role: dict) -> set[tuple[str, str, str, str]]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 name = f"{resource}.{group}" if group else resource
-                rows.add((name, "[]", f"[{' '.join(rule.get('resourceNames', []))}]", f"[{' '.join(rule['verbs'])}]"))
+                rows.add(
+                    (
+                        name,
+                        "[]",
+                        f"[{' '.join(rule.get('resourceNames', []))}]",
+                        f"[{' '.join(rule['verbs'])}]",
+                    )
+                )
     return rows
 
 
@@ -161,21 +170,34 @@ def test_certs_output_directory_passes_server_side_dry_run(apiserver, tmp_path):
 
     out = tmp_path / "tls"
     assert cli.main(["generate", "--out", str(out), "--overlay", str(OVERLAYS["dev"])]) == 0
-    rendered = subprocess.run(["kubectl", "kustomize", str(out)], capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(out)], capture_output=True, text=True, check=True
+    ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     proc = server_dry_run(apiserver, docs)
     assert proc.returncode == 0, proc.stderr
-    assert "secret/gpuledger-tls created (server dry run)" in proc.stdout or "secret/gpuledger-tls configured" in proc.stdout
+    assert (
+        "secret/gpuledger-tls created (server dry run)" in proc.stdout
+        or "secret/gpuledger-tls configured" in proc.stdout
+    )
 
 
 @pytest.fixture(scope="module")
 def restricted_namespace(apiserver):
     name = f"gpuledger-pss-{uuid.uuid4().hex[:6]}"
-    apiserver.apply({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted",
-                                              "pod-security.kubernetes.io/enforce-version": "latest"}},
-    })
+    apiserver.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                },
+            },
+        }
+    )
     yield name
     apiserver.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
@@ -183,11 +205,18 @@ def restricted_namespace(apiserver):
 def pod_from(spec: dict, namespace: str, name: str) -> dict:
     spec = copy.deepcopy(spec)
     spec.pop("priorityClassName", None)  # a dry run does not create the PriorityClass it would name
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
 @pytest.mark.parametrize("name", ["prod"])
-def test_every_pod_is_admitted_under_the_restricted_pod_security_standard(apiserver, restricted_namespace, name):
+def test_every_pod_is_admitted_under_the_restricted_pod_security_standard(
+    apiserver, restricted_namespace, name
+):
     specs = all_pod_specs(render(OVERLAYS[name]))
     assert len(specs) >= 4  # webhook, redis, ray head, ray workers
     for i, (where, spec) in enumerate(specs):

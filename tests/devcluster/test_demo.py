@@ -1,4 +1,5 @@
-"""`gpuledger demo` end to end, as `make demo` runs it, in both modes; in subprocesses (own Ray, own ports)."""
+"""`gpuledger demo` end to end, as `make demo` runs it, in both modes;
+in subprocesses (own Ray, own ports)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_binaries
 from devcluster.cluster import ControlPlane
+from tests.conftest import require_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,11 @@ def run_demo(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "webhook.cli", "demo", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 

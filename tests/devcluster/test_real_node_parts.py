@@ -1,5 +1,6 @@
-"""The real node's parts that need no kubelet: image tarballs, containerd's config, node credentials, and the fake
-device plugin answering the device-plugin protocol to an in-process stand-in for the kubelet's registry."""
+"""The real node's parts that need no kubelet: image tarballs, containerd's config, node credentials, and
+the fake device plugin answering the device-plugin protocol to an in-process stand-in for the kubelet's
+registry."""
 
 from __future__ import annotations
 
@@ -39,7 +40,11 @@ def test_docker_archive_names_the_image_and_its_layer_digest():
         assert tar.extractfile(entry["Layers"][0]).read() == layer
     assert entry["RepoTags"] == ["registry.k8s.io/pause:3.10"]
     assert config["rootfs"]["diff_ids"] == [f"sha256:{entry['Layers'][0].split('/')[0]}"]
-    assert (config["os"], config["architecture"], config["config"]["Entrypoint"]) == ("linux", "amd64", ["/pause"])
+    assert (config["os"], config["architecture"], config["config"]["Entrypoint"]) == (
+        "linux",
+        "amd64",
+        ["/pause"],
+    )
 
 
 @pytest.mark.skipif(not BUSYBOX.exists(), reason=f"{BUSYBOX} missing: bash devcluster/runtime.sh")
@@ -83,7 +88,10 @@ def test_strip_gogo_drops_only_the_go_options():
         "option (gogoproto.sizer_all) = true;\n"
         'message A {\n\trepeated string devices_ids = 1 [(gogoproto.customname) = "DevicesIDs"];\n}\n'
     )
-    assert kubelet_api.strip_gogo(proto) == 'syntax = "proto3";\nmessage A {\n\trepeated string devices_ids = 1;\n}\n'
+    assert (
+        kubelet_api.strip_gogo(proto)
+        == 'syntax = "proto3";\nmessage A {\n\trepeated string devices_ids = 1;\n}\n'
+    )
 
 
 def _stubs_available() -> bool:
@@ -115,11 +123,16 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
     kubelet.start()
     ids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(3)]
     try:
-        with FakeGPUPlugin(ids, socket_dir=folder) as plugin, \
-                grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
+        with (
+            FakeGPUPlugin(ids, socket_dir=folder) as plugin,
+            grpc.insecure_channel(f"unix://{plugin.socket}") as channel,
+        ):
             (request,) = registered
             assert (request.version, request.resource_name, request.endpoint) == (
-                "v1beta1", "nvidia.com/gpu", plugin.endpoint)
+                "v1beta1",
+                "nvidia.com/gpu",
+                plugin.endpoint,
+            )
             assert request.options.get_preferred_allocation_available
             stub = api.deviceplugin_grpc.DevicePluginStub(channel)
             stream = stub.ListAndWatch(api.deviceplugin.Empty(), timeout=10)
@@ -127,17 +140,37 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
             plugin.set_health(ids[1], False)
             assert [d.health for d in next(stream).devices] == ["Healthy", "Unhealthy", "Healthy"]
             stream.cancel()
-            preferred = stub.GetPreferredAllocation(api.deviceplugin.PreferredAllocationRequest(container_requests=[
-                api.deviceplugin.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=[ids[2], ids[0]], must_include_deviceIDs=[ids[2]], allocation_size=2)]))
+            preferred = stub.GetPreferredAllocation(
+                api.deviceplugin.PreferredAllocationRequest(
+                    container_requests=[
+                        api.deviceplugin.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=[ids[2], ids[0]],
+                            must_include_deviceIDs=[ids[2]],
+                            allocation_size=2,
+                        )
+                    ]
+                )
+            )
             assert list(preferred.container_responses[0].deviceIDs) == [ids[2], ids[0]]
-            answer = stub.Allocate(api.deviceplugin.AllocateRequest(container_requests=[
-                api.deviceplugin.ContainerAllocateRequest(devices_ids=[ids[0], ids[2]])]))
-            assert dict(answer.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": f"{ids[0]},{ids[2]}"}
+            answer = stub.Allocate(
+                api.deviceplugin.AllocateRequest(
+                    container_requests=[
+                        api.deviceplugin.ContainerAllocateRequest(devices_ids=[ids[0], ids[2]])
+                    ]
+                )
+            )
+            assert dict(answer.container_responses[0].envs) == {
+                "NVIDIA_VISIBLE_DEVICES": f"{ids[0]},{ids[2]}"
+            }
             assert plugin.allocations == [[ids[0], ids[2]]]
             with pytest.raises(grpc.RpcError) as denied:
-                stub.Allocate(api.deviceplugin.AllocateRequest(container_requests=[
-                    api.deviceplugin.ContainerAllocateRequest(devices_ids=["GPU-nope"])]))
+                stub.Allocate(
+                    api.deviceplugin.AllocateRequest(
+                        container_requests=[
+                            api.deviceplugin.ContainerAllocateRequest(devices_ids=["GPU-nope"])
+                        ]
+                    )
+                )
             assert denied.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         kubelet.stop(0)

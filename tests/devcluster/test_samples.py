@@ -1,4 +1,5 @@
-"""The sample cluster file and the builder it comes from must agree; the builder's shape is what tests assume."""
+"""The sample cluster file and the builder it comes from must agree;
+the builder's shape is what tests assume."""
 
 from __future__ import annotations
 

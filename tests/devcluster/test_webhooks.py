@@ -30,7 +30,10 @@ def test_registrations_match_the_manifests_except_how_the_webhook_is_reached():
 def test_url_client_config_and_ca_bundle():
     ours = webhook_configurations("https://127.0.0.1:9443", b"PEM", "Ignore", 7)
     hooks = [h for c in ours for h in c["webhooks"]]
-    assert [h["clientConfig"]["url"] for h in hooks] == ["https://127.0.0.1:9443/mutate", "https://127.0.0.1:9443/validate"]
+    assert [h["clientConfig"]["url"] for h in hooks] == [
+        "https://127.0.0.1:9443/mutate",
+        "https://127.0.0.1:9443/validate",
+    ]
     assert all(base64.b64decode(h["clientConfig"]["caBundle"]) == b"PEM" for h in hooks)
     assert all(h["failurePolicy"] == "Ignore" and h["timeoutSeconds"] == 7 for h in hooks)
     assert all(h["sideEffects"] == "NoneOnDryRun" for h in hooks)

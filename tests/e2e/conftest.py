@@ -38,7 +38,9 @@ class Workloads:
         self.cp, self.stack, self.namespace = cp, stack, namespace
 
     def apply(self, text: str, check: bool = True, user: str = "alice", extra: tuple[str, ...] = ()):
-        return self.cp.kubectl("apply", "-n", self.namespace, *extra, "-f", "-", input=text, as_user=user, check=check)
+        return self.cp.kubectl(
+            "apply", "-n", self.namespace, *extra, "-f", "-", input=text, as_user=user, check=check
+        )
 
     def pods(self, selector: str | None = None) -> list[dict]:
         return self.cp.pods(self.namespace, selector)
@@ -89,7 +91,8 @@ def wait_nodes_free(apiserver, stack: Stack, nodes: list[str], timeout: float = 
 
 
 def stable_snapshot(stack: Stack, quiet_s: float = 1.0, timeout: float = 30) -> dict:
-    """The ledger's snapshot once it stopped changing for `quiet_s` (events from earlier tests have landed)."""
+    """The ledger's snapshot once it stopped changing for `quiet_s` (events from earlier tests have
+    landed)."""
     deadline = time.monotonic() + timeout
     last = stack.call("snapshot")
     while time.monotonic() < deadline:

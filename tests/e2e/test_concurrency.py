@@ -14,7 +14,9 @@ from tests.e2e.conftest import SAMPLE_NODES, wait_nodes_free
 pytestmark = pytest.mark.e2e
 
 LEAF = "leaf-3"
-LEAF_NODES = [n["metadata"]["name"] for n in SAMPLE_NODES if n["metadata"]["labels"]["topology.scheduler/leaf"] == LEAF]
+LEAF_NODES = [
+    n["metadata"]["name"] for n in SAMPLE_NODES if n["metadata"]["labels"]["topology.scheduler/leaf"] == LEAF
+]
 CLIENTS, PODS_PER_CLIENT = 4, 50
 
 
@@ -26,8 +28,11 @@ def gpu_pod(name: str) -> dict:
         "spec": {
             "nodeSelector": {"topology.scheduler/leaf": LEAF},
             "containers": [
-                {"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                {
+                    "name": "cuda",
+                    "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
             ],
         },
     }
@@ -52,7 +57,11 @@ def test_200_concurrent_pods_for_32_gpus_never_share_a_device(apiserver, stack, 
                 core.create_namespaced_pod(namespace, gpu_pod(f"c{index}-p{i}"))
                 outcome = "created"
             except ApiException as exc:
-                outcome = "denied" if exc.status == 403 and "no placement" in str(exc.body) else f"error {exc.status}"
+                outcome = (
+                    "denied"
+                    if exc.status == 403 and "no placement" in str(exc.body)
+                    else f"error {exc.status}"
+                )
                 if outcome != "denied":
                     with lock:
                         errors.append(str(exc.body)[:300])

@@ -8,9 +8,8 @@ PyTorchJob test creates the job, then its pod with a controlling ownerReference,
 
 from __future__ import annotations
 
-import yaml
-
 import pytest
+import yaml
 
 from tests.e2e.conftest import gpu_pod_yaml
 
@@ -66,7 +65,7 @@ spec:
     workloads.wait_confirmed(pods)
     placed = events(workloads, "GPUPlaced", expect=2)
     by_pod = {e["involvedObject"]["name"]: e for e in placed}
-    for pod, placement in zip(pods, placements):
+    for pod, placement in zip(pods, placements, strict=True):
         event = by_pod[pod["metadata"]["name"]]
         assert (
             event["involvedObject"]["uid"] == pod["metadata"]["uid"]

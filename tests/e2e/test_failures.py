@@ -70,5 +70,10 @@ spec:
     # and the rebuilt ledger keeps placing without handing out a held device
     workloads.apply(gpu_pod_yaml("after-restart", gpus=2))
     new = workloads.placement("after-restart")
-    held = {(p.node, d) for p in (workloads.placement(x) for x in workloads.pods()) if p.id != new.id for d in p.devices}
+    held = {
+        (p.node, d)
+        for p in (workloads.placement(x) for x in workloads.pods())
+        if p.id != new.id
+        for d in p.devices
+    }
     assert not {(new.node, d) for d in new.devices} & held

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core.objects import node_from_object
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, Placement, Request, Taint, Toleration
+from allocator.core.objects import node_from_object
 from devcluster.nodes import create_nodes, make_node
 
 pytestmark = pytest.mark.e2e
@@ -34,9 +34,23 @@ def agent_node(apiserver):
 
 def test_agent_patch_marks_an_unhealthy_device_the_ledger_then_avoids(apiserver, agent_node):
     proc = subprocess.run(
-        [sys.executable, "-m", "webhook.cli", "node-agent", "--node", agent_node, "--once",
-         "--fake", "4xNVIDIA-H100-80GB-HBM3:81559,unhealthy=2", "--kubeconfig", apiserver.kubeconfig],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "node-agent",
+            "--node",
+            agent_node,
+            "--once",
+            "--fake",
+            "4xNVIDIA-H100-80GB-HBM3:81559,unhealthy=2",
+            "--kubeconfig",
+            apiserver.kubeconfig,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
     node = apiserver.get_json("node", agent_node)
@@ -54,14 +68,28 @@ def test_agent_patch_marks_an_unhealthy_device_the_ledger_then_avoids(apiserver,
 
 
 def test_node_agent_identity_can_only_read_and_patch_nodes(apiserver):
-    out = subprocess.run(["kubectl", "kustomize", str(REPO / "kustomize" / "components" / "node-agent")],
-                         capture_output=True, text=True, check=False, timeout=60)
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "kustomize" / "components" / "node-agent")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     if out.returncode != 0:  # a Component renders only inside an overlay: take its objects from prod
-        out = subprocess.run(["kubectl", "kustomize", str(REPO / "kustomize" / "overlays" / "prod")],
-                             capture_output=True, text=True, check=True, timeout=60)
+        out = subprocess.run(
+            ["kubectl", "kustomize", str(REPO / "kustomize" / "overlays" / "prod")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    rbac = [d for d in docs if "node-agent" in d["metadata"]["name"]
-            and d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    rbac = [
+        d
+        for d in docs
+        if "node-agent" in d["metadata"]["name"]
+        and d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    ]
     assert len(rbac) == 3
     if apiserver.kubectl("get", "namespace", "gpuledger-system", check=False).returncode != 0:
         apiserver.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuledger-system"}})
@@ -73,6 +101,12 @@ def test_node_agent_identity_can_only_read_and_patch_nodes(apiserver):
         return answer.stdout.strip() == "yes"
 
     assert can("patch", "nodes") and can("get", "nodes")
-    for verb, resource in [("delete", "nodes"), ("create", "nodes"), ("update", "nodes/status"),
-                           ("get", "pods"), ("list", "secrets"), ("create", "pods")]:
+    for verb, resource in [
+        ("delete", "nodes"),
+        ("create", "nodes"),
+        ("update", "nodes/status"),
+        ("get", "pods"),
+        ("list", "secrets"),
+        ("create", "pods"),
+    ]:
         assert not can(verb, resource, "-A"), f"node agent may {verb} {resource}"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from devcluster.nodes import DEVICES_ANNOTATION, device_entries, make_node, create_nodes, patch_node
+from devcluster.nodes import DEVICES_ANNOTATION, create_nodes, device_entries, make_node, patch_node
 from tests.e2e.conftest import gpu_pod_yaml
 
 pytestmark = pytest.mark.e2e
@@ -25,13 +25,18 @@ def own_node(apiserver, stack):
 
 def attempt(workloads, name: str, node: str, gpus: int = 1, **spec):
     return workloads.apply(
-        gpu_pod_yaml(name, gpus=gpus, spec={"nodeSelector": {"kubernetes.io/hostname": node}, **spec}), check=False
+        gpu_pod_yaml(name, gpus=gpus, spec={"nodeSelector": {"kubernetes.io/hostname": node}, **spec}),
+        check=False,
     )
 
 
 def until_admitted(apiserver, workloads, name: str, node: str, gpus: int = 1, what: str = ""):
-    apiserver.wait_for(lambda: attempt(workloads, name, node, gpus).returncode == 0, timeout=30, interval=0.3,
-                       what=what or f"{name} admitted on {node}")
+    apiserver.wait_for(
+        lambda: attempt(workloads, name, node, gpus).returncode == 0,
+        timeout=30,
+        interval=0.3,
+        what=what or f"{name} admitted on {node}",
+    )
 
 
 def until_denied(apiserver, workloads, name: str, node: str, reason: str, gpus: int = 1):
@@ -62,8 +67,11 @@ def test_new_taint_is_respected_and_a_gpu_taint_tolerated(apiserver, workloads, 
 
 def test_unhealthy_device_is_never_placed(apiserver, workloads, own_node):
     entries = device_entries(own_node, 4, "NVIDIA-A100-SXM4-80GB", 81920, unhealthy=[0, 1, 2])
-    patch_node(apiserver.api_client(), own_node,
-               {"metadata": {"annotations": {DEVICES_ANNOTATION: json.dumps(entries)}}})
+    patch_node(
+        apiserver.api_client(),
+        own_node,
+        {"metadata": {"annotations": {DEVICES_ANNOTATION: json.dumps(entries)}}},
+    )
     until_denied(apiserver, workloads, "two", own_node, "no placement", gpus=2)
     until_admitted(apiserver, workloads, "one", own_node, gpus=1)
     assert workloads.placement("one").devices == (3,)
@@ -92,11 +100,16 @@ def test_node_removed_and_capacity_lowered(apiserver, stack, workloads, own_node
     try:
         until_admitted(apiserver, workloads, "eight", name, gpus=8, what="8 GPUs before the change")
         workloads.cp.kubectl("delete", "pod", "eight", "-n", workloads.namespace)
-        patch_node(apiserver.api_client(), name,
-                   {"status": {"allocatable": {"nvidia.com/gpu": "2"}, "capacity": {"nvidia.com/gpu": "2"}}},
-                   status=True)
+        patch_node(
+            apiserver.api_client(),
+            name,
+            {"status": {"allocatable": {"nvidia.com/gpu": "2"}, "capacity": {"nvidia.com/gpu": "2"}}},
+            status=True,
+        )
         until_denied(apiserver, workloads, "eight", name, "no placement", gpus=8)
         until_admitted(apiserver, workloads, "two", name, gpus=2)
     finally:
         apiserver.kubectl("delete", "node", name, "--ignore-not-found")
-    apiserver.wait_for(lambda: name not in stack.call("snapshot")["nodes"], what="node removed from the ledger")
+    apiserver.wait_for(
+        lambda: name not in stack.call("snapshot")["nodes"], what="node removed from the ledger"
+    )

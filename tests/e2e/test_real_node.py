@@ -1,5 +1,5 @@
-"""Real pods on a real node: kubelet v1.32 + containerd + runc from Debian, the fake GPU device plugin over the
-kubelet's device-plugin gRPC API, and PodResources read back over its own gRPC API.
+"""Real pods on a real node: kubelet v1.32 + containerd + runc from Debian, the fake GPU device plugin
+over the kubelet's device-plugin gRPC API, and PodResources read back over its own gRPC API.
 
 Pods are bound by nodeName in a namespace that is not opted in to admission: this module proves the node, not
 gpuledger's placement.
@@ -40,12 +40,18 @@ def real_node(apiserver):
         ready = time.monotonic()
         with FakeGPUPlugin([device_uuid(NODE, i) for i in range(GPUS)]) as plugin:
             apiserver.wait_for(
-                lambda: apiserver.get_json("node", NODE)["status"].get("allocatable", {}).get("nvidia.com/gpu")
-                == str(GPUS),
-                timeout=30, what=f"{GPUS} nvidia.com/gpu allocatable on {NODE}",
+                lambda: (
+                    apiserver.get_json("node", NODE)["status"].get("allocatable", {}).get("nvidia.com/gpu")
+                    == str(GPUS)
+                ),
+                timeout=30,
+                what=f"{GPUS} nvidia.com/gpu allocatable on {NODE}",
             )
-            print(f"\nreal node: Ready in {ready - started:.1f}s, GPUs allocatable {time.monotonic() - ready:.1f}s "
-                  f"later (logs: {node.kubelet_log}, {node.containerd_log})")
+            print(
+                f"\nreal node: Ready in {ready - started:.1f}s, "
+                f"GPUs allocatable {time.monotonic() - ready:.1f}s "
+                f"later (logs: {node.kubelet_log}, {node.containerd_log})"
+            )
             yield node, plugin
 
 
@@ -58,16 +64,30 @@ def plain_namespace(apiserver):
 
 
 def pod(name: str, command: str, gpus: int = 0) -> dict:
-    container = {"name": "main", "image": images.TEST_IMAGE, "imagePullPolicy": "Never",
-                 "command": ["sh", "-c", command]}
+    container = {
+        "name": "main",
+        "image": images.TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
+    }
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeName": NODE, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "containers": [container]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": NODE,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [container],
+        },
+    }
 
 
-def run_pod(apiserver, namespace: str, spec: dict, until=("Succeeded", "Failed"), timeout: float = 60) -> dict:
+def run_pod(
+    apiserver, namespace: str, spec: dict, until=("Succeeded", "Failed"), timeout: float = 60
+) -> dict:
     spec = dict(spec, metadata=dict(spec["metadata"], namespace=namespace))
     apiserver.apply(spec)
     name = spec["metadata"]["name"]
@@ -105,7 +125,9 @@ def test_gpu_pod_sees_the_devices_the_plugin_allocated(apiserver, real_node, pla
     out = logs(apiserver, plain_namespace, "two-gpus").strip()
     cuda, nv = out.split(" ")
     seen = nv.removeprefix("NV=").split(",")
-    assert cuda == "CUDA="  # NVIDIA's plugin sets only NVIDIA_VISIBLE_DEVICES; CUDA indexes what the runtime exposes
+    assert (
+        cuda == "CUDA="
+    )  # NVIDIA's plugin sets only NVIDIA_VISIBLE_DEVICES; CUDA indexes what the runtime exposes
     assert len(set(seen)) == 2 and set(seen) <= set(plugin.health), out
     assert plugin.allocations[before:] == [seen]  # exactly what Allocate answered, in its order
     assert plugin.preferred and plugin.preferred[-1]["size"] == 2  # the kubelet asked for a preference first
@@ -116,16 +138,20 @@ def test_pod_resources_names_the_devices_a_running_pod_holds(apiserver, real_nod
     command = f"{PRINT_ENV}; trap 'exit 0' TERM; sleep 3600 & wait"
     running = run_pod(apiserver, plain_namespace, pod("holds-one", command, gpus=1), until=("Running",))
     assert running["status"]["phase"] == "Running"
-    printed = apiserver.wait_for(lambda: logs(apiserver, plain_namespace, "holds-one"), what="the pod's output")
+    printed = apiserver.wait_for(
+        lambda: logs(apiserver, plain_namespace, "holds-one"), what="the pod's output"
+    )
     api = kubelet_api.load()
     with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as channel:
         stub = api.podresources_grpc.PodResourcesListerStub(channel)
         listed = stub.List(api.podresources.ListPodResourcesRequest(), timeout=10)
         allocatable = stub.GetAllocatableResources(api.podresources.AllocatableResourcesRequest(), timeout=10)
     held = {
-        (p.namespace, p.name, c.name): [d for dev in c.devices if dev.resource_name == "nvidia.com/gpu"
-                                        for d in dev.device_ids]
-        for p in listed.pod_resources for c in p.containers
+        (p.namespace, p.name, c.name): [
+            d for dev in c.devices if dev.resource_name == "nvidia.com/gpu" for d in dev.device_ids
+        ]
+        for p in listed.pod_resources
+        for c in p.containers
     }
     devices = held[(plain_namespace, "holds-one", "main")]
     assert printed.strip() == f"CUDA= NV={devices[0]}" and len(devices) == 1
@@ -139,4 +165,6 @@ def test_kubelet_restart_reregisters_the_plugin_and_gpus_stay_usable(apiserver, 
     apiserver.wait_for(lambda: plugin.registrations > before, timeout=30, what="the plugin registering again")
     done = run_pod(apiserver, plain_namespace, pod("after-restart", PRINT_ENV, gpus=1))
     assert done["status"]["phase"] == "Succeeded"
-    assert logs(apiserver, plain_namespace, "after-restart").strip() == f"CUDA= NV={plugin.allocations[-1][0]}"
+    assert (
+        logs(apiserver, plain_namespace, "after-restart").strip() == f"CUDA= NV={plugin.allocations[-1][0]}"
+    )

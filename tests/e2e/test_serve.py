@@ -1,4 +1,5 @@
-"""`gpuledger serve` as deployed (its own process: Ray ledger, cluster sync, TLS webhook) against kube-apiserver.
+"""`gpuledger serve` as deployed (its own process: Ray ledger, cluster sync, TLS webhook)
+against kube-apiserver.
 
 Its own control plane, so its registrations never meet the shared one's.
 """
@@ -8,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
-from tests.conftest import require_binaries
 from devcluster.cluster import ALICE, ControlPlane
 from devcluster.nodes import create_nodes, make_sample_cluster
 from devcluster.serve_process import HMAC_KEY, GpuledgerServe
+from tests.conftest import require_binaries
 from tests.e2e.conftest import gpu_pod_yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -28,9 +29,13 @@ def test_gpuledger_serve_places_confirms_releases_and_stops_cleanly():
             cp.create_namespace("team-a")
             cp.kubectl("apply", "-n", "team-a", "-f", "-", input=gpu_pod_yaml("job", gpus=4), as_user=ALICE)
             pod = cp.get_json("pod", "job", "-n", "team-a")
-            placement = decode_placement(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION], HMAC_KEY.encode())
+            placement = decode_placement(
+                pod["metadata"]["annotations"][PLACEMENT_ANNOTATION], HMAC_KEY.encode()
+            )
             assert placement is not None and len(placement.devices) == 4
-            cp.wait_for(lambda: serve.metric("agentaflow_workloads_running") == 1, what="reservation confirmed")
+            cp.wait_for(
+                lambda: serve.metric("agentaflow_workloads_running") == 1, what="reservation confirmed"
+            )
             assert serve.metric("topology_gpu_allocation_ratio") == pytest.approx(4 / 128)
             cp.kubectl("delete", "pod", "job", "-n", "team-a", as_user=ALICE)
             cp.wait_for(lambda: serve.metric("topology_gpu_allocation_ratio") == 0.0, what="devices released")

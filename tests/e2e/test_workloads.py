@@ -135,7 +135,9 @@ def test_tainted_gpu_node_gets_the_toleration(workloads):
     assert workloads.placement(pod).node == "leaf-1-node-3"
     tolerations = pod["spec"]["tolerations"]
     assert any(
-        t.get("key") == GPU_TAINT["key"] and t.get("effect") == "NoSchedule" and t.get("value", "") in ("true", "")
+        t.get("key") == GPU_TAINT["key"]
+        and t.get("effect") == "NoSchedule"
+        and t.get("value", "") in ("true", "")
         for t in tolerations
     ), tolerations
 
@@ -168,8 +170,16 @@ spec:
 
 def test_server_dry_run_reserves_nothing(workloads, stack):
     proc = workloads.cp.kubectl(
-        "create", "-n", workloads.namespace, "--dry-run=server", "-o", "json", "-f", "-",
-        input=gpu_pod_yaml("dry", gpus=1), as_user="alice",
+        "create",
+        "-n",
+        workloads.namespace,
+        "--dry-run=server",
+        "-o",
+        "json",
+        "-f",
+        "-",
+        input=gpu_pod_yaml("dry", gpus=1),
+        as_user="alice",
     )
     answered = json.loads(proc.stdout)
     placement = stack.placement(answered)
@@ -194,7 +204,11 @@ def test_pods_that_bypass_the_webhook_are_counted_and_deleting_frees_devices(api
     # another scheduler's pod, bound directly to the node in a namespace without admission
     apiserver.create_namespace("bypass", admission=False)
     apiserver.kubectl(
-        "apply", "-n", "bypass", "-f", "-",
+        "apply",
+        "-n",
+        "bypass",
+        "-f",
+        "-",
         input=gpu_pod_yaml("other-scheduler", gpus=6, spec={"nodeName": node}),
     )
     pinned = {"nodeSelector": {"kubernetes.io/hostname": node}}
@@ -209,12 +223,16 @@ def test_pods_that_bypass_the_webhook_are_counted_and_deleting_frees_devices(api
     apiserver.force_delete("pod", "other-scheduler", namespace="bypass")
     apiserver.wait_for(
         lambda: workloads.apply(gpu_pod_yaml("big", gpus=4, spec=pinned), check=False).returncode == 0,
-        timeout=30, interval=0.5, what="devices freed after the bypassing pod was deleted",
+        timeout=30,
+        interval=0.5,
+        what="devices freed after the bypassing pod was deleted",
     )
     workloads.cp.kubectl("delete", "pod", "fits", "-n", workloads.namespace, as_user="alice")
     apiserver.wait_for(
         lambda: workloads.apply(gpu_pod_yaml("after", gpus=4, spec=pinned), check=False).returncode == 0,
-        timeout=30, interval=0.5, what="devices freed after alice deleted her pod",
+        timeout=30,
+        interval=0.5,
+        what="devices freed after alice deleted her pod",
     )
     big, after = workloads.placement("big"), workloads.placement("after")
     assert not set(big.devices) & set(after.devices)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.sim import simulator
 from allocator.core.model import Device, NodeInfo, Request
+from allocator.sim import simulator
 from allocator.sim.simulator import build_arrivals, replay, simulate
 from webhook import cli
 
@@ -20,7 +20,12 @@ needs_trace = pytest.mark.skipif(not SHARED.is_dir(), reason="shared openb trace
 def test_replay_by_hand_through_the_ledger():
     # one node with 2 GPUs (capacity 2000): 1000, 500 fit; 600 no longer fits next to the 500; 1000 neither
     nodes = [NodeInfo("n", 64_000, 256_000, (Device(0), Device(1)))]
-    pods = [Request("w", gpus=1), Request("s5", gpu_milli=500), Request("s6", gpu_milli=600), Request("w2", gpus=1)]
+    pods = [
+        Request("w", gpus=1),
+        Request("s5", gpu_milli=500),
+        Request("s6", gpu_milli=600),
+        Request("w2", gpus=1),
+    ]
     arrivals = build_arrivals(pods, 2000, ratio=3100 / 2000, seed=0, shuffle=False)
     assert [r.id for r in arrivals] == ["w", "s5", "s6", "w2"]
     run = replay(nodes, arrivals, "best_fit", seed=0)
@@ -52,8 +57,28 @@ def test_simulate_is_reproducible_per_seed():
 @needs_trace
 def test_cli_json_plot_on_a_trace_subset(tmp_path, capsys):
     png = tmp_path / "curves.png"
-    code = cli.main(["simulate", "--trace", str(SHARED), "--workload", "gpushare40", "--limit-nodes", "30",
-                     "--seeds", "2", "-s", "best_fit,fgd", "-s", "fgd_host", "-o", "json", "--plot", str(png), "-q"])
+    code = cli.main(
+        [
+            "simulate",
+            "--trace",
+            str(SHARED),
+            "--workload",
+            "gpushare40",
+            "--limit-nodes",
+            "30",
+            "--seeds",
+            "2",
+            "-s",
+            "best_fit,fgd",
+            "-s",
+            "fgd_host",
+            "-o",
+            "json",
+            "--plot",
+            str(png),
+            "-q",
+        ]
+    )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["nodes"] == 30 and doc["seeds"] == [42, 43] and doc["ratio"] == 1.3
@@ -72,38 +97,75 @@ def test_cli_json_plot_on_a_trace_subset(tmp_path, capsys):
 
 @needs_trace
 def test_cli_table_for_multigpu_and_default_node_lists(capsys):
-    assert simulator.main(["--trace", str(SHARED), "--workload", "multigpu50", "--limit-nodes", "25", "--seeds", "1",
-                           "-s", "best_fit", "--node-list", "all", "-q"]) == 0
+    assert (
+        simulator.main(
+            [
+                "--trace",
+                str(SHARED),
+                "--workload",
+                "multigpu50",
+                "--limit-nodes",
+                "25",
+                "--seeds",
+                "1",
+                "-s",
+                "best_fit",
+                "--node-list",
+                "all",
+                "-q",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "openb multigpu50 (all nodes), 25 nodes" in out and "best_fit" in out and "unallocated@100%" in out
 
 
 def test_cli_yaml_input(tmp_path, capsys):
-    nodes = "\n---\n".join(f"""
+    nodes = "\n---\n".join(
+        f"""
 apiVersion: v1
 kind: Node
 metadata: {{name: gpu-{i}, labels: {{nvidia.com/gpu.product: A100}}}}
 status:
   allocatable: {{cpu: "32", memory: 128Gi, nvidia.com/gpu: "2"}}
   conditions: [{{type: Ready, status: "True"}}]
-""" for i in range(2))
-    pods = "\n---\n".join([
-        """
+"""
+        for i in range(2)
+    )
+    pods = "\n---\n".join(
+        [
+            """
 apiVersion: v1
 kind: Pod
 metadata: {name: whole}
 spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1, cpu: "4", memory: 8Gi}}}]}
 """,
-        """
+            """
 apiVersion: v1
 kind: Pod
 metadata: {name: share, annotations: {agentaflow.gpu/milli: "250"}}
 spec: {containers: [{name: c, image: x, resources: {requests: {cpu: "1", memory: 1Gi}}}]}
-"""])
+""",
+        ]
+    )
     (tmp_path / "nodes.yaml").write_text(nodes)
     (tmp_path / "pods.yaml").write_text(pods)
-    code = simulator.main(["--cluster", str(tmp_path / "nodes.yaml"), "--pods", str(tmp_path / "pods.yaml"),
-                           "--seeds", "3", "-s", "fgd", "-o", "json", "-q"])
+    code = simulator.main(
+        [
+            "--cluster",
+            str(tmp_path / "nodes.yaml"),
+            "--pods",
+            str(tmp_path / "pods.yaml"),
+            "--seeds",
+            "3",
+            "-s",
+            "fgd",
+            "-o",
+            "json",
+            "-q",
+        ]
+    )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["gpu_capacity_milli"] == 4000 and doc["pods"] == 2

@@ -78,5 +78,5 @@ def test_median_over_seeds():
     doc = result.as_json()
     assert doc["unallocated_at_100"] == pytest.approx(5)
     assert doc["unallocated_at_100_by_seed"] == {"1": 10.0, "2": 5.0, "3": 1.0}
-    assert doc["curve"]["arrived_pct"] == list(range(0, 101))
+    assert doc["curve"]["arrived_pct"] == list(range(101))
     assert doc["curve"]["allocation_pct"][-1] == pytest.approx(95)

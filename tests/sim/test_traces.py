@@ -23,12 +23,14 @@ from allocator.sim.traces import (
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
 needs_trace = pytest.mark.skipif(not SHARED.is_dir(), reason="shared openb traces not present")
 
-FULL = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
-p0,12000,16384,1,1000,,LS,Running,0,12537496,0
+FULL = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+    """p0,12000,16384,1,1000,,LS,Running,0,12537496,0
 p1,6000,12288,1,460,V100M16|V100M32,LS,Running,427061,12902960,427061
 p2,88000,327680,8,1000,G2,BE,Running,1,2,1
 p3,4000,8192,0,0,,BE,Running,1,2,1
 """
+)
 FIVE = """name,cpu_milli,memory_mib,num_gpu,gpu_milli
 q0,12000,16384,1,1000
 q1,6000,12288,1,460
@@ -58,7 +60,11 @@ def test_full_variant_reads_gpu_spec_and_shares(tmp_path):
 
 def test_five_column_variant(tmp_path):
     pods = read_pods(write(tmp_path, "pods.csv", FIVE))
-    assert [(p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods] == [(1, 1000, ()), (1, 460, ()), (4, 1000, ())]
+    assert [(p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods] == [
+        (1, 1000, ()),
+        (1, 460, ()),
+        (4, 1000, ()),
+    ]
 
 
 def test_requests_carry_share_whole_and_product_or_list(tmp_path):
@@ -106,7 +112,7 @@ def test_unknown_workload_lists_the_ones_present(tmp_path):
     write(tmp_path, "openb_node_list_gpu_node.csv", NODES)
     nodes, pods = load_openb(tmp_path, "default", "gpu")
     assert len(nodes) == 3 and len(pods) == 3
-    with pytest.raises(TraceError, match="workloads in .*: default"):
+    with pytest.raises(TraceError, match=r"workloads in .*: default"):
         load_openb(tmp_path, "nosuch", "gpu")
     with pytest.raises(TraceError, match="accepted: gpu, all"):
         load_openb(tmp_path, "default", "cpu")
@@ -119,8 +125,10 @@ def test_limit_nodes_spreads_over_the_list(tmp_path):
 
 
 @needs_trace
-@pytest.mark.parametrize("workload,count,columns_with_spec", [
-    ("default", 8152, True), ("multigpu50", 9061, False), ("gpushare40", 8152, True)])
+@pytest.mark.parametrize(
+    "workload,count,columns_with_spec",
+    [("default", 8152, True), ("multigpu50", 9061, False), ("gpushare40", 8152, True)],
+)
 def test_the_shared_openb_variants(workload, count, columns_with_spec):
     nodes, pods = load_openb(SHARED, workload, "gpu")
     assert len(pods) == count
@@ -177,10 +185,17 @@ spec:
 
 def test_yaml_cluster_and_pods(tmp_path):
     pytest.importorskip("allocator.core.objects")
-    nodes, requests = load_yaml(write(tmp_path, "cluster.yaml", CLUSTER_YAML), write(tmp_path, "pods.yaml", PODS_YAML))
+    nodes, requests = load_yaml(
+        write(tmp_path, "cluster.yaml", CLUSTER_YAML), write(tmp_path, "pods.yaml", PODS_YAML)
+    )
     assert [n.name for n in nodes] == ["gpu-a"] and len(nodes[0].devices) == 4
     whole, share, cpu_only = requests
-    assert isinstance(whole, Request) and whole.gpus == 2 and whole.cpu_milli == 4000 and whole.memory_mib == 8192
+    assert (
+        isinstance(whole, Request)
+        and whole.gpus == 2
+        and whole.cpu_milli == 4000
+        and whole.memory_mib == 8192
+    )
     assert share.gpu_milli == 300 and share.product == "A100" and share.cpu_milli == 500
     assert not cpu_only.needs_gpu and cpu_only.cpu_milli == 2000
 
@@ -188,11 +203,14 @@ def test_yaml_cluster_and_pods(tmp_path):
 def test_yaml_errors_are_clear(tmp_path):
     pytest.importorskip("allocator.core.objects")
     with pytest.raises(TraceError, match="no objects of kind Node"):
-        load_yaml(write(tmp_path, "c.yaml", "kind: Pod\nmetadata: {name: x}\n"), write(tmp_path, "p.yaml", PODS_YAML))
+        load_yaml(
+            write(tmp_path, "c.yaml", "kind: Pod\nmetadata: {name: x}\n"),
+            write(tmp_path, "p.yaml", PODS_YAML),
+        )
     bad = textwrap.dedent("""
         kind: Pod
         metadata: {name: bad, annotations: {agentaflow.gpu/milli: "lots"}}
         spec: {containers: [{name: c, image: x}]}
     """)
-    with pytest.raises(TraceError, match="agentaflow.gpu/milli"):
+    with pytest.raises(TraceError, match=r"agentaflow\.gpu/milli"):
         load_yaml(write(tmp_path, "c.yaml", CLUSTER_YAML), write(tmp_path, "p.yaml", bad))

@@ -24,8 +24,9 @@ def take(led: Ledger, node_name: str, gpus: int, rid: str) -> None:
     assert isinstance(p, Placement), p
 
 
-def node_info(name: str, gpus: int, cpu: int = 64_000, memory: int = 256_000,
-              product: str = "G2") -> NodeInfo:
+def node_info(
+    name: str, gpus: int, cpu: int = 64_000, memory: int = 256_000, product: str = "G2"
+) -> NodeInfo:
     devices = tuple(Device(i, product=product) for i in range(gpus))
     return NodeInfo(name, cpu, memory, devices, product=product)
 

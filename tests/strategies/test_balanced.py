@@ -14,8 +14,12 @@ def test_balanced_weights_are_configurable():
     take(led, "a", 4, "pre")
     # availability favours the empty node b
     assert led.reserve(Request(id="1", gpus=1, strategy="balanced"), 0.0).node == "b"
-    only_history = {"resourceAvailability": 0, "topologyAlignment": 0, "domainUtilization": 0,
-                    "historicalPerformance": 1}
+    only_history = {
+        "resourceAvailability": 0,
+        "topologyAlignment": 0,
+        "domainUtilization": 0,
+        "historicalPerformance": 1,
+    }
     led2 = make(node("a", 8), node("b", 8), balanced_weights=only_history)
     led2.performance.update({"a": 0.9, "b": 0.2})
     assert led2.reserve(Request(id="1", gpus=1, strategy="balanced"), 0.0).node == "a"

@@ -64,8 +64,11 @@ def test_product_and_resources_are_still_filtered_by_the_ledger():
 @pytest.mark.parametrize("strategy", ["fgd", "fgd_host", "best_fit"])
 def test_a_gpu_spec_or_list_admits_either_model(strategy):
     workload = TargetWorkload.from_shapes([PodShape(0, 1, 1000)])
-    nodes = [node_info("a-t4", 4, product="T4"), node_info("b-v100", 1, product="V100M16"),
-             node_info("c-v100", 2, product="V100M32")]
+    nodes = [
+        node_info("a-t4", 4, product="T4"),
+        node_info("b-v100", 1, product="V100M16"),
+        node_info("c-v100", 2, product="V100M32"),
+    ]
     led = ledger(strategy, nodes, workload)
     first = led.reserve(Request("one", gpus=1, product="V100M16|V100M32"), 0.0)
     second = led.reserve(Request("two", gpus=2, product="V100M16|V100M32"), 0.0)
@@ -77,8 +80,10 @@ def test_pods_ask_for_them_by_annotation_and_live_admission_learns_the_workload(
     from allocator.core.request import request_from_pod
 
     def pod(name: str, strategy: str, gpus: int) -> dict:
-        return {"metadata": {"name": name, "annotations": {"agentaflow.gpu/scheduling-strategy": strategy}},
-                "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
+        return {
+            "metadata": {"name": name, "annotations": {"agentaflow.gpu/scheduling-strategy": strategy}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        }
 
     # no workload input: fgd learns from requests
     led = ledger("best_fit", [node_info("a", 2), node_info("b", 1)])
@@ -115,8 +120,9 @@ def test_the_fast_path_decides_exactly_as_a_plain_scan(seed):
     for i in range(8):
         product = rng.choice(["T4", "V100M16", "V100M32"])
         gpus = rng.choice([0, 1, 2, 4, 8])
-        devices = tuple(Device(d, product=product, memory_mib=16_000, healthy=rng.random() > 0.1)
-                        for d in range(gpus))
+        devices = tuple(
+            Device(d, product=product, memory_mib=16_000, healthy=rng.random() > 0.1) for d in range(gpus)
+        )
         nodes.append(NodeInfo(f"n{i}", rng.choice([16_000, 64_000]), 256_000, devices, product=product))
     requests = []
     for i in range(120):

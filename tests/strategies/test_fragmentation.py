@@ -24,7 +24,9 @@ HALF_HALF = TargetWorkload(((SHARE, 0.5), (WHOLE, 0.5)))
 
 def test_shape_of_requests():
     assert PodShape.of(Request("a", gpus=2, cpu_milli=4000)) == PodShape(4000, 2, 1000, ())
-    assert PodShape.of(Request("b", gpu_milli=460, product="V100M16|V100M32")) == PodShape(0, 1, 460, ("V100M16", "V100M32"))
+    assert PodShape.of(Request("b", gpu_milli=460, product="V100M16|V100M32")) == PodShape(
+        0, 1, 460, ("V100M16", "V100M32")
+    )
     assert PodShape.of(Request("c", cpu_milli=8000)) == PodShape(8000, 0, 0, ())
     assert PodShape(0, 2, 1000).total_milli == 2000
 
@@ -66,7 +68,9 @@ def test_multi_gpu_pod_needs_enough_fitting_gpus():
 def test_meter_matches_the_plain_function_and_memoises():
     meter = FragmentationMeter(HALF_HALF)
     assert meter.fragmentation(10_000, (500, 300), "G2") == pytest.approx(550)
-    assert meter.fragmentation(10_000, (300, 500), "G2") == pytest.approx(550)  # order of devices is irrelevant
+    assert meter.fragmentation(10_000, (300, 500), "G2") == pytest.approx(
+        550
+    )  # order of devices is irrelevant
     assert len(meter._memo) == 1
 
 
@@ -112,7 +116,10 @@ def test_tracker_learns_from_requests_deterministically():
         tracker.observe(Request(f"r{i}", gpus=1))
     tracker.observe(Request("s", gpu_milli=250))
     meter = tracker.meter()
-    assert dict(meter.workload.shapes) == {PodShape(0, 1, 1000): pytest.approx(0.75), PodShape(0, 1, 250): pytest.approx(0.25)}
+    assert dict(meter.workload.shapes) == {
+        PodShape(0, 1, 1000): pytest.approx(0.75),
+        PodShape(0, 1, 250): pytest.approx(0.25),
+    }
     assert tracker.meter() is meter  # no new requests: same meter, same memo
 
 

@@ -20,10 +20,14 @@ from tests.strategies.support import FullScan, make, take
     st.integers(1, 4),
 )
 def test_spread_leaf_walk_order_is_leaf_total_then_most_free_then_name(layout, takes, need):
-    """`leaf_walk(descending)` (its first node from the index's per-total heads) yields exactly: placeable nodes
-    with >= need whole-free GPUs in leaves with >= need, by leaf total desc, whole-free desc, name."""
-    led = make(*(node(f"n{i:02d}", gpus, leaf=f"l{leaf}", unschedulable=cordoned)
-                 for i, (leaf, gpus, cordoned) in enumerate(layout)))
+    """`leaf_walk(descending)` (its first node from the index's per-total heads) yields exactly: placeable
+    nodes with >= need whole-free GPUs in leaves with >= need, by leaf total desc, whole-free desc, name."""
+    led = make(
+        *(
+            node(f"n{i:02d}", gpus, leaf=f"l{leaf}", unschedulable=cordoned)
+            for i, (leaf, gpus, cordoned) in enumerate(layout)
+        )
+    )
     for j, (i, gpus) in enumerate(takes):
         name = f"n{i % len(layout):02d}"
         if led.index.nodes[name].whole_free >= gpus and led.index.nodes[name].placeable:
@@ -33,8 +37,11 @@ def test_spread_leaf_walk_order_is_leaf_total_then_most_free_then_name(layout, t
         walked = [n.name for n in strategies.leaf_walk(led.index, None, need, True, True)]
         totals = {key: b.total_whole for key, b in led.index.leaves.items()}
         expected = sorted(
-            (n for n in led.index.nodes.values()
-             if n.placeable and n.whole_free >= need and totals[n.leaf_key] >= need),
+            (
+                n
+                for n in led.index.nodes.values()
+                if n.placeable and n.whole_free >= need and totals[n.leaf_key] >= need
+            ),
             key=lambda n: (-totals[n.leaf_key], -n.whole_free, n.name),
         )
         assert walked == [n.name for n in expected]
@@ -70,8 +77,9 @@ def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
 
     def info(i, cpu, gpus, unhealthy, leaf):
         devices = tuple(Device(index=d, memory_mib=40960, healthy=d >= unhealthy) for d in range(gpus))
-        return NodeInfo(name=f"n{i:02d}", cpu_milli=cpu, memory_mib=65536, devices=devices,
-                        spine="s", leaf=f"l{leaf}")
+        return NodeInfo(
+            name=f"n{i:02d}", cpu_milli=cpu, memory_mib=65536, devices=devices, spine="s", leaf=f"l{leaf}"
+        )
 
     fast, scan = Ledger(LedgerConfig()), Ledger(LedgerConfig())
     for led in (fast, scan):
@@ -93,11 +101,19 @@ def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
             name = sorted(fast.index.nodes)[amount % len(fast.index.nodes)]
             for led in (fast, scan):
                 state = led.index.nodes[name]
-                led.index.change(state, lambda s=state: s.apply(Holding(f"u{j}", name, unknown_gpus=1)))
+                led.index.change(
+                    state, lambda s=state, j=j, name=name: s.apply(Holding(f"u{j}", name, unknown_gpus=1))
+                )
             continue
         shape = {"whole": {"gpus": 1 + amount % 4}, "share": {"gpu_milli": 100 + amount % 900}}.get(kind, {})
-        req = Request(id=f"r{j}", cpu_milli=cpu, memory_mib=amount * 8, strategy="best_fit",
-                      preferred_domain=f"l{amount % 3}" if in_domain else None, **shape)
+        req = Request(
+            id=f"r{j}",
+            cpu_milli=cpu,
+            memory_mib=amount * 8,
+            strategy="best_fit",
+            preferred_domain=f"l{amount % 3}" if in_domain else None,
+            **shape,
+        )
         got = fast.reserve(req, 0.0)
         core_registry._INSTANCES["best_fit"] = FullScan(original)  # type: ignore[assignment]
         try:

@@ -32,9 +32,12 @@ def pod(name, annotations=None, limits=None):
     container = {"name": "c", "image": "busybox"}
     if limits:
         container["resources"] = {"limits": limits}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ml", "annotations": annotations or {}},
-            "spec": {"containers": [container]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations or {}},
+        "spec": {"containers": [container]},
+    }
 
 
 def test_pods_in_order_share_one_ledger(tmp_path, capsys):
@@ -56,11 +59,20 @@ def test_pods_in_order_share_one_ledger(tmp_path, capsys):
 
 
 def test_job_in_the_pod_file_is_expanded_and_placed_as_a_gang(tmp_path, capsys):
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "train", "namespace": "ml",
-                        "annotations": {"topology.scheduler/gpu-count": "16"}},
-           "spec": {"parallelism": 4, "completionMode": "Indexed",
-                    "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "train",
+            "namespace": "ml",
+            "annotations": {"topology.scheduler/gpu-count": "16"},
+        },
+        "spec": {
+            "parallelism": 4,
+            "completionMode": "Indexed",
+            "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}},
+        },
+    }
     results = run_explain(capsys, write(tmp_path, [job]))
     assert [r["pod"] for r in results] == [f"ml/train-{i}" for i in range(4)]
     assert all(r["allowed"] and len(r["devices"]) == 4 for r in results)
@@ -68,14 +80,18 @@ def test_job_in_the_pod_file_is_expanded_and_placed_as_a_gang(tmp_path, capsys):
 
 
 def test_pods_with_their_owner_in_the_file(tmp_path, capsys):
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "j", "namespace": "ml", "annotations": {"topology.scheduler/gpu-count": "4"}},
-           "spec": {"parallelism": 2}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ml", "annotations": {"topology.scheduler/gpu-count": "4"}},
+        "spec": {"parallelism": 2},
+    }
     pods = []
     for i in range(2):
         p = pod(f"j-{i}")
-        p["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j",
-                                             "controller": True}]
+        p["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "controller": True}
+        ]
         pods.append(p)
     results = run_explain(capsys, write(tmp_path, [job, *pods]))
     assert [r["pod"] for r in results] == ["ml/j-0", "ml/j-1"]  # the Job is not expanded: its pods are listed
@@ -83,7 +99,10 @@ def test_pods_with_their_owner_in_the_file(tmp_path, capsys):
 
 
 def test_bad_annotation_and_text_output(tmp_path, capsys):
-    path = write(tmp_path, [pod("bad", {"topology.scheduler/gpu-count": "lots"}), pod("ok", limits={"nvidia.com/gpu": 1})])
+    path = write(
+        tmp_path,
+        [pod("bad", {"topology.scheduler/gpu-count": "lots"}), pod("ok", limits={"nvidia.com/gpu": 1})],
+    )
     assert cli.main(["explain", "--cluster", str(SAMPLE_CLUSTER), str(path)]) == 0
     out = capsys.readouterr().out
     assert "ml/bad: DENIED (422)" in out and "topology.scheduler/gpu-count='lots'" in out
@@ -106,18 +125,36 @@ def test_docs_examples_are_all_admitted(tmp_path, capsys):
         assert results, block
         for r in results:
             assert r["allowed"], (r["pod"], r["reason"])
-            mutated = jsonpatch.apply_patch({"metadata": {"annotations": {}}, "spec": {"containers": [{}]}},
-                                            [op for op in r["patch"] if op["path"].startswith("/metadata/annotations/")])
+            mutated = jsonpatch.apply_patch(
+                {"metadata": {"annotations": {}}, "spec": {"containers": [{}]}},
+                [op for op in r["patch"] if op["path"].startswith("/metadata/annotations/")],
+            )
             assert PLACEMENT_ANNOTATION in mutated["metadata"]["annotations"]
 
 
 def test_docs_error_examples_match_the_messages(tmp_path, capsys):
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "train-llm", "namespace": "ml", "annotations": {"topology.scheduler/gpu-count": "10"}},
-           "spec": {"parallelism": 4, "completionMode": "Indexed",
-                    "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}}
-    docs = [pod("notebook", {"topology.scheduler/gpu-count": "2", "topology.scheduler/placement-strategy": "tight"}),
-            job, pod("big", {"topology.scheduler/gpu-count": "12"})]
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "train-llm",
+            "namespace": "ml",
+            "annotations": {"topology.scheduler/gpu-count": "10"},
+        },
+        "spec": {
+            "parallelism": 4,
+            "completionMode": "Indexed",
+            "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}},
+        },
+    }
+    docs = [
+        pod(
+            "notebook",
+            {"topology.scheduler/gpu-count": "2", "topology.scheduler/placement-strategy": "tight"},
+        ),
+        job,
+        pod("big", {"topology.scheduler/gpu-count": "12"}),
+    ]
     results = run_explain(capsys, write(tmp_path, docs))
     text = ANNOTATIONS_DOC.read_text()
     for r in (results[0], results[1]):  # our own messages, verbatim

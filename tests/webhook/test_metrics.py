@@ -30,8 +30,12 @@ def value(text: str, name: str, **labels) -> float:
 
 
 def test_the_new_names_are_exported():
-    for name in ("topology_scheduler_placement_duration_seconds", "topology_scheduler_recovery_duration_seconds",
-                 "topology_scheduler_domain_fragmentation_ratio", "topology_domain_fragmentation_ratio"):
+    for name in (
+        "topology_scheduler_placement_duration_seconds",
+        "topology_scheduler_recovery_duration_seconds",
+        "topology_scheduler_domain_fragmentation_ratio",
+        "topology_domain_fragmentation_ratio",
+    ):
         assert name in METRIC_NAMES
         assert f"# TYPE {name}" in WebhookMetrics().exposition().decode()
 
@@ -45,7 +49,9 @@ def test_placement_duration_counts_gpu_decisions_only():
     assert value(text, "topology_scheduler_placement_duration_seconds_count") == 2
     assert abs(value(text, "topology_scheduler_placement_duration_seconds_sum") - 0.202) < 1e-9
     assert value(text, "topology_scheduler_placement_duration_seconds_bucket", le="0.005") == 1
-    assert value(text, "topology_scheduler_latency_seconds_count", strategy="none") == 1  # the old metric: all
+    assert (
+        value(text, "topology_scheduler_latency_seconds_count", strategy="none") == 1
+    )  # the old metric: all
 
 
 def test_recoveries_are_observed_once_each_and_a_new_incarnation_anew():
@@ -60,7 +66,9 @@ def test_recoveries_are_observed_once_each_and_a_new_incarnation_anew():
     assert count_() == 2
     m.observe_recoveries(Recoveries("inc-1", 3, (0.02, 3.0, 0.5)))
     text = m.exposition().decode()
-    assert count_() == 3 and abs(value(text, "topology_scheduler_recovery_duration_seconds_sum") - 3.52) < 1e-9
+    assert (
+        count_() == 3 and abs(value(text, "topology_scheduler_recovery_duration_seconds_sum") - 3.52) < 1e-9
+    )
     assert value(text, "topology_scheduler_recovery_duration_seconds_bucket", le="1.0") == 2
     m.observe_recoveries(Recoveries("inc-2", 1, (0.1,)))  # the ledger restarted: its count starts again
     assert count_() == 4
@@ -70,12 +78,18 @@ def test_recoveries_are_observed_once_each_and_a_new_incarnation_anew():
 
 async def test_metrics_endpoint_serves_the_new_names(aiohttp_client):
     ticks = count(0.0, 0.125)  # each rebuild takes one tick: 0.125 s
-    service = LedgerService(config().ledger_config(), {"kind": "objects", "objects": cluster(4, 8)}, now=NOW,
-                            timer=lambda: next(ticks), incarnation="inc-1")
+    service = LedgerService(
+        config().ledger_config(),
+        {"kind": "objects", "objects": cluster(4, 8)},
+        now=NOW,
+        timer=lambda: next(ticks),
+        incarnation="inc-1",
+    )
     client = await aiohttp_client(create_app(config(), InProcessLedgerClient(service, lambda: NOW)))
     await client.post("/mutate", json=make_review(gpu_pod(3), uid="gpu"))
-    await client.post("/mutate", json=make_review(gpu_pod(None, annotations={"agentaflow.gpu/milli": "250"}),
-                                                  uid="share"))
+    await client.post(
+        "/mutate", json=make_review(gpu_pod(None, annotations={"agentaflow.gpu/milli": "250"}), uid="share")
+    )
     await client.post("/mutate", json=make_review(gpu_pod(None), uid="no-gpu"))
     text = await (await client.get("/metrics")).text()
     assert value(text, "topology_scheduler_placement_duration_seconds_count") == 2
@@ -84,7 +98,9 @@ async def test_metrics_endpoint_serves_the_new_names(aiohttp_client):
     for level, domain in (("leaf", "leaf-0"), ("leaf", "leaf-1"), ("spine", "spine-0")):
         old = value(text, "topology_domain_fragmentation_ratio", level=level, domain=domain)
         assert value(text, "topology_scheduler_domain_fragmentation_ratio", level=level, domain=domain) == old
-    assert value(text, "topology_domain_fragmentation_ratio", level="spine", domain="spine-0") > 0  # the share left 750m of one GPU that no whole-GPU pod can use
+    assert (
+        value(text, "topology_domain_fragmentation_ratio", level="spine", domain="spine-0") > 0
+    )  # the share left 750m of one GPU that no whole-GPU pod can use
     service.resync(cluster(4, 8), NOW + 1)
     text = await (await client.get("/metrics")).text()
     assert value(text, "topology_scheduler_recovery_duration_seconds_count") == 2

@@ -9,9 +9,9 @@ import pytest
 from allocator.service import LedgerService
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, service
 from webhook.admission.review import decode_patch, make_review
-from webhook.transport.app import create_app
 from webhook.ledger_client import InProcessLedgerClient
 from webhook.metrics import METRIC_NAMES
+from webhook.transport.app import create_app
 
 
 class ExplodingLedger:
@@ -54,13 +54,16 @@ async def test_v1beta1_is_accepted(aiohttp_client, ledger_client):
     assert answer["apiVersion"] == "admission.k8s.io/v1beta1" and answer["response"]["uid"] == "b1"
 
 
-@pytest.mark.parametrize("data,headers,status", [
-    (b"", {"Content-Type": "application/json"}, 400),
-    (b"{}", {"Content-Type": "text/plain"}, 400),
-    (b"{not json", {"Content-Type": "application/json"}, 400),
-    (b"[1, 2]", {"Content-Type": "application/json"}, 400),
-    (b"\xff\xfe", {"Content-Type": "application/json"}, 400),
-])
+@pytest.mark.parametrize(
+    "data,headers,status",
+    [
+        (b"", {"Content-Type": "application/json"}, 400),
+        (b"{}", {"Content-Type": "text/plain"}, 400),
+        (b"{not json", {"Content-Type": "application/json"}, 400),
+        (b"[1, 2]", {"Content-Type": "application/json"}, 400),
+        (b"\xff\xfe", {"Content-Type": "application/json"}, 400),
+    ],
+)
 async def test_transport_errors_never_reach_the_ledger(aiohttp_client, data, headers, status):
     client = await aiohttp_client(create_app(config(), ExplodingLedger()))
     for route in ("/mutate", "/validate"):
@@ -77,7 +80,7 @@ async def test_body_over_the_cap_is_413(aiohttp_client):
 
     async def chunks():  # no Content-Length: the cap still holds
         for i in range(0, len(big), 256):
-            yield big[i:i + 256]
+            yield big[i : i + 256]
 
     resp = await client.post("/mutate", data=chunks(), headers={"Content-Type": "application/json"})
     assert resp.status == 413
@@ -93,11 +96,13 @@ async def test_a_body_arriving_in_pieces_is_read_whole(aiohttp_client, ledger_cl
 
     async def pieces():
         for i in range(0, len(whole), 700):
-            yield whole[i:i + 700]
+            yield whole[i : i + 700]
             await asyncio.sleep(0.005)  # let the server see a partial body
 
-    for headers in ({"Content-Type": "application/json"},
-                    {"Content-Type": "application/json", "Content-Length": str(len(whole))}):
+    for headers in (
+        {"Content-Type": "application/json"},
+        {"Content-Type": "application/json", "Content-Length": str(len(whole))},
+    ):
         resp = await client.post("/mutate", data=pieces(), headers=headers)
         assert resp.status == 200, await resp.text()
         answer = await resp.json()
@@ -109,7 +114,10 @@ async def test_not_an_admission_review_but_uid_known_is_a_denial_with_uid(aiohtt
     body = {"apiVersion": "admission.k8s.io/v2", "kind": "AdmissionReview", "request": {"uid": "u-9"}}
     answer = await (await client.post("/mutate", json=body)).json()
     assert answer["response"]["uid"] == "u-9" and answer["response"]["allowed"] is False
-    assert answer["response"]["status"]["code"] == 400 and "apiVersion" in answer["response"]["status"]["message"]
+    assert (
+        answer["response"]["status"]["code"] == 400
+        and "apiVersion" in answer["response"]["status"]["message"]
+    )
 
 
 async def test_handler_exception_is_a_500_denial_with_uid(aiohttp_client):

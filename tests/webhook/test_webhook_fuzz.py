@@ -1,4 +1,5 @@
-"""Hypothesis against the real server (plain HTTP on 127.0.0.1) and the parser: no crash, every denial says why."""
+"""Hypothesis against the real server (plain HTTP on 127.0.0.1) and the parser:
+no crash, every denial says why."""
 
 from __future__ import annotations
 
@@ -13,25 +14,61 @@ from hypothesis import strategies as st
 from allocator.core.request import ANNOTATIONS, AnnotationError, request_from_pod
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, handler, review, service
 from webhook.admission.review import make_review
-from webhook.transport.app import create_app
 from webhook.ledger_client import InProcessLedgerClient
+from webhook.transport.app import create_app
 from webhook.transport.server import ServerThread
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
 )
-interesting = st.sampled_from([
-    "", "0", "1", "4", "16", "-1", "1.5", "1e3", "999", "1000", "true", "false", "TRUE", "yes", "maybe",
-    "consolidated", "distributed", "balanced", "least-loaded", "best-fit", "cost-optimized", "round_robin",
-    "high", "low", "leaf-0", "spine-0", "0=node-0000:0,1\n1=node-0001:2", "0=node-0000:99", "x=y:z",
-    "0=node-0000:0,0", " 2 ", "\n", "💥", "a" * 300,
-])
+interesting = st.sampled_from(
+    [
+        "",
+        "0",
+        "1",
+        "4",
+        "16",
+        "-1",
+        "1.5",
+        "1e3",
+        "999",
+        "1000",
+        "true",
+        "false",
+        "TRUE",
+        "yes",
+        "maybe",
+        "consolidated",
+        "distributed",
+        "balanced",
+        "least-loaded",
+        "best-fit",
+        "cost-optimized",
+        "round_robin",
+        "high",
+        "low",
+        "leaf-0",
+        "spine-0",
+        "0=node-0000:0,1\n1=node-0001:2",
+        "0=node-0000:99",
+        "x=y:z",
+        "0=node-0000:0,0",
+        " 2 ",
+        "\n",
+        "💥",
+        "a" * 300,
+    ]
+)
 annotation_values = st.one_of(interesting, st.text(max_size=30))
-annotations = st.dictionaries(st.sampled_from(ANNOTATIONS + ("gpuledger.io/placement", "other/key")),
-                              annotation_values, max_size=6)
+annotations = st.dictionaries(
+    st.sampled_from((*ANNOTATIONS, "gpuledger.io/placement", "other/key")), annotation_values, max_size=6
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,23 +114,44 @@ def test_fuzzed_annotations_over_http(server, ann, gpus, limits, dry):
 
 
 PATHS = [
-    ("request",), ("request", "object"), ("request", "object", "metadata"),
-    ("request", "object", "metadata", "annotations"), ("request", "object", "metadata", "labels"),
-    ("request", "object", "metadata", "ownerReferences"), ("request", "object", "spec"),
-    ("request", "object", "spec", "containers"), ("request", "object", "spec", "containers", 0, "resources"),
-    ("request", "object", "spec", "affinity"), ("request", "object", "spec", "tolerations"),
-    ("request", "object", "spec", "nodeSelector"), ("request", "kind"), ("request", "operation"),
-    ("request", "dryRun"), ("request", "userInfo"), ("request", "oldObject"), ("apiVersion",), ("kind",),
-    ("request", "uid"), ("request", "namespace"),
+    ("request",),
+    ("request", "object"),
+    ("request", "object", "metadata"),
+    ("request", "object", "metadata", "annotations"),
+    ("request", "object", "metadata", "labels"),
+    ("request", "object", "metadata", "ownerReferences"),
+    ("request", "object", "spec"),
+    ("request", "object", "spec", "containers"),
+    ("request", "object", "spec", "containers", 0, "resources"),
+    ("request", "object", "spec", "affinity"),
+    ("request", "object", "spec", "tolerations"),
+    ("request", "object", "spec", "nodeSelector"),
+    ("request", "kind"),
+    ("request", "operation"),
+    ("request", "dryRun"),
+    ("request", "userInfo"),
+    ("request", "oldObject"),
+    ("apiVersion",),
+    ("kind",),
+    ("request", "uid"),
+    ("request", "namespace"),
 ]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(PATHS), value=json_values, route=st.sampled_from(["/mutate", "/validate"]),
-       operation=st.sampled_from(["CREATE", "UPDATE", "DELETE", "CONNECT"]))
+@given(
+    path=st.sampled_from(PATHS),
+    value=json_values,
+    route=st.sampled_from(["/mutate", "/validate"]),
+    operation=st.sampled_from(["CREATE", "UPDATE", "DELETE", "CONNECT"]),
+)
 def test_fuzzed_admission_reviews(server, path, value, route, operation):
-    body = make_review(gpu_pod(1, annotations={"topology.scheduler/placement-strategy": "balanced"}),
-                       uid="u-fuzz", operation=operation, old=gpu_pod(1))
+    body = make_review(
+        gpu_pod(1, annotations={"topology.scheduler/placement-strategy": "balanced"}),
+        uid="u-fuzz",
+        operation=operation,
+        old=gpu_pod(1),
+    )
     target = body
     for key in path[:-1]:
         target = target[key]
@@ -103,8 +161,10 @@ def test_fuzzed_admission_reviews(server, path, value, route, operation):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()),
-       content_type=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", ""]))
+@given(
+    raw=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()),
+    content_type=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", ""]),
+)
 def test_fuzzed_bodies(server, raw, content_type):
     check_answer(*post(server, "/mutate", raw, content_type), None)
 
@@ -113,7 +173,11 @@ def test_fuzzed_bodies(server, raw, content_type):
 @given(ann=annotations, owner_ann=annotations, parallelism=json_values | st.integers(0, 10))
 def test_parser_raises_only_annotation_errors_with_messages(ann, owner_ann, parallelism):
     pod = gpu_pod(None, annotations=ann, ownerReferences=[{"kind": "Job", "name": "j", "controller": True}])
-    owner = {"kind": "Job", "metadata": {"name": "j", "annotations": owner_ann}, "spec": {"parallelism": parallelism}}
+    owner = {
+        "kind": "Job",
+        "metadata": {"name": "j", "annotations": owner_ann},
+        "spec": {"parallelism": parallelism},
+    }
     try:
         r = request_from_pod(copy.deepcopy(pod), owner, None, "rid")
     except AnnotationError as exc:
@@ -136,9 +200,11 @@ def test_handler_denials_always_have_messages(ann, dry):
 
 
 @settings(max_examples=300, deadline=None)
-@given(a=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
-       b=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
-       shared=st.lists(st.text(max_size=5), max_size=3))
+@given(
+    a=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
+    b=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
+    shared=st.lists(st.text(max_size=5), max_size=3),
+)
 def test_patch_diff_reproduces_the_mutated_object(a, b, shared):
     import jsonpatch
 

@@ -32,11 +32,24 @@ def free_port() -> int:
 
 def test_config_file_accepts_snake_and_camel_case(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"bindingMode": "nodeName", "visibility_mode": "host-indices", "failOpen": True,
-                                    "deadline_s": 1.5, "privilegedUsernames": ["a", "b"]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "bindingMode": "nodeName",
+                "visibility_mode": "host-indices",
+                "failOpen": True,
+                "deadline_s": 1.5,
+                "privilegedUsernames": ["a", "b"],
+            }
+        )
+    )
     cfg = WebhookConfig.from_file(path)
     assert (cfg.binding_mode.value, cfg.visibility_mode, cfg.fail_open, cfg.deadline_s) == (
-        "nodeName", "host-indices", True, 1.5)
+        "nodeName",
+        "host-indices",
+        True,
+        1.5,
+    )
     assert cfg.privileged_usernames == ("a", "b")
     path.write_text("bogus_key: 1\n")
     with pytest.raises(ValueError, match="bogus_key"):
@@ -57,10 +70,30 @@ def test_serve_process_end_to_end(tmp_path):
     port = free_port()
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "webhook.cli", "serve", "--port", str(port), "--tls-cert", str(paths["tls.crt"]),
-         "--tls-key", str(paths["tls.key"]), "--cluster", str(cluster_file), "--config", str(config_file),
-         "--hmac-key-file", str(key_file)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--tls-cert",
+            str(paths["tls.crt"]),
+            "--tls-key",
+            str(paths["tls.key"]),
+            "--cluster",
+            str(cluster_file),
+            "--config",
+            str(config_file),
+            "--hmac-key-file",
+            str(key_file),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
     base = f"https://127.0.0.1:{port}"
     try:
@@ -76,7 +109,9 @@ def test_serve_process_end_to_end(tmp_path):
             assert time.time() < deadline, "serve did not become ready"
             time.sleep(0.5)
         body = json.dumps(make_review(gpu_pod(2), uid="serve-1")).encode()
-        req = urllib.request.Request(f"{base}/mutate", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{base}/mutate", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
             answer = json.loads(resp.read())
         assert answer["response"]["uid"] == "serve-1" and answer["response"]["allowed"]

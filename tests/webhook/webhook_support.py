@@ -7,27 +7,46 @@ import uuid
 
 from allocator.service import LedgerService
 from devcluster.nodes import make_node
+from webhook.admission.handler import AdmissionHandler
 from webhook.admission.review import make_review, parse_review
 from webhook.config import WebhookConfig
-from webhook.admission.handler import AdmissionHandler
 from webhook.ledger_client import InProcessLedgerClient
 
 HMAC_KEY = "test-placement-key"
 _names = itertools.count()
 
 
-def cluster(nodes: int = 4, gpus: int = 8, leaves: int = 2, spines: int = 1, tainted: bool = False) -> list[dict]:
+def cluster(
+    nodes: int = 4, gpus: int = 8, leaves: int = 2, spines: int = 1, tainted: bool = False
+) -> list[dict]:
     """`nodes` GPU nodes spread over leaves and spines, each with a device annotation (UUIDs)."""
     out = []
     for i in range(nodes):
         leaf = i % leaves
-        out.append(make_node(f"node-{i:04d}", spine=f"spine-{leaf % spines}", leaf=f"leaf-{leaf}", gpus=gpus,
-                             agentaflow=True, tainted=tainted, cpu=128, memory_gi=1024))
+        out.append(
+            make_node(
+                f"node-{i:04d}",
+                spine=f"spine-{leaf % spines}",
+                leaf=f"leaf-{leaf}",
+                gpus=gpus,
+                agentaflow=True,
+                tainted=tainted,
+                cpu=128,
+                memory_gi=1024,
+            )
+        )
     return out
 
 
-def gpu_pod(gpus: int | None = 1, name: str | None = None, annotations: dict | None = None, limits: bool = False,
-            namespace: str = "default", containers: int = 1, **meta) -> dict:
+def gpu_pod(
+    gpus: int | None = 1,
+    name: str | None = None,
+    annotations: dict | None = None,
+    limits: bool = False,
+    namespace: str = "default",
+    containers: int = 1,
+    **meta,
+) -> dict:
     """A pod asking for `gpus` GPUs by annotation (or by container limits with limits=True)."""
     ann = dict(annotations or {})
     if gpus is not None and not limits:
@@ -38,11 +57,20 @@ def gpu_pod(gpus: int | None = 1, name: str | None = None, annotations: dict | N
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name or f"pod-{next(_names)}", "namespace": namespace, "annotations": ann, **meta},
+        "metadata": {
+            "name": name or f"pod-{next(_names)}",
+            "namespace": namespace,
+            "annotations": ann,
+            **meta,
+        },
         "spec": {
             "containers": [
-                {"name": f"c{i}", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                 "resources": resources if i == 0 else {}, "futureField": {"kept": True}}
+                {
+                    "name": f"c{i}",
+                    "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                    "resources": resources if i == 0 else {},
+                    "futureField": {"kept": True},
+                }
                 for i in range(containers)
             ],
             "someUnknownField": "survives",
@@ -52,7 +80,7 @@ def gpu_pod(gpus: int | None = 1, name: str | None = None, annotations: dict | N
 
 
 def config(**overrides) -> WebhookConfig:
-    values = dict(hmac_key=HMAC_KEY, deadline_s=2.0)
+    values = {"hmac_key": HMAC_KEY, "deadline_s": 2.0}
     values.update(overrides)
     return WebhookConfig(**values)
 
@@ -70,8 +98,12 @@ class Clock:
         return self.now
 
 
-def handler(objects: list[dict], cfg: WebhookConfig | None = None, owners=None, clock: Clock | None = None,
-            ) -> tuple[AdmissionHandler, LedgerService]:
+def handler(
+    objects: list[dict],
+    cfg: WebhookConfig | None = None,
+    owners=None,
+    clock: Clock | None = None,
+) -> tuple[AdmissionHandler, LedgerService]:
     cfg = cfg or config()
     svc = service(objects, cfg)
     client = InProcessLedgerClient(svc, clock or Clock())
