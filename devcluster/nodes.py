@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import yaml
 
@@ -32,7 +32,9 @@ def device_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}"))
 
 
-def device_entries(node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()) -> list[dict]:
+def device_entries(
+    node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()
+) -> list[dict]:
     """The `agentaflow.gpu/devices` annotation a node agent (allocator.node_agent.probes) would write."""
     bad = set(unhealthy)
     return [
@@ -139,7 +141,8 @@ def make_sample_cluster(
     """Spines `spine-S`, leaves `leaf-L` numbered across spines, nodes `leaf-L-node-N`.
 
     In every leaf the last `tainted_per_leaf` nodes carry `nvidia.com/gpu=true:NoSchedule` and the first
-    `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU products.
+    `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU
+    products.
     """
     nodes = []
     for s in range(spines):

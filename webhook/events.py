@@ -8,15 +8,17 @@ rate-limited by a token bucket whose clock is an input. A full queue drops the e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -166,7 +168,7 @@ class EventPoster:
             self._queue.append(replace(event, queued_at=self.clock()))
             if self._wakeup is not None:
                 self._wakeup.set()
-        except Exception:  # noqa: BLE001 - an event must never fail an admission
+        except Exception:  # an event must never fail an admission
             log.exception("could not queue event %s", event.reason)
 
     @property
@@ -239,7 +241,7 @@ class EventPoster:
     def body(self, event: AdmissionEvent) -> dict:
         """A core/v1 Event as kube-apiserver accepts it (its namespace is the involved object's)."""
         ref = event.involved
-        stamp = datetime.fromtimestamp(self.wall(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         suffix = f".{int(self.wall() * 1e9):x}{next(self._names):x}"
         return {
             "apiVersion": "v1",
@@ -272,19 +274,17 @@ class EventPoster:
         while True:
             delay = self._next_delay()
             if delay is None or delay > 0:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), delay)
-                except TimeoutError:
-                    pass
                 self._wakeup.clear()
                 if delay is None or self._queue:
                     continue
             try:
                 await self.flush()
-            except Exception:  # noqa: BLE001 - the task must outlive any one bad round
+            except Exception:  # the task must outlive any one bad round
                 log.exception("event round failed")
 
-    def start(self) -> "EventPoster":
+    def start(self) -> EventPoster:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.run(), name="gpuledger-events")
         return self
@@ -292,10 +292,8 @@ class EventPoster:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its errors were logged
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
-                pass
             self._task = None
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 # group owners: their parallelism / replicas make the pods a gang (request_from_pod), explain expands them
 OWNER_KINDS = ("Job", "StatefulSet")
@@ -87,8 +88,14 @@ class KubeObjectReader:
         what = WORKLOAD_KINDS[kind]
         try:
             resp = self._objects.get_namespaced_custom_object(
-                what.group, what.version, namespace, what.plural, name,
-                _preload_content=False, _request_timeout=self._timeout)
+                what.group,
+                what.version,
+                namespace,
+                what.plural,
+                name,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -107,8 +114,12 @@ class CachedOwners:
     misses too, for a shorter time. `clock` is an input so tests expire entries without sleeping.
     """
 
-    def __init__(self, read: Callable[[str, str, str], dict | None], ttl_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        read: Callable[[str, str, str], dict | None],
+        ttl_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._read, self._ttl, self._clock = read, ttl_s, clock
         self._cache: dict[tuple[str, str, str], tuple[float, dict | None]] = {}
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}

@@ -10,8 +10,7 @@ from typing import Any
 
 import jsonpatch
 
-from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
-from allocator.service import BindingMode, Placement, Taint
+from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, BindingMode, Placement, Taint
 
 LEDGER_PREFIX = "gpuledger.io/"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -97,7 +96,10 @@ def visibility_env(placement: Placement, mode: str) -> dict[str, str | None]:
         known = placement.uuids if len(placement.uuids) == len(indices) and all(placement.uuids) else None
         # the runtime mounts exactly these GPUs; inside, CUDA numbers them from 0
         runtime = ",".join(known) if known else ",".join(map(str, indices))
-        return {NVIDIA_VISIBLE_DEVICES: runtime, CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in range(len(indices)))}
+        return {
+            NVIDIA_VISIBLE_DEVICES: runtime,
+            CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in range(len(indices))),
+        }
     # device-plugin: the kubelet's device plugin picks the devices and sets the runtime's variable itself
     return {NVIDIA_VISIBLE_DEVICES: None, CUDA_VISIBLE_DEVICES: None}
 
@@ -153,7 +155,8 @@ def _add_node_affinity(spec: dict, node: str, key: str) -> None:
 
 
 def _ensure_gpu_limits(spec: dict, resource: str, gpus: int) -> None:
-    """device-plugin mode with a count from annotations only: ask the kubelet for the devices on container 0."""
+    """device-plugin mode with a count from annotations only: ask the kubelet for the devices on
+    container 0."""
     containers = spec.get("containers")
     if not gpus or not isinstance(containers, list) or not containers:
         return
@@ -205,7 +208,10 @@ def apply_placement(
         for kind in CONTAINER_KINDS:
             for i, c in enumerate(spec.get(kind) or []):
                 if (kind, i) not in chosen and isinstance(c, dict):
-                    _set_env(_container(spec, kind, i), {NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: None})
+                    _set_env(
+                        _container(spec, kind, i),
+                        {NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: None},
+                    )
 
 
 def _escape(token: Any) -> str:
@@ -244,14 +250,20 @@ def diff(original: Any, mutated: Any, path: str = "") -> list[dict]:
     if isinstance(original, list) and isinstance(mutated, list):
         if len(original) == len(mutated):
             ops = []
-            for i, (a, b) in enumerate(zip(original, mutated)):
+            for i, (a, b) in enumerate(zip(original, mutated, strict=True)):
                 if a is not b:
                     ops += diff(a, b, f"{path}/{i}")
             return ops
         n = len(original)
-        if n < len(mutated) and all(a is b or a == b for a, b in zip(original, mutated)):
+        if n < len(mutated) and all(a is b or a == b for a, b in zip(original, mutated, strict=False)):
             # items appended (env, tolerations): adds at the end, in order
             return [{"op": "add", "path": f"{path}/{i}", "value": mutated[i]} for i in range(n, len(mutated))]
-    return _prefixed(jsonpatch.make_patch(original, mutated).patch, path) if isinstance(original, (dict, list)) \
-        and type(original) is type(mutated) else ([] if original == mutated and type(original) is type(mutated)
-                                                  else [{"op": "replace", "path": path, "value": mutated}])
+    return (
+        _prefixed(jsonpatch.make_patch(original, mutated).patch, path)
+        if isinstance(original, (dict, list)) and type(original) is type(mutated)
+        else (
+            []
+            if original == mutated and type(original) is type(mutated)
+            else [{"op": "replace", "path": path, "value": mutated}]
+        )
+    )
