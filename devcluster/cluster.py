@@ -333,6 +333,13 @@ class ControlPlane(KubeClient):
         ):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    @property
+    def _started_workdir(self) -> Path:
+        """`workdir` once `start` has chosen it."""
+        if self.workdir is None:
+            raise ControlPlaneError("the control plane is not started: it has no workdir yet")
+        return self.workdir
+
     def __enter__(self) -> ControlPlane:
         return self.start()
 
@@ -340,7 +347,7 @@ class ControlPlane(KubeClient):
         self.stop()
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(self.workdir / f"{name}.log", "ab") as log:
+        with open(self._started_workdir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
@@ -348,7 +355,7 @@ class ControlPlane(KubeClient):
         return proc
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.workdir / f"{name}.log"
+        path = self._started_workdir / f"{name}.log"
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -372,7 +379,7 @@ class ControlPlane(KubeClient):
             [
                 str(etcd_path()),
                 "--data-dir",
-                str(self.workdir / "etcd"),
+                str(self._started_workdir / "etcd"),
                 "--listen-client-urls",
                 self.etcd_url,
                 "--advertise-client-urls",
@@ -399,7 +406,7 @@ class ControlPlane(KubeClient):
         self._wait("etcd", healthy, 30)
 
     def _start_apiserver(self, timeout: float) -> None:
-        certs = self.workdir / "pki"
+        certs = self._started_workdir / "pki"
         certs.mkdir(exist_ok=True)
         self.ca = pki.make_ca("gpuledger-e2e-cluster-ca")
         serving = pki.make_serving_cert(
@@ -512,7 +519,7 @@ class ControlPlane(KubeClient):
 
     def write_kubeconfig(self, user: str, path: Path | None = None) -> str:
         safe = user.replace(":", "-")
-        path = path or self.workdir / f"kubeconfig-{safe}"
+        path = path or self._started_workdir / f"kubeconfig-{safe}"
         config = {
             "apiVersion": "v1",
             "kind": "Config",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 
-import grpc
+import grpc  # type: ignore[import-untyped]  # no stubs here: types-grpcio is not a dev dependency
 
 from devcluster import kubelet_api
 
@@ -63,9 +63,11 @@ class FakeGPUPlugin:
         seen = -1
         while context.is_active() and not self._stopping.is_set():
             with self._changed:
-                self._changed.wait_for(
-                    lambda last=seen: self._version != last or self._stopping.is_set(), timeout=1.0
-                )
+
+                def changed(last: int = seen) -> bool:
+                    return self._version != last or self._stopping.is_set()
+
+                self._changed.wait_for(changed, timeout=1.0)
                 if self._version == seen:
                     continue
                 seen, health = self._version, dict(self.health)

@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from cryptography import x509
@@ -52,6 +53,16 @@ CONTAINER_LOG_LINKS = Path("/var/log/containers")  # hard-coded in the kubelet t
 HOST_LOCK = Path(tempfile.gettempdir()) / "gpuledger-realnode.lock"
 
 
+Part = TypeVar("Part")
+
+
+def _started(part: Part | None, what: str) -> Part:
+    """A part `RealNode.start` creates, or a clear error where it is used before that."""
+    if part is None:
+        raise RuntimeError(f"the real node is not started: it has no {what} yet")
+    return part
+
+
 class RealNodeUnavailable(RuntimeError):
     """What this machine lacks to run a real node, and the command that provides it."""
 
@@ -72,6 +83,8 @@ def missing_parts() -> list[str]:
 
 def node_credentials(cp: ControlPlane, node: str) -> tuple[bytes, bytes]:
     """A client certificate for user system:node:<node> in group system:nodes, signed by the cluster CA."""
+    if cp.ca is None:
+        raise RuntimeError("the control plane is not started: it has no CA yet")
     ca_cert, ca_key = cp.ca.cert, cp.ca.key
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(UTC)
@@ -139,15 +152,15 @@ class RealNode:
 
     @property
     def kubelet_log(self) -> Path:
-        return self.workdir / "kubelet.log"
+        return _started(self.workdir, "workdir") / "kubelet.log"
 
     @property
     def containerd_log(self) -> Path:
-        return self.containerd.log
+        return _started(self.containerd, "containerd").log
 
     @property
     def pod_resources_socket(self) -> Path:
-        return self.workdir / "kubelet" / "pod-resources" / "kubelet.sock"
+        return _started(self.workdir, "workdir") / "kubelet" / "pod-resources" / "kubelet.sock"
 
     @property
     def cgroup_root(self) -> str:
@@ -234,10 +247,10 @@ class RealNode:
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
         def ready():
-            if self.kubelet.poll() is not None:
+            kubelet = _started(self.kubelet, "kubelet")
+            if kubelet.poll() is not None:
                 raise RuntimeError(
-                    f"kubelet exited {self.kubelet.returncode} ({self.kubelet_log}):\n"
-                    f"{tail(self.kubelet_log)}"
+                    f"kubelet exited {kubelet.returncode} ({self.kubelet_log}):\n{tail(self.kubelet_log)}"
                 )
             if not self.healthy():  # a restarted kubelet: the Node still reads Ready from its predecessor
                 return None
@@ -282,8 +295,8 @@ class RealNode:
             "cgroupRoot": self.cgroup_root,
             "failCgroupV1": False,
             "failSwapOn": False,
-            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
-            "podLogsDir": str(self.workdir / "pod-logs"),
+            "containerRuntimeEndpoint": f"unix://{_started(self.containerd, 'containerd').socket}",
+            "podLogsDir": str(_started(self.workdir, "workdir") / "pod-logs"),
             "rotateCertificates": False,
             "serverTLSBootstrap": False,
             "registerWithTaints": self.taints,
@@ -304,7 +317,7 @@ class RealNode:
         }
 
     def _start_kubelet(self) -> None:
-        folder = self.workdir / "kubelet"
+        folder = _started(self.workdir, "workdir") / "kubelet"
         (folder / "pki").mkdir(parents=True, exist_ok=True)
         cert, key = node_credentials(self.cp, self.name)
         (folder / "pki" / "node.crt").write_bytes(cert)

@@ -89,7 +89,7 @@ def generate(out: Path | None = None) -> Path:
     out = out or generated_dir()
     if (out / PACKAGE / "done").exists():
         return out
-    import grpc_tools
+    import grpc_tools  # type: ignore[import-untyped]  # grpcio-tools ships no type hints
 
     module = kubelet_module_dir()
     out.parent.mkdir(parents=True, exist_ok=True)

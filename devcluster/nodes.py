@@ -176,7 +176,7 @@ def create_nodes(api_client, nodes: list[dict]) -> None:
     core = client.CoreV1Api(api_client)
     for node in nodes:
         body = {k: v for k, v in node.items() if k != "status"}
-        core.create_node(body=body)
+        core.create_node(body=body)  # type: ignore[arg-type]  # the client sends a plain dict body as is
         core.patch_node_status(node["metadata"]["name"], body={"status": node["status"]})
 
 

@@ -14,14 +14,17 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.cluster_sync import ClusterSync, RayLedgerTarget, SyncConfig
 from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
 from certs import pki
 from devcluster import webhooks
-from devcluster.cluster import WEBHOOK_USER, ControlPlane, free_port
+from devcluster.cluster import WEBHOOK_USER, KubeClient, free_port
 from webhook.config import WebhookConfig
+
+if TYPE_CHECKING:
+    from webhook.transport.server import ServerThread
 
 log = logging.getLogger("gpuledger.e2e")
 
@@ -41,7 +44,7 @@ def e2e_webhook_config(**overrides) -> WebhookConfig:
 
 @dataclass
 class Stack:
-    cp: ControlPlane
+    cp: KubeClient  # a ControlPlane of ours, or the demo's ExistingCluster
     config: WebhookConfig = field(default_factory=e2e_webhook_config)
     failure_policy: str = "Fail"
     timeout_s: int = 10
@@ -84,7 +87,7 @@ class Stack:
         if not self.sync.wait_synced(60):
             raise RuntimeError(f"cluster sync did not finish its first list: {self.sync.stats}")
         self.port = free_port(self.webhook_host)
-        self.server = None
+        self.server: ServerThread | None = None
         self.start_webhook()
         self.register()
         return self

@@ -185,6 +185,9 @@ class EventPoster:
         ready += await self._resolve()
         created = 0
         for event in merge(ready):
+            ref = event.involved
+            if ref is None:  # never: `ready` holds only events whose object is known
+                continue
             wait = self.bucket.take()
             while wait > 0:
                 await self.sleep(wait)
@@ -196,9 +199,9 @@ class EventPoster:
                 log.warning(
                     "could not post event %s on %s %s/%s: %s",
                     event.reason,
-                    event.involved.kind,
+                    ref.kind,
                     event.namespace,
-                    event.involved.name,
+                    ref.name,
                     exc,
                 )
                 continue
@@ -241,6 +244,8 @@ class EventPoster:
     def body(self, event: AdmissionEvent) -> dict:
         """A core/v1 Event as kube-apiserver accepts it (its namespace is the involved object's)."""
         ref = event.involved
+        if ref is None:
+            raise ValueError(f"event {event.reason!r} names no object yet: post it once its pod is found")
         stamp = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         suffix = f".{int(self.wall() * 1e9):x}{next(self._names):x}"
         return {
@@ -328,7 +333,8 @@ class KubeEventWriter:
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )
-            for pod in json.loads(resp.data).get("items") or []:
+            # with _preload_content=False the client returns the raw urllib3 response, not a V1PodList
+            for pod in json.loads(resp.data).get("items") or []:  # type: ignore[attr-defined]
                 meta = pod.get("metadata") or {}
                 rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
                 if rid:
@@ -339,7 +345,7 @@ class KubeEventWriter:
         await asyncio.to_thread(
             self._core.create_namespaced_event,
             namespace,
-            body,
+            body,  # type: ignore[arg-type]  # the client sends a plain dict body as is
             _preload_content=False,
             _request_timeout=self._timeout,
         )

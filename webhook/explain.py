@@ -31,11 +31,12 @@ EXPLAIN_KEY = "gpuledger-explain"  # signs the printed annotations when no key i
 def _read_stream(path: str) -> list[dict]:
     if path == "-":
         docs = [d for d in yaml.safe_load_all(sys.stdin) if d is not None]
-        return [o for o in iter_objects(docs) if isinstance(o, dict)]
+        return list(iter_objects(docs))  # dicts only
     return load_objects(path)
 
 
-def _owned_by(pod: dict) -> set[tuple[str, str]]:
+def _owned_by(pod: dict) -> set[tuple[object, object]]:
+    """(kind, name) of each owner reference, as written (a user's file may hold anything there)."""
     refs = (pod.get("metadata") or {}).get("ownerReferences") or []
     return {(r.get("kind"), r.get("name")) for r in refs if isinstance(r, dict)}
 

@@ -54,13 +54,13 @@ class InProcessLedgerClient:
     def __init__(self, service: LedgerService, clock: Callable[[], float] = time.time):
         self.service, self.clock = service, clock
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial:
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
         return self.service.admit([call], self.clock())[0]
 
-    async def lookup(self, reservation_id: str) -> Held | None:
+    async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
         return self.service.lookup([reservation_id])[0]
 
-    async def claim(self, reservation_id: str) -> Held | None:
+    async def claim(self, reservation_id: str) -> Held | Unavailable | None:
         return self.service.claim([reservation_id])[0]
 
     async def status(self) -> dict[str, Any]:
@@ -88,13 +88,13 @@ class RayLedgerClient:
     ):
         self.handle = handle
         self.retry_backoff_s = retry_backoff_s
-        self.admissions: Batcher[AdmitCall, Placement | Denial] = Batcher(
+        self.admissions: Batcher[AdmitCall, Placement | Denial | Unavailable] = Batcher(
             lambda calls: self._call("admit", calls), max_batch, max_in_flight
         )
-        self.lookups: Batcher[str, Held | None] = Batcher(
+        self.lookups: Batcher[str, Held | Unavailable | None] = Batcher(
             lambda ids: self._call("lookup", ids), max_batch, max_in_flight
         )
-        self.claims: Batcher[str, Held | None] = Batcher(
+        self.claims: Batcher[str, Held | Unavailable | None] = Batcher(
             lambda ids: self._call("claim", ids), max_batch, max_in_flight
         )
 
@@ -114,13 +114,13 @@ class RayLedgerClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial:
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
         return await self.admissions.submit(call)
 
-    async def lookup(self, reservation_id: str) -> Held | None:
+    async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
         return await self.lookups.submit(reservation_id)
 
-    async def claim(self, reservation_id: str) -> Held | None:
+    async def claim(self, reservation_id: str) -> Held | Unavailable | None:
         return await self.claims.submit(reservation_id)
 
     async def status(self) -> dict[str, Any]:

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from allocator.ray_actor import RAY_NAMESPACE, get_or_create_ledger, wait_ready
     from allocator.sources import load_objects
-    from webhook.admission.owners import KubeOwners, StaticOwners
+    from webhook.admission.owners import KubeOwners, OwnerLookup, StaticOwners
 
     if args.ray_address:
         ray.init(address=args.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     api_client = None
     if args.cluster:
         source = {"kind": "file", "path": os.path.abspath(args.cluster)}
-        owners = StaticOwners(load_objects(args.cluster))
+        owners: OwnerLookup = StaticOwners(load_objects(args.cluster))
     else:
         source = {"kind": "kubernetes"}
         api_client = _kube_client(args.kubeconfig)

@@ -59,12 +59,12 @@ class NoOwners:
 class StaticOwners:
     """Owners taken from a list of objects (the pod file and the cluster file of `explain`)."""
 
-    def __init__(self, objects: Iterable[dict] = ()):
+    def __init__(self, objects: Iterable[object] = ()):
         self._by_key: dict[tuple[str, str, str], dict] = {}
         for obj in objects:
             self.add(obj)
 
-    def add(self, obj: dict) -> None:
+    def add(self, obj: object) -> None:
         if isinstance(obj, dict) and obj.get("kind") in WORKLOAD_KINDS:
             meta = obj.get("metadata") or {}
             self._by_key[(obj["kind"], meta.get("namespace") or "default", meta.get("name", ""))] = obj
@@ -102,7 +102,8 @@ class KubeObjectReader:
             raise OwnerLookupError(f"reading {kind} {namespace}/{name}: {exc.status} {exc.reason}") from exc
         except Exception as exc:  # urllib3 errors, timeouts
             raise OwnerLookupError(f"reading {kind} {namespace}/{name}: {exc}") from exc
-        obj = json.loads(resp.data)
+        # with _preload_content=False the client returns the raw urllib3 response, not the decoded object
+        obj = json.loads(resp.data)  # type: ignore[attr-defined]
         obj.setdefault("kind", kind)
         return obj
 

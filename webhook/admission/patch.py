@@ -19,6 +19,18 @@ VISIBILITY_VARS = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES)
 CONTAINER_KINDS = ("initContainers", "containers")
 
 
+def _dict_at(parent: dict, key: str) -> dict:
+    """parent[key] if it is a mapping, else an empty one: a pod from the API may hold anything there."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _list_at(parent: dict, key: str) -> list:
+    """parent[key] if it is a list, else an empty one."""
+    value = parent.get(key)
+    return value if isinstance(value, list) else []
+
+
 def _copy_dict(parent: dict, key: str) -> dict:
     value = parent.get(key)
     copied = dict(value) if isinstance(value, dict) else {}
@@ -50,7 +62,7 @@ def strip_ledger_keys(pod: dict) -> list[str]:
 
 def gpu_containers(pod: dict, resource: str) -> list[tuple[str, int]]:
     """(kind, index) of the containers that get the devices: those with a GPU limit, else every container."""
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    spec = _dict_at(pod, "spec")
     with_limit, every = [], []
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
@@ -60,9 +72,9 @@ def gpu_containers(pod: dict, resource: str) -> list[tuple[str, int]]:
             if not isinstance(c, dict):
                 continue
             every.append((kind, i))
-            res = c.get("resources") if isinstance(c.get("resources"), dict) else {}
-            limits = res.get("limits") if isinstance(res.get("limits"), dict) else {}
-            requests = res.get("requests") if isinstance(res.get("requests"), dict) else {}
+            res = _dict_at(c, "resources")
+            limits = _dict_at(res, "limits")
+            requests = _dict_at(res, "requests")
             value = limits.get(resource, requests.get(resource))
             if value not in (None, 0, "0"):
                 with_limit.append((kind, i))
@@ -79,7 +91,7 @@ def _container(spec: dict, kind: str, index: int) -> dict:
 
 def _set_env(container: dict, values: dict[str, str | None]) -> None:
     """Overwrite (or remove, for None) these variables; user-supplied values never survive."""
-    env = container.get("env") if isinstance(container.get("env"), list) else []
+    env = _list_at(container, "env")
     kept = [e for e in env if not (isinstance(e, dict) and e.get("name") in values)]
     kept += [{"name": k, "value": v} for k, v in values.items() if v is not None]
     if kept or "env" in container:
@@ -119,7 +131,7 @@ def _tolerates(existing: list, taint: Taint) -> bool:
 
 
 def _add_tolerations(spec: dict, taints: tuple[Taint, ...]) -> None:
-    existing = spec.get("tolerations") if isinstance(spec.get("tolerations"), list) else []
+    existing = _list_at(spec, "tolerations")
     added = list(existing)
     for taint in taints:
         if _tolerates(added, taint):
@@ -141,13 +153,13 @@ def _add_node_affinity(spec: dict, node: str, key: str) -> None:
     affinity = _copy_dict(spec, "affinity")
     node_affinity = _copy_dict(affinity, "nodeAffinity")
     required = _copy_dict(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution")
-    terms = required.get("nodeSelectorTerms") if isinstance(required.get("nodeSelectorTerms"), list) else []
+    terms = _list_at(required, "nodeSelectorTerms")
     field = "matchFields" if key == "metadata.name" else "matchExpressions"
     requirement = {"key": key, "operator": "In", "values": [node]}
     new_terms = []
     for term in terms or [{}]:
         term = dict(term) if isinstance(term, dict) else {}
-        reqs = term.get(field) if isinstance(term.get(field), list) else []
+        reqs = _list_at(term, field)
         if requirement not in reqs:  # a reinvocation finds it already there
             term[field] = [*reqs, requirement]
         new_terms.append(term)
@@ -162,7 +174,7 @@ def _ensure_gpu_limits(spec: dict, resource: str, gpus: int) -> None:
         return
     for kind in CONTAINER_KINDS:
         for c in spec.get(kind) or []:
-            res = c.get("resources") if isinstance(c, dict) and isinstance(c.get("resources"), dict) else {}
+            res = _dict_at(c, "resources") if isinstance(c, dict) else {}
             if resource in (res.get("limits") or {}) or resource in (res.get("requests") or {}):
                 return
     c = _container(spec, "containers", 0)

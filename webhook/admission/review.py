@@ -89,14 +89,20 @@ def parse_review(data: Any) -> Review:
         uid=uid,
         operation=operation if isinstance(operation, str) else "",
         kind=kind_name if isinstance(kind_name, str) else "",
-        namespace=request.get("namespace") if isinstance(request.get("namespace"), str) else "",
-        name=request.get("name") if isinstance(request.get("name"), str) else "",
+        namespace=_str_at(request, "namespace"),
+        name=_str_at(request, "name"),
         object=obj if isinstance(obj, dict) else None,
         old_object=old if isinstance(old, dict) else None,
         dry_run=request.get("dryRun") is True,
         username=username if isinstance(username, str) else "",
-        sub_resource=request.get("subResource") if isinstance(request.get("subResource"), str) else "",
+        sub_resource=_str_at(request, "subResource"),
     )
+
+
+def _str_at(request: Mapping, key: str) -> str:
+    """request[key] if it is a string, else "": the API server's request is read defensively."""
+    value = request.get(key)
+    return value if isinstance(value, str) else ""
 
 
 def encode_response(uid: str, decision: Decision, api_version: str = API_VERSIONS[0]) -> dict:

@@ -29,9 +29,9 @@ admission_log = logging.getLogger(ADMISSION_LOGGER)
 
 HANDLER_KEY = web.AppKey("handler", AdmissionHandler)
 METRICS_KEY = web.AppKey("metrics", WebhookMetrics)
-LEDGER_KEY = web.AppKey("ledger", object)
+LEDGER_KEY = web.AppKey[LedgerClient]("ledger")  # a Protocol: given as the type argument
 CONFIG_KEY = web.AppKey("config", WebhookConfig)
-EVENTS_KEY = web.AppKey("events", object)  # the EventPoster, or None when the app posts no Events
+EVENTS_KEY = web.AppKey[EventPoster | None]("events")  # None when the app posts no Events
 _READY_KEY = web.AppKey("ready_cache", dict)
 
 

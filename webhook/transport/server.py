@@ -53,7 +53,7 @@ async def start_server(
         runner, host, port, ssl_context=tls.context if tls else None, backlog=backlog, reuse_address=True
     )
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # the OS's choice
+    bound = runner.addresses[0][1] if port == 0 else port  # the OS's choice (this runner's one site)
     if tls is not None:
         tls.start()
     return RunningServer(runner, site, host, bound, tls)
