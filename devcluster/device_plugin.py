@@ -1,18 +1,20 @@
-"""A test device plugin: fake `nvidia.com/gpu` devices served to a real kubelet over the device-plugin v1beta1 gRPC
-API (Register, ListAndWatch, GetPreferredAllocation, Allocate), answering Allocate as NVIDIA's plugin does.
+"""A test device plugin: fake `nvidia.com/gpu` devices served to a real kubelet over the device-plugin v1beta1
+gRPC API (Register, ListAndWatch, GetPreferredAllocation, Allocate), answering Allocate as NVIDIA's plugin
+does.
 
-It sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs and records what the kubelet asked; it never touches a GPU.
+It sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs and records what the kubelet asked; it never touches a
+GPU.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
-from typing import Sequence
 
-import grpc
+import grpc  # type: ignore[import-untyped]  # no stubs here: types-grpcio is not a dev dependency
 
 from devcluster import kubelet_api
 
@@ -29,11 +31,16 @@ class FakeGPUPlugin:
     GetPreferredAllocation request, for tests to compare with what the pod saw.
     """
 
-    def __init__(self, device_ids: Sequence[str], resource: str = "nvidia.com/gpu",
-                 socket_dir: Path = DEVICE_PLUGIN_DIR, endpoint: str = "gpuledger-fake-gpu.sock"):
+    def __init__(
+        self,
+        device_ids: Sequence[str],
+        resource: str = "nvidia.com/gpu",
+        socket_dir: Path = DEVICE_PLUGIN_DIR,
+        endpoint: str = "gpuledger-fake-gpu.sock",
+    ):
         self.api = kubelet_api.load()
         self.resource, self.socket_dir, self.endpoint = resource, Path(socket_dir), endpoint
-        self.health = {d: HEALTHY for d in device_ids}
+        self.health = dict.fromkeys(device_ids, HEALTHY)
         self.allocations: list[list[str]] = []
         self.preferred: list[dict] = []
         self.registrations = 0  # one per kubelet (re)start it registered with
@@ -56,7 +63,11 @@ class FakeGPUPlugin:
         seen = -1
         while context.is_active() and not self._stopping.is_set():
             with self._changed:
-                self._changed.wait_for(lambda last=seen: self._version != last or self._stopping.is_set(), timeout=1.0)
+
+                def changed(last: int = seen) -> bool:
+                    return self._version != last or self._stopping.is_set()
+
+                self._changed.wait_for(changed, timeout=1.0)
                 if self._version == seen:
                     continue
                 seen, health = self._version, dict(self.health)
@@ -69,8 +80,13 @@ class FakeGPUPlugin:
         order = {d: i for i, d in enumerate(self.health)}
         responses = []
         for req in request.container_requests:
-            self.preferred.append({"available": list(req.available_deviceIDs),
-                                   "must_include": list(req.must_include_deviceIDs), "size": req.allocation_size})
+            self.preferred.append(
+                {
+                    "available": list(req.available_deviceIDs),
+                    "must_include": list(req.must_include_deviceIDs),
+                    "size": req.allocation_size,
+                }
+            )
             chosen = list(req.must_include_deviceIDs)
             rest = sorted(set(req.available_deviceIDs) - set(chosen), key=lambda d: order.get(d, len(order)))
             chosen += rest[: max(0, req.allocation_size - len(chosen))]
@@ -78,15 +94,19 @@ class FakeGPUPlugin:
         return self.api.deviceplugin.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request, context):
-        """NVIDIA's plugin in its default envvar strategy: the container's runtime hook reads this variable."""
+        """NVIDIA's plugin in its default envvar strategy: the container's runtime hook reads this
+        variable."""
         responses = []
         for req in request.container_requests:
             unknown = [d for d in req.devices_ids if d not in self.health]
             if unknown:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices {unknown}")
             self.allocations.append(list(req.devices_ids))
-            responses.append(self.api.deviceplugin.ContainerAllocateResponse(
-                envs={"NVIDIA_VISIBLE_DEVICES": ",".join(req.devices_ids)}))
+            responses.append(
+                self.api.deviceplugin.ContainerAllocateResponse(
+                    envs={"NVIDIA_VISIBLE_DEVICES": ",".join(req.devices_ids)}
+                )
+            )
         return self.api.deviceplugin.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request, context):
@@ -99,10 +119,11 @@ class FakeGPUPlugin:
             self._version += 1
             self._changed.notify_all()
 
-    def start(self, timeout: float = 30.0) -> "FakeGPUPlugin":
+    def start(self, timeout: float = 30.0) -> FakeGPUPlugin:
         self._serve_and_register(timeout)
-        self._watcher = threading.Thread(target=self._reregister_on_kubelet_restart, daemon=True,
-                                         name=f"device-plugin-{self.endpoint}")
+        self._watcher = threading.Thread(
+            target=self._reregister_on_kubelet_restart, daemon=True, name=f"device-plugin-{self.endpoint}"
+        )
         self._watcher.start()
         return self
 
@@ -117,7 +138,7 @@ class FakeGPUPlugin:
             self._watcher.join(5)
         self.socket.unlink(missing_ok=True)
 
-    def __enter__(self) -> "FakeGPUPlugin":
+    def __enter__(self) -> FakeGPUPlugin:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -137,11 +158,17 @@ class FakeGPUPlugin:
             try:
                 grpc.channel_ready_future(channel).result(timeout=timeout)
             except grpc.FutureTimeoutError:
-                raise TimeoutError(f"no kubelet device-plugin registration socket at {kubelet_socket}")
+                raise TimeoutError(
+                    f"no kubelet device-plugin registration socket at {kubelet_socket}"
+                ) from None
             self.api.deviceplugin_grpc.RegistrationStub(channel).Register(
                 self.api.deviceplugin.RegisterRequest(
-                    version=API_VERSION, endpoint=self.endpoint, resource_name=self.resource,
-                    options=self.api.deviceplugin.DevicePluginOptions(get_preferred_allocation_available=True),
+                    version=API_VERSION,
+                    endpoint=self.endpoint,
+                    resource_name=self.resource,
+                    options=self.api.deviceplugin.DevicePluginOptions(
+                        get_preferred_allocation_available=True
+                    ),
                 ),
                 timeout=timeout,
             )

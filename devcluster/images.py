@@ -1,7 +1,9 @@
-"""Container images for the real node, built from Debian's static busybox: nothing can be pulled on these machines.
+"""Container images for the real node, built from Debian's static busybox: nothing can be pulled on these
+machines.
 
 Writes docker-archive tarballs (manifest.json + config + one layer) with plain Python, no docker daemon, and
-imports them into containerd's k8s.io namespace under the names the kubelet asks for. Never touches a registry.
+imports them into containerd's k8s.io namespace under the names the kubelet asks for. Never touches a
+registry.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def _entry(name: str, kind: bytes, mode: int, **extra) -> tarfile.TarInfo:
 
 def rootfs_layer(busybox: Path = BUSYBOX) -> bytes:
     """An uncompressed layer: /bin/busybox, a symlink per applet (`busybox --list-full`), the usual dirs."""
-    applets = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True, check=True).stdout.split()
+    applets = subprocess.run(
+        [str(busybox), "--list-full"], capture_output=True, text=True, check=True
+    ).stdout.split()
     dirs = {"bin", "sbin", "usr", "usr/bin", "usr/sbin", "dev", "etc", "proc", "sys", "root", "var", "tmp"}
     dirs |= {str(Path(a).parent) for a in applets if "/" in a}
     files = {
@@ -54,7 +58,8 @@ def rootfs_layer(busybox: Path = BUSYBOX) -> bytes:
 
 
 def docker_archive(repo_tag: str, layer: bytes, config: dict) -> bytes:
-    """A `docker save`-format tarball of one single-layer linux/amd64 image, as `ctr images import` reads it."""
+    """A `docker save`-format tarball of one single-layer linux/amd64 image, as `ctr images import` reads
+    it."""
     layer_digest = hashlib.sha256(layer).hexdigest()
     image_config = {
         "architecture": "amd64",
@@ -90,7 +95,8 @@ def image_configs() -> dict[str, dict]:
 
 
 def build_images(out_dir: Path, busybox: Path = BUSYBOX) -> list[Path]:
-    """The image tarballs, rebuilt only when the busybox binary changes (its digest names the cache folder)."""
+    """The image tarballs, rebuilt only when the busybox binary changes (its digest names the cache
+    folder)."""
     digest = hashlib.sha256(busybox.read_bytes()).hexdigest()[:16]
     folder = Path(out_dir) / f"busybox-{digest}"
     configs = image_configs()
@@ -99,7 +105,7 @@ def build_images(out_dir: Path, busybox: Path = BUSYBOX) -> list[Path]:
         return paths
     folder.mkdir(parents=True, exist_ok=True)
     layer = rootfs_layer(busybox)
-    for path, (name, config) in zip(paths, configs.items()):
+    for path, (name, config) in zip(paths, configs.items(), strict=True):
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(docker_archive(name, layer, config))
         tmp.replace(path)
@@ -111,5 +117,8 @@ def import_images(containerd_socket: Path, tarballs: list[Path]) -> None:
     for tarball in tarballs:
         subprocess.run(
             ["ctr", "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(tarball)],
-            capture_output=True, text=True, check=True, timeout=120,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
         )

@@ -1,13 +1,15 @@
-"""A real node for a running ControlPlane: kubelet v1.32 (built like kube-apiserver) on its own containerd, with a
-client certificate in system:nodes, registering a Node that runs real pods from the locally built images.
+"""A real node for a running ControlPlane: kubelet v1.32 (built like kube-apiserver) on its own containerd,
+with a client certificate in system:nodes, registering a Node that runs real pods from the locally built
+images.
 
-Everything lives in one temporary folder, serves on loopback only, and is undone by `stop`. It must never touch
-a pod, process, cgroup or mount it did not create; the three host sysctls the kubelet sets are put back.
+Everything lives in one temporary folder, serves on loopback only, and is undone by `stop`. It must never
+touch a pod, process, cgroup or mount it did not create; the three host sysctls the kubelet sets are put back.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import ipaddress
@@ -19,8 +21,9 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from cryptography import x509
@@ -32,16 +35,32 @@ from devcluster.cluster import CACHE, KUBELET_CLIENT_USER, ControlPlane, binary_
 from devcluster.containerd import CNI_BIN_DIR, RUNTIME_BINARIES, Containerd, mounts_under, tail
 from devcluster.device_plugin import DEVICE_PLUGIN_DIR
 
-# the node's InternalIP lives on `lo`: the kubelet refuses a 127/8 node IP, and the apiserver dials InternalIP.
-# TEST-NET-2 (RFC 5737) is never routed, so nothing off this machine asks for it.
+# the node's InternalIP lives on `lo`: the kubelet refuses a 127/8 node IP, and the apiserver dials
+# InternalIP. TEST-NET-2 (RFC 5737) is never routed, so nothing off this machine asks for it.
 NODE_IP_NET = ipaddress.ip_network("198.51.100.0/24")
 CGROUP_FS = Path("/sys/fs/cgroup")
 # the kubelet sets these at start (KernelTunableModify); RealNode puts the host's values back once it is up
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 # one kubelet per machine may own the device-plugin folder, whose path the kubelet hard-codes
 CONTAINER_LOG_LINKS = Path("/var/log/containers")  # hard-coded in the kubelet too
 HOST_LOCK = Path(tempfile.gettempdir()) / "gpuledger-realnode.lock"
+
+
+Part = TypeVar("Part")
+
+
+def _started(part: Part | None, what: str) -> Part:
+    """A part `RealNode.start` creates, or a clear error where it is used before that."""
+    if part is None:
+        raise RuntimeError(f"the real node is not started: it has no {what} yet")
+    return part
 
 
 class RealNodeUnavailable(RuntimeError):
@@ -50,8 +69,11 @@ class RealNodeUnavailable(RuntimeError):
 
 def missing_parts() -> list[str]:
     lacking = [f"{b} (bash devcluster/runtime.sh)" for b in RUNTIME_BINARIES if not shutil.which(b)]
-    lacking += [f"{CNI_BIN_DIR}/{p} (bash devcluster/runtime.sh)" for p in ("bridge", "host-local", "loopback")
-                if not (CNI_BIN_DIR / p).exists()]
+    lacking += [
+        f"{CNI_BIN_DIR}/{p} (bash devcluster/runtime.sh)"
+        for p in ("bridge", "host-local", "loopback")
+        if not (CNI_BIN_DIR / p).exists()
+    ]
     if not binary_path("kubelet").exists():
         lacking.append(f"{binary_path('kubelet')} (make apiserver)")
     if os.geteuid() != 0:
@@ -61,39 +83,58 @@ def missing_parts() -> list[str]:
 
 def node_credentials(cp: ControlPlane, node: str) -> tuple[bytes, bytes]:
     """A client certificate for user system:node:<node> in group system:nodes, signed by the cluster CA."""
+    if cp.ca is None:
+        raise RuntimeError("the control plane is not started: it has no CA yet")
     ca_cert, ca_key = cp.ca.cert, cp.ca.key
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(timezone.utc)
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")])
+    now = datetime.now(UTC)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
+        ]
+    )
     cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(ca_cert.not_valid_after_utc)
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(ca_cert.not_valid_after_utc)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
 def node_rbac() -> list[dict]:
     """What kubeadm binds: nodes get system:node (RBAC stands in for the Node authorizer), and the apiserver's
     kubelet client may read logs and exec (the kubelet authorizes it through SubjectAccessReview)."""
+
     def binding(name: str, role: str, kind: str, subject: str) -> dict:
-        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}]}
-    return [binding("gpuledger-e2e-nodes", "system:node", "Group", "system:nodes"),
-            binding("gpuledger-e2e-kubelet-api", "system:kubelet-api-admin", "User", KUBELET_CLIENT_USER)]
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+        }
+
+    return [
+        binding("gpuledger-e2e-nodes", "system:node", "Group", "system:nodes"),
+        binding("gpuledger-e2e-kubelet-api", "system:kubelet-api-admin", "User", KUBELET_CLIENT_USER),
+    ]
 
 
 @dataclass
 class RealNode:
-    """kubelet + containerd registering Node `name` with `cp`; `index` picks its node IP, pod CIDR and bridge."""
+    """kubelet + containerd registering Node `name` with `cp`; `index` picks its node IP, pod CIDR and
+    bridge."""
 
     cp: ControlPlane
     name: str = "real-node-0"
@@ -111,22 +152,22 @@ class RealNode:
 
     @property
     def kubelet_log(self) -> Path:
-        return self.workdir / "kubelet.log"
+        return _started(self.workdir, "workdir") / "kubelet.log"
 
     @property
     def containerd_log(self) -> Path:
-        return self.containerd.log
+        return _started(self.containerd, "containerd").log
 
     @property
     def pod_resources_socket(self) -> Path:
-        return self.workdir / "kubelet" / "pod-resources" / "kubelet.sock"
+        return _started(self.workdir, "workdir") / "kubelet" / "pod-resources" / "kubelet.sock"
 
     @property
     def cgroup_root(self) -> str:
         return f"/gpuledger-{self.name}"
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 120.0) -> "RealNode":
+    def start(self, timeout: float = 120.0) -> RealNode:
         lacking = missing_parts()
         if lacking:
             raise RealNodeUnavailable("a real node needs: " + "; ".join(lacking))
@@ -136,12 +177,14 @@ class RealNode:
         try:
             tag = hashlib.sha256(str(self.workdir).encode()).hexdigest()[:8]
             self.node_ip = str(NODE_IP_NET[10 + self.index])
-            self.containerd = Containerd(self.workdir / "containerd", bridge=f"glbr{tag}",
-                                         pod_cidr=f"10.244.{self.index}.0/24")
+            self.containerd = Containerd(
+                self.workdir / "containerd", bridge=f"glbr{tag}", pod_cidr=f"10.244.{self.index}.0/24"
+            )
             self.containerd.start(CACHE / "images")
             self._make_cgroup_root()
-            subprocess.run(["ip", "addr", "replace", f"{self.node_ip}/32", "dev", "lo"], check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["ip", "addr", "replace", f"{self.node_ip}/32", "dev", "lo"], check=True, capture_output=True
+            )
             self.cp.apply(node_rbac())
             self._sysctls = {k: (Path("/proc/sys") / k).read_text() for k in KUBELET_SYSCTLS}
             self._start_kubelet()
@@ -154,7 +197,8 @@ class RealNode:
         return self
 
     def stop(self, delete_node: bool = True) -> None:
-        """Kubelet, pods (killed through their cgroups), containerd and its shims, mounts, addresses: all gone."""
+        """Kubelet, pods (killed through their cgroups), containerd and its shims, mounts, addresses: all
+        gone."""
         if self.workdir is None:
             return
         self.kill_kubelet()
@@ -162,7 +206,9 @@ class RealNode:
         if self.containerd is not None:
             self.containerd.teardown()
         self._remove_cgroup_tree()
-        for mount in reversed(mounts_under(self.workdir)):  # the kubelet bind-mounts its root folder (rshared)
+        for mount in reversed(
+            mounts_under(self.workdir)
+        ):  # the kubelet bind-mounts its root folder (rshared)
             subprocess.run(["umount", "-l", mount], capture_output=True)
         if self.node_ip:
             subprocess.run(["ip", "addr", "del", f"{self.node_ip}/32", "dev", "lo"], capture_output=True)
@@ -180,14 +226,15 @@ class RealNode:
             os.close(self._lock)
             self._lock = None
 
-    def __enter__(self) -> "RealNode":
+    def __enter__(self) -> RealNode:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
     def kill_kubelet(self) -> None:
-        """The kubelet alone dies (SIGKILL): pods keep running, the Node goes NotReady once its lease lapses."""
+        """The kubelet alone dies (SIGKILL): pods keep running, the Node goes NotReady once its lease
+        lapses."""
         if self.kubelet is not None and self.kubelet.poll() is None:
             self.kubelet.kill()
             self.kubelet.wait(10)
@@ -200,9 +247,11 @@ class RealNode:
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
         def ready():
-            if self.kubelet.poll() is not None:
-                raise RuntimeError(f"kubelet exited {self.kubelet.returncode} ({self.kubelet_log}):\n"
-                                   f"{tail(self.kubelet_log)}")
+            kubelet = _started(self.kubelet, "kubelet")
+            if kubelet.poll() is not None:
+                raise RuntimeError(
+                    f"kubelet exited {kubelet.returncode} ({self.kubelet_log}):\n{tail(self.kubelet_log)}"
+                )
             if not self.healthy():  # a restarted kubelet: the Node still reads Ready from its predecessor
                 return None
             proc = self.cp.kubectl("get", "node", self.name, "-o", "json", check=False)
@@ -231,38 +280,63 @@ class RealNode:
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": self.node_ip, "port": port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": healthz,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": self.cp.ca_file}},
+            "address": self.node_ip,
+            "port": port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": healthz,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": self.cp.ca_file},
+            },
             "authorization": {"mode": "Webhook"},
-            "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root,
-            "failCgroupV1": False, "failSwapOn": False,
-            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
-            "podLogsDir": str(self.workdir / "pod-logs"),
-            "rotateCertificates": False, "serverTLSBootstrap": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": self.cgroup_root,
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{_started(self.containerd, 'containerd').socket}",
+            "podLogsDir": str(_started(self.workdir, "workdir") / "pod-logs"),
+            "rotateCertificates": False,
+            "serverTLSBootstrap": False,
             "registerWithTaints": self.taints,
             "makeIPTablesUtilChains": False,  # no iptables here, and nothing of ours needs it
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,  # the images cannot be pulled
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},  # a shared disk filling up must not evict test pods
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,  # the images cannot be pulled
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },  # a shared disk filling up must not evict test pods
             "volumeStatsAggPeriod": "0s",
             # node status (capacity a device plugin just registered, among others) reaches the API within 2s
-            "nodeStatusUpdateFrequency": "2s", "nodeStatusReportFrequency": "5m",  # unchanged status: rarely
+            "nodeStatusUpdateFrequency": "2s",
+            "nodeStatusReportFrequency": "5m",  # unchanged status: rarely
             "resolvConf": "/etc/resolv.conf",
         }
 
     def _start_kubelet(self) -> None:
-        folder = self.workdir / "kubelet"
+        folder = _started(self.workdir, "workdir") / "kubelet"
         (folder / "pki").mkdir(parents=True, exist_ok=True)
         cert, key = node_credentials(self.cp, self.name)
         (folder / "pki" / "node.crt").write_bytes(cert)
         (folder / "pki" / "node.key").write_bytes(key)
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.cp.url, "certificate-authority": self.cp.ca_file}}],
-            "users": [{"name": self.name, "user": {"client-certificate": str(folder / "pki" / "node.crt"),
-                                                   "client-key": str(folder / "pki" / "node.key")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "e2e", "cluster": {"server": self.cp.url, "certificate-authority": self.cp.ca_file}}
+            ],
+            "users": [
+                {
+                    "name": self.name,
+                    "user": {
+                        "client-certificate": str(folder / "pki" / "node.crt"),
+                        "client-key": str(folder / "pki" / "node.key"),
+                    },
+                }
+            ],
             "contexts": [{"name": self.name, "context": {"cluster": "e2e", "user": self.name}}],
             "current-context": self.name,
         }
@@ -271,15 +345,19 @@ class RealNode:
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
         argv = [
             str(binary_path("kubelet")),
-            f"--config={folder / 'config.yaml'}", f"--kubeconfig={folder / 'kubeconfig'}",
-            f"--root-dir={folder}", f"--cert-dir={folder / 'pki'}",
-            f"--hostname-override={self.name}", f"--node-ip={self.node_ip}",
+            f"--config={folder / 'config.yaml'}",
+            f"--kubeconfig={folder / 'kubeconfig'}",
+            f"--root-dir={folder}",
+            f"--cert-dir={folder / 'pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.node_ip}",
             *([f"--node-labels={labels}"] if labels else []),
             "--v=1",
         ]
         with open(self.kubelet_log, "ab") as log:
-            self.kubelet = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.kubelet = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
 
     # ------------------------------------------------------------------ host state
     def _take_host_lock(self) -> None:
@@ -293,8 +371,10 @@ class RealNode:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(fd)
-                    raise RealNodeUnavailable(f"another real node holds {HOST_LOCK} (one kubelet per machine "
-                                              f"owns {DEVICE_PLUGIN_DIR}); waited {self.lock_timeout:.0f}s")
+                    raise RealNodeUnavailable(
+                        f"another real node holds {HOST_LOCK} (one kubelet per machine "
+                        f"owns {DEVICE_PLUGIN_DIR}); waited {self.lock_timeout:.0f}s"
+                    ) from None
                 time.sleep(1)
 
     def _restore_sysctls(self) -> None:
@@ -308,7 +388,8 @@ class RealNode:
         return [p for p in sorted(CGROUP_FS.iterdir()) if p.is_dir() and os.path.ismount(p)]
 
     def _make_cgroup_root(self) -> None:
-        """The kubelet requires --cgroup-root to exist; a cpuset child starts with no CPUs, so copy the parent's."""
+        """The kubelet requires --cgroup-root to exist; a cpuset child starts with no CPUs, so copy the
+        parent's."""
         for hierarchy in self._hierarchies():
             root = hierarchy / self.cgroup_root.lstrip("/")
             root.mkdir(exist_ok=True)
@@ -323,26 +404,27 @@ class RealNode:
         return sorted((Path(d) for d, _, _ in os.walk(root)), key=lambda p: -len(p.parts))
 
     def _kill_cgroup_tree(self) -> None:
-        """SIGKILL every process in this node's cgroups (its pods' containers, nothing else), until none is left."""
+        """SIGKILL every process in this node's cgroups (its pods' containers, nothing else), until none is
+        left."""
         for _ in range(50):
-            pids = {int(pid) for h in self._hierarchies() for cg in self._cgroups_deepest_first(h)
-                    for pid in _read(cg / "cgroup.procs").split()}
+            pids = {
+                int(pid)
+                for h in self._hierarchies()
+                for cg in self._cgroups_deepest_first(h)
+                for pid in _read(cg / "cgroup.procs").split()
+            }
             if not pids:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.1)
 
     def _remove_cgroup_tree(self) -> None:
         for hierarchy in self._hierarchies():
             for cgroup in self._cgroups_deepest_first(hierarchy):
-                try:
+                with contextlib.suppress(OSError):
                     cgroup.rmdir()
-                except OSError:
-                    pass
 
 
 def _read(path: Path) -> str:

@@ -1,8 +1,10 @@
-"""The kubelet's own gRPC APIs in Python: device plugin v1beta1 and pod resources v1, generated with grpcio-tools
-from the .proto files of the k8s.io/kubelet Go module (fetched through the Go module proxy) into the cache.
+"""The kubelet's own gRPC APIs in Python: device plugin v1beta1 and pod resources v1, generated with
+grpcio-tools from the .proto files of the k8s.io/kubelet Go module (fetched through the Go module proxy) into
+the cache.
 
 Generated at first use, not committed: generated code checks the protobuf runtime it runs on, so the stubs are
-made by the grpcio-tools installed beside that runtime. Never edits the protos beyond dropping gogoproto options.
+made by the grpcio-tools installed beside that runtime. Never edits the protos beyond dropping gogoproto
+options.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class KubeletApiError(RuntimeError):
 
 
 def strip_gogo(proto: str) -> str:
-    """Drop gogoproto's Go-only options (import, file options, field options): the wire format is unchanged."""
+    """Drop gogoproto's Go-only options (import, file options, field options): the wire format is
+    unchanged."""
     for pattern in _GOGO:
         proto = pattern.sub("", proto)
     if "gogoproto" in proto:
@@ -52,12 +55,20 @@ def kubelet_module_dir() -> Path:
     """`go mod download -json k8s.io/kubelet@v0.X.Y`: the module's folder in Go's module cache."""
     env = dict(os.environ, GOFLAGS="-mod=mod", GOTOOLCHAIN="local", GOSUMDB=os.environ.get("GOSUMDB", "off"))
     with tempfile.TemporaryDirectory() as empty:  # outside any module, so no go.mod is read or changed
-        proc = subprocess.run(["go", "mod", "download", "-json", KUBELET_MODULE], cwd=empty, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            ["go", "mod", "download", "-json", KUBELET_MODULE],
+            cwd=empty,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     try:
         info = json.loads(proc.stdout)
-    except ValueError:
-        raise KubeletApiError(f"go mod download {KUBELET_MODULE} exited {proc.returncode}: {proc.stderr.strip()}")
+    except ValueError as err:
+        raise KubeletApiError(
+            f"go mod download {KUBELET_MODULE} exited {proc.returncode}: {proc.stderr.strip()}"
+        ) from err
     if info.get("Error") or not info.get("Dir"):
         raise KubeletApiError(f"go mod download {KUBELET_MODULE}: {info.get('Error')}")
     return Path(info["Dir"])
@@ -78,7 +89,7 @@ def generate(out: Path | None = None) -> Path:
     out = out or generated_dir()
     if (out / PACKAGE / "done").exists():
         return out
-    import grpc_tools
+    import grpc_tools  # type: ignore[import-untyped]  # grpcio-tools ships no type hints
 
     module = kubelet_module_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,9 +103,20 @@ def generate(out: Path | None = None) -> Path:
             sources.append(str(target.relative_to(work)))
         includes = Path(grpc_tools.__file__).parent / "_proto"
         proc = subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", f"-I{work}", f"-I{includes}",
-             f"--python_out={work}", f"--grpc_python_out={work}", *sources],
-            cwd=work, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                f"-I{work}",
+                f"-I{includes}",
+                f"--python_out={work}",
+                f"--grpc_python_out={work}",
+                *sources,
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if proc.returncode != 0:
             raise KubeletApiError(f"grpc_tools.protoc exited {proc.returncode}: {proc.stderr.strip()}")
@@ -110,7 +132,8 @@ def generate(out: Path | None = None) -> Path:
 
 
 def load() -> SimpleNamespace:
-    """deviceplugin / deviceplugin_grpc / podresources / podresources_grpc modules, generating them if needed."""
+    """deviceplugin / deviceplugin_grpc / podresources / podresources_grpc modules, generating them if
+    needed."""
     root = str(generate())
     if root not in sys.path:
         sys.path.append(root)

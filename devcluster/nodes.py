@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import yaml
 
@@ -32,7 +32,9 @@ def device_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}"))
 
 
-def device_entries(node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()) -> list[dict]:
+def device_entries(
+    node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()
+) -> list[dict]:
     """The `agentaflow.gpu/devices` annotation a node agent (allocator.node_agent.probes) would write."""
     bad = set(unhealthy)
     return [
@@ -139,7 +141,8 @@ def make_sample_cluster(
     """Spines `spine-S`, leaves `leaf-L` numbered across spines, nodes `leaf-L-node-N`.
 
     In every leaf the last `tainted_per_leaf` nodes carry `nvidia.com/gpu=true:NoSchedule` and the first
-    `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU products.
+    `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU
+    products.
     """
     nodes = []
     for s in range(spines):
@@ -173,7 +176,7 @@ def create_nodes(api_client, nodes: list[dict]) -> None:
     core = client.CoreV1Api(api_client)
     for node in nodes:
         body = {k: v for k, v in node.items() if k != "status"}
-        core.create_node(body=body)
+        core.create_node(body=body)  # type: ignore[arg-type]  # the client sends a plain dict body as is
         core.patch_node_status(node["metadata"]["name"], body={"status": node["status"]})
 
 

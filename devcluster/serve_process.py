@@ -30,7 +30,7 @@ class ServedProcess:
 
     def __init__(self, argv: list[str], url: str, ca_file: str, log: Path):
         self.url, self.ca_file, self.log_path = url, ca_file, log
-        self._log = open(log, "wb")
+        self._log = open(log, "wb")  # noqa: SIM115 - the child writes to it until stop() closes it
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
 
     def get(self, path: str) -> tuple[int, str]:
@@ -83,17 +83,36 @@ class GpuledgerServe(ServedProcess):
     def __init__(self, cp, extra_config: dict | None = None, *args: str):
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuledger-serve-"))
         self.ca = pki.make_ca("gpuledger-serve-test-ca")
-        self.tls = pki.write_bundle(self.workdir, self.ca, pki.make_serving_cert(self.ca, ["localhost"], ["127.0.0.1"]))
+        self.tls = pki.write_bundle(
+            self.workdir, self.ca, pki.make_serving_cert(self.ca, ["localhost"], ["127.0.0.1"])
+        )
         config = {"hmac_key": HMAC_KEY, "privileged_usernames": [WEBHOOK_USER], **(extra_config or {})}
         (self.workdir / "webhook.yaml").write_text(yaml.safe_dump(config))
         self.cp = cp
         port = free_port()
         super().__init__(
-            [sys.executable, "-m", "webhook.cli", "serve", "--port", str(port),
-             "--tls-cert", str(self.tls["tls.crt"]), "--tls-key", str(self.tls["tls.key"]),
-             "--kubeconfig", cp.kubeconfig_for(WEBHOOK_USER), "--config", str(self.workdir / "webhook.yaml"),
-             "--log-level", "WARNING", *args],
-            f"https://127.0.0.1:{port}", str(self.tls["ca.crt"]), self.workdir / "serve.log",
+            [
+                sys.executable,
+                "-m",
+                "webhook.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--tls-cert",
+                str(self.tls["tls.crt"]),
+                "--tls-key",
+                str(self.tls["tls.key"]),
+                "--kubeconfig",
+                cp.kubeconfig_for(WEBHOOK_USER),
+                "--config",
+                str(self.workdir / "webhook.yaml"),
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            f"https://127.0.0.1:{port}",
+            str(self.tls["ca.crt"]),
+            self.workdir / "serve.log",
         )
 
     def register(self, failure_policy: str = "Fail", timeout_s: int = 10) -> None:

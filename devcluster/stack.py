@@ -6,6 +6,7 @@ webhook, kill the actor or read the ledger while kube-apiserver keeps calling th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -13,13 +14,17 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
 from allocator.cluster_sync import ClusterSync, RayLedgerTarget, SyncConfig
+from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
 from certs import pki
 from devcluster import webhooks
-from devcluster.cluster import WEBHOOK_USER, ControlPlane, free_port
+from devcluster.cluster import WEBHOOK_USER, KubeClient, free_port
 from webhook.config import WebhookConfig
+
+if TYPE_CHECKING:
+    from webhook.transport.server import ServerThread
 
 log = logging.getLogger("gpuledger.e2e")
 
@@ -28,23 +33,29 @@ HMAC_KEY = "gpuledger-e2e-placement-key"
 
 def e2e_webhook_config(**overrides) -> WebhookConfig:
     """The webhook's defaults, with a signing key and the identity this harness gives the webhook."""
-    values = dict(hmac_key=HMAC_KEY, privileged_usernames=(WEBHOOK_USER,), deadline_s=4.0)
+    values: dict[str, Any] = {
+        "hmac_key": HMAC_KEY,
+        "privileged_usernames": (WEBHOOK_USER,),
+        "deadline_s": 4.0,
+    }
     values.update(overrides)
     return WebhookConfig(**values)
 
 
 @dataclass
 class Stack:
-    cp: ControlPlane
+    cp: KubeClient  # a ControlPlane of ours, or the demo's ExistingCluster
     config: WebhookConfig = field(default_factory=e2e_webhook_config)
     failure_policy: str = "Fail"
     timeout_s: int = 10
-    sync_config: SyncConfig = field(default_factory=lambda: SyncConfig(expiry_interval_s=2.0, status_interval_s=0.5))
+    sync_config: SyncConfig = field(
+        default_factory=lambda: SyncConfig(expiry_interval_s=2.0, status_interval_s=0.5)
+    )
     actor_name: str = field(default_factory=lambda: f"gpu-ledger-{uuid.uuid4().hex[:6]}")
     ray_namespace: str = "gpuledger-e2e"
     webhook_host: str = "127.0.0.1"  # where the API server reaches the webhook (it listens there too)
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         import ray
 
         from allocator.ray_actor import get_or_create_ledger, wait_ready
@@ -56,10 +67,19 @@ class Stack:
         )
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
-            ray.init(address="local", namespace=self.ray_namespace, include_dashboard=False, num_cpus=1,
-                     log_to_driver=False, logging_level=logging.ERROR)
+            ray.init(
+                address="local",
+                namespace=self.ray_namespace,
+                include_dashboard=False,
+                num_cpus=1,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
         self.handle = get_or_create_ledger(
-            self.config.ledger_config(), {"kind": "kubernetes"}, name=self.actor_name, namespace=self.ray_namespace
+            self.config.ledger_config(),
+            {"kind": "kubernetes"},
+            name=self.actor_name,
+            namespace=self.ray_namespace,
         )
         wait_ready(self.handle)
         self.api_client = self.cp.api_client(WEBHOOK_USER)  # the webhook's own identity and RBAC
@@ -67,17 +87,17 @@ class Stack:
         if not self.sync.wait_synced(60):
             raise RuntimeError(f"cluster sync did not finish its first list: {self.sync.stats}")
         self.port = free_port(self.webhook_host)
-        self.server = None
+        self.server: ServerThread | None = None
         self.start_webhook()
         self.register()
         return self
 
     # ------------------------------------------------------------------ webhook process
     def start_webhook(self) -> None:
-        from webhook.transport.app import create_app
+        from webhook.admission.owners import KubeOwners
         from webhook.events import KubeEventWriter
         from webhook.ledger_client import RayLedgerClient
-        from webhook.admission.owners import KubeOwners
+        from webhook.transport.app import create_app
         from webhook.transport.server import ServerThread
         from webhook.transport.tls import ReloadingTLS
 
@@ -134,7 +154,7 @@ class Stack:
         def synced():
             try:
                 status = self.call("status", timeout=5)
-            except Exception:  # restarting
+            except Exception:  # noqa: BLE001 - restarting: any failure means not synced yet
                 return None
             if after_incarnation and status.get("incarnation") == after_incarnation:
                 return None
@@ -153,15 +173,13 @@ class Stack:
         webhooks.unregister(self.cp)
         self.stop_webhook()
         self.sync.stop()
-        try:
+        with contextlib.suppress(Exception):  # already gone
             ray.kill(self.handle, no_restart=True)
-        except Exception:  # already gone
-            pass
         if self._own_ray:
             ray.shutdown()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -178,8 +196,15 @@ def _log_transport_errors():
         response = await handler(request)
         if response.status >= 400:
             body = getattr(response, "text", "") or ""
-            log.warning("webhook answered %s %s with HTTP %d: %s (content-type %r, length %r)", request.method,
-                        request.path, response.status, body[:300], request.content_type, request.content_length)
+            log.warning(
+                "webhook answered %s %s with HTTP %d: %s (content-type %r, length %r)",
+                request.method,
+                request.path,
+                response.status,
+                body[:300],
+                request.content_type,
+                request.content_length,
+            )
         return response
 
     return middleware
@@ -196,7 +221,8 @@ def _sans(host: str) -> tuple[list[str], list[str]]:
 
 
 def placements_by_device(stack: Stack, pods: list[dict]) -> dict[tuple[str, int], list[str]]:
-    """(node, device) -> the stored, non-terminal pods whose placement holds it: more than one is a double booking."""
+    """(node, device) -> the stored, non-terminal pods whose placement holds it: more than one is a double
+    booking."""
     held: dict[tuple[str, int], list[str]] = {}
     for pod in pods:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):

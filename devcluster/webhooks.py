@@ -1,8 +1,8 @@
 """Admission registrations for a webhook running as a local process: `url` client config, our own caBundle.
 
 The manifests' registrations (manifests/webhooks.yaml) reach a Service; here the API server calls
-https://127.0.0.1:PORT directly. Everything else (rules, opt-in selector, exclusions, sideEffects) is the same,
-and a test checks that it stays the same.
+https://127.0.0.1:PORT directly. Everything else (rules, opt-in selector, exclusions, sideEffects) is the
+same, and a test checks that it stays the same.
 """
 
 from __future__ import annotations
@@ -80,9 +80,5 @@ def register(cp, base_url: str, ca_pem: bytes, failure_policy: str = "Fail", tim
 
 
 def unregister(cp) -> None:
-    cp.kubectl(
-        "delete", "mutatingwebhookconfiguration", MUTATING, "--ignore-not-found", check=False
-    )
-    cp.kubectl(
-        "delete", "validatingwebhookconfiguration", VALIDATING, "--ignore-not-found", check=False
-    )
+    cp.kubectl("delete", "mutatingwebhookconfiguration", MUTATING, "--ignore-not-found", check=False)
+    cp.kubectl("delete", "validatingwebhookconfiguration", VALIDATING, "--ignore-not-found", check=False)

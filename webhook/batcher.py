@@ -8,19 +8,25 @@ round trip, and the rate of calls stays at most 1/RTT however many admissions ar
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Awaitable, Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-# how many items left in the same call as the caller's last one (set in the caller's context: the admission log)
+# how many items left in the same call as the caller's last one (set in the caller's context: the admission
+# log)
 batch_size: ContextVar[int] = ContextVar("batch_size", default=0)
 
 
 class Batcher(Generic[Item, Result]):
-    def __init__(self, send: Callable[[list[Item]], Awaitable[list[Result]]], max_batch: int = 1024,
-                 max_in_flight: int = 1):
+    def __init__(
+        self,
+        send: Callable[[list[Item]], Awaitable[list[Result]]],
+        max_batch: int = 1024,
+        max_in_flight: int = 1,
+    ):
         self._send = send
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
@@ -41,7 +47,7 @@ class Batcher(Generic[Item, Result]):
     def _launch(self) -> None:
         # items whose caller gave up (deadline) are not sent
         self._queue = [(item, fut) for item, fut in self._queue if not fut.done()]
-        batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
+        batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
         if not batch:
             return
         self._in_flight += 1
@@ -54,14 +60,14 @@ class Batcher(Generic[Item, Result]):
             results = await self._send([item for item, _ in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"batched call answered {len(results)} results for {len(batch)} items")
-        except BaseException as exc:  # noqa: BLE001 - every waiter must learn of the failure
+        except BaseException as exc:  # every waiter must learn of the failure
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             if not isinstance(exc, Exception):
                 raise
         else:
-            for (_, fut), result in zip(batch, results):
+            for (_, fut), result in zip(batch, results, strict=True):
                 if not fut.done():
                     fut.set_result((result, len(batch)))
         finally:
@@ -72,4 +78,3 @@ class Batcher(Generic[Item, Result]):
     @property
     def mean_batch(self) -> float:
         return self.items / self.calls if self.calls else 0.0
-

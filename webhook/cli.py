@@ -10,7 +10,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("webhook.serve", "run the admission webhook backed by the Ray-held GPU ledger"),
     "explain": ("webhook.explain", "run the real mutating path for pods against a cluster file, offline"),
     "simulate": ("allocator.sim.simulator", "replay a GPU-cluster trace through the allocator core"),
-    "node-agent": ("allocator.node_agent.agent", "publish this node's GPUs (NVML) as agentaflow.gpu/* labels and annotations"),
+    "node-agent": (
+        "allocator.node_agent.agent",
+        "publish this node's GPUs (NVML) as agentaflow.gpu/* labels and annotations",
+    ),
     "certs": ("certs.cli", "generate or rotate the webhook's CA and serving certificate"),
     "demo": ("devcluster.demo", "start a local control plane + webhook and place sample workloads"),
 }
@@ -20,7 +23,6 @@ def usage() -> str:
     lines = ["usage: gpuledger <command> [options]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     return "\n".join(lines)
-
 
 
 def main(argv: list[str] | None = None) -> int:

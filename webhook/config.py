@@ -1,19 +1,30 @@
-"""The webhook's settings: one dataclass, loadable from a YAML file, every field documented in docs/webhook.md.
+"""The webhook's settings: one dataclass, loadable from a YAML file, every field documented in
+docs/webhook.md.
 
-The file is gpuledger's own mapping or, as written, the topology scheduler's `SchedulerConfig` (alone or inside a
-ConfigMap dump). Loading only reads and validates: pushing settings to the ledger is webhook.config_watch's job.
+The file is gpuledger's own mapping or, as written, the topology scheduler's `SchedulerConfig` (alone or
+inside a ConfigMap dump). Loading only reads and validates: pushing settings to the ledger is
+webhook.config_watch's job.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
-from allocator.service import DEFAULT_SCORING_WEIGHTS, LedgerConfig, LedgerSettings
-from allocator.service import BindingMode, check_label_key, check_leaf_limit, check_scoring_weights, check_strategy
+from allocator.service import (
+    DEFAULT_SCORING_WEIGHTS,
+    BindingMode,
+    LedgerConfig,
+    LedgerSettings,
+    check_label_key,
+    check_leaf_limit,
+    check_scoring_weights,
+    check_strategy,
+)
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
 AFFINITY_KEYS = ("kubernetes.io/hostname", "metadata.name")
@@ -43,7 +54,8 @@ class WebhookConfig:
     default_strategy: str = "best_fit"
     # the `balanced` strategy's weights (the topology scheduler's scoringWeights); a weight left out counts 0
     scoring_weights: dict = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
-    # per-leaf limits for a gang (Job/StatefulSet placed all-or-nothing): max_nodes_per_leaf, max_gpus_per_leaf
+    # per-leaf limits for a gang (Job/StatefulSet placed all-or-nothing): max_nodes_per_leaf,
+    # max_gpus_per_leaf
     topology_constraints: dict = field(default_factory=lambda: dict.fromkeys(TOPOLOGY_CONSTRAINTS, 0))
     # the Node labels naming a node's leaf and spine (live too, but a change rebuilds the ledger)
     leaf_label: str = "topology.scheduler/leaf"
@@ -54,9 +66,7 @@ class WebhookConfig:
     hmac_key_file: str | None = None
     hmac_key: str = ""
     # requests from these users may change gpuledger.io/* annotations and labels on UPDATE
-    privileged_usernames: tuple[str, ...] = (
-        "system:serviceaccount:gpuledger-system:gpuledger",
-    )
+    privileged_usernames: tuple[str, ...] = ("system:serviceaccount:gpuledger-system:gpuledger",)
     gpu_resource: str = "nvidia.com/gpu"
     max_body_bytes: int = 4 * 1024 * 1024
     # how long an owner Job/StatefulSet fetched from the API is reused
@@ -69,9 +79,13 @@ class WebhookConfig:
     def __post_init__(self) -> None:
         self.binding_mode = BindingMode(self.binding_mode)
         if self.visibility_mode not in VISIBILITY_MODES:
-            raise ValueError(f"visibility_mode={self.visibility_mode!r}: expected one of {', '.join(VISIBILITY_MODES)}")
+            raise ValueError(
+                f"visibility_mode={self.visibility_mode!r}: expected one of {', '.join(VISIBILITY_MODES)}"
+            )
         if self.affinity_key not in AFFINITY_KEYS:
-            raise ValueError(f"affinity_key={self.affinity_key!r}: expected one of {', '.join(AFFINITY_KEYS)}")
+            raise ValueError(
+                f"affinity_key={self.affinity_key!r}: expected one of {', '.join(AFFINITY_KEYS)}"
+            )
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s={self.deadline_s!r}: expected a positive number of seconds")
         self.privileged_usernames = tuple(self.privileged_usernames)
@@ -82,7 +96,7 @@ class WebhookConfig:
             check_label_key(getattr(self, key), key)
         self.ledger_settings()  # what only the combination can get wrong (leaf_label == spine_label)
 
-    def with_environment(self, environ: Mapping[str, str]) -> "WebhookConfig":
+    def with_environment(self, environ: Mapping[str, str]) -> WebhookConfig:
         """This config with SCHEDULING_STRATEGY (when set and not empty) as the default strategy."""
         name = (environ.get(STRATEGY_ENV) or "").strip()
         if not name:
@@ -97,17 +111,27 @@ class WebhookConfig:
 
     def ledger_config(self) -> LedgerConfig:
         """The ledger's settings (used where this process creates the ledger: the first replica wins)."""
-        return LedgerConfig(default_strategy=self.default_strategy, reservation_ttl_s=self.reservation_ttl_s,
-                            placement_key=self.placement_key(), balanced_weights=dict(self.scoring_weights),
-                            leaf_label=self.leaf_label, spine_label=self.spine_label)
+        return LedgerConfig(
+            default_strategy=self.default_strategy,
+            reservation_ttl_s=self.reservation_ttl_s,
+            placement_key=self.placement_key(),
+            balanced_weights=dict(self.scoring_weights),
+            leaf_label=self.leaf_label,
+            spine_label=self.spine_label,
+        )
 
     def ledger_settings(self) -> LedgerSettings:
         """The settings a live ledger takes (at start and on every reload)."""
-        return LedgerSettings(default_strategy=self.default_strategy, scoring_weights=dict(self.scoring_weights),
-                              leaf_label=self.leaf_label, spine_label=self.spine_label, **self.topology_constraints)
+        return LedgerSettings(
+            default_strategy=self.default_strategy,
+            scoring_weights=dict(self.scoring_weights),
+            leaf_label=self.leaf_label,
+            spine_label=self.spine_label,
+            **self.topology_constraints,
+        )
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> "WebhookConfig":
+    def from_mapping(cls, data: dict[str, Any]) -> WebhookConfig:
         # snake_case, camelCase (as Kubernetes-style YAML writes it) and kebab-case name the same key
         known = {_norm(f.name): f.name for f in fields(cls)}
         values: dict[str, Any] = {}
@@ -117,38 +141,48 @@ class WebhookConfig:
             if name is None:
                 unknown.append(str(key))
             elif name in values:
-                raise ValueError(f"{key}={value!r} is not accepted: {name} is already set (by another spelling)")
+                raise ValueError(
+                    f"{key}={value!r} is not accepted: {name} is already set (by another spelling)"
+                )
             else:
                 values[name] = value
         if unknown:
-            raise ValueError(f"unknown webhook config keys: {', '.join(sorted(unknown))} "
-                             f"(known: {', '.join(sorted(known.values()))})")
+            raise ValueError(
+                f"unknown webhook config keys: {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(known.values()))})"
+            )
         return cls(**values)
 
     @classmethod
-    def from_document(cls, data: Any, where: str = "config") -> "WebhookConfig":
+    def from_document(cls, data: Any, where: str = "config") -> WebhookConfig:
         """gpuledger's mapping, a topology scheduler `SchedulerConfig` (its `spec`), or a ConfigMap holding
         either under one data key."""
         if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected a YAML mapping of webhook settings, a {SCHEDULER_CONFIG_KINDS[0]} "
-                             f"or a ConfigMap holding one")
+            raise ValueError(
+                f"{where}: expected a YAML mapping of webhook settings, a {SCHEDULER_CONFIG_KINDS[0]} "
+                f"or a ConfigMap holding one"
+            )
         kind, api = data.get("kind"), str(data.get("apiVersion") or "")
         if kind == "ConfigMap" and api == "v1":
             key, text = _config_map_entry(data, where)
             return cls.from_document(yaml.safe_load(text) or {}, f"{where} data[{key}]")
         if kind in SCHEDULER_CONFIG_KINDS or api.split("/")[0] == SCHEDULER_CONFIG_API_GROUP:
             if kind not in SCHEDULER_CONFIG_KINDS:
-                raise ValueError(f"{where}: kind={kind!r} is not accepted: expected one of "
-                                 f"{', '.join(SCHEDULER_CONFIG_KINDS)} for apiVersion {api}")
+                raise ValueError(
+                    f"{where}: kind={kind!r} is not accepted: expected one of "
+                    f"{', '.join(SCHEDULER_CONFIG_KINDS)} for apiVersion {api}"
+                )
             spec = data.get("spec") or {}
             if not isinstance(spec, dict):
-                raise ValueError(f"{where}: spec={spec!r} is not accepted: expected a mapping (scoringWeights, "
-                                 f"topologyConstraints, or any gpuledger key)")
+                raise ValueError(
+                    f"{where}: spec={spec!r} is not accepted: expected a mapping (scoringWeights, "
+                    f"topologyConstraints, or any gpuledger key)"
+                )
             return cls.from_mapping(spec)
         return cls.from_mapping(data)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "WebhookConfig":
+    def from_file(cls, path: str | Path) -> WebhookConfig:
         return cls.from_document(yaml.safe_load(Path(path).read_text()) or {}, str(path))
 
 
@@ -160,14 +194,18 @@ def _topology_constraints(value: Any) -> dict[str, int]:
     """{max_nodes_per_leaf, max_gpus_per_leaf} from either spelling; a limit left out is 0 (none)."""
     accepted = ", ".join(TOPOLOGY_CONSTRAINTS.values())
     if not isinstance(value, Mapping):
-        raise ValueError(f"topology_constraints={value!r} is not accepted: expected a mapping of {accepted} "
-                         "to integers (0 = no limit)")
+        raise ValueError(
+            f"topology_constraints={value!r} is not accepted: expected a mapping of {accepted} "
+            "to integers (0 = no limit)"
+        )
     names = {_norm(k): k for k in TOPOLOGY_CONSTRAINTS}
     out = dict.fromkeys(TOPOLOGY_CONSTRAINTS, 0)
     for key, limit in value.items():
         name = names.get(_norm(key))
         if name is None:
-            raise ValueError(f"topology_constraints.{key}={limit!r} is not accepted: expected one of {accepted}")
+            raise ValueError(
+                f"topology_constraints.{key}={limit!r} is not accepted: expected one of {accepted}"
+            )
         out[name] = check_leaf_limit(limit, f"topology_constraints.{key}")
     return out
 
@@ -176,12 +214,16 @@ def _config_map_entry(config_map: dict, where: str) -> tuple[str, str]:
     """The one data entry holding the settings: `config.yaml` when there are several."""
     data = config_map.get("data") or {}
     if not isinstance(data, dict) or not data:
-        raise ValueError(f"{where}: ConfigMap data={data!r} is not accepted: expected one entry holding the "
-                         "settings (YAML)")
+        raise ValueError(
+            f"{where}: ConfigMap data={data!r} is not accepted: expected one entry holding the "
+            "settings (YAML)"
+        )
     if len(data) > 1:
         if "config.yaml" not in data:
-            raise ValueError(f"{where}: ConfigMap data keys {', '.join(sorted(map(str, data)))} are not accepted: "
-                             "expected one entry, or several with one named config.yaml")
+            raise ValueError(
+                f"{where}: ConfigMap data keys {', '.join(sorted(map(str, data)))} are not accepted: "
+                "expected one entry, or several with one named config.yaml"
+            )
         return "config.yaml", str(data["config.yaml"])
     ((key, text),) = data.items()
     return str(key), str(text)
@@ -189,4 +231,3 @@ def _config_map_entry(config_map: dict, where: str) -> tuple[str, str]:
 
 def field_names() -> list[str]:
     return [f.name for f in fields(WebhookConfig)]
-

@@ -9,11 +9,13 @@ config it applied last, so a runtime `set_default_strategy` survives). Never dec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from allocator.service import LedgerSettings
 from webhook.config import LIVE_KEYS, WebhookConfig
@@ -26,9 +28,18 @@ Push = Callable[[LedgerSettings, str], Awaitable[dict]]
 class ConfigWatcher:
     """`check(now)` is one poll (tests call it with their own clock); `start()` polls every interval."""
 
-    def __init__(self, path: str | Path, load: Callable[[], WebhookConfig], push: Push, *, source: str = "",
-                 current: WebhookConfig | None = None, poll_interval_s: float = 1.0,
-                 repush_interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        path: str | Path,
+        load: Callable[[], WebhookConfig],
+        push: Push,
+        *,
+        source: str = "",
+        current: WebhookConfig | None = None,
+        poll_interval_s: float = 1.0,
+        repush_interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.path, self.load, self.push = Path(path), load, push
         self.source = source  # who pushes, as recorded by the ledger (e.g. the pod's name)
         self.poll_interval_s, self.repush_interval_s, self.clock = poll_interval_s, repush_interval_s, clock
@@ -84,8 +95,13 @@ class ConfigWatcher:
             return
         later = [k for k, v in new.__dict__.items() if k not in LIVE_KEYS and old.__dict__.get(k) != v]
         if later:
-            log.warning("config keys %s changed in %s: they take effect when the webhook restarts (only %s "
-                        "apply live)", ", ".join(sorted(later)), self.path, ", ".join(LIVE_KEYS))
+            log.warning(
+                "config keys %s changed in %s: they take effect when the webhook restarts (only %s "
+                "apply live)",
+                ", ".join(sorted(later)),
+                self.path,
+                ", ".join(LIVE_KEYS),
+            )
 
     async def _poll(self) -> None:
         while True:
@@ -99,10 +115,8 @@ class ConfigWatcher:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
 

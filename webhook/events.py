@@ -8,15 +8,17 @@ rate-limited by a token bucket whose clock is an input. A full queue drops the e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import socket
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -166,7 +168,7 @@ class EventPoster:
             self._queue.append(replace(event, queued_at=self.clock()))
             if self._wakeup is not None:
                 self._wakeup.set()
-        except Exception:  # noqa: BLE001 - an event must never fail an admission
+        except Exception:  # an event must never fail an admission
             log.exception("could not queue event %s", event.reason)
 
     @property
@@ -183,6 +185,9 @@ class EventPoster:
         ready += await self._resolve()
         created = 0
         for event in merge(ready):
+            ref = event.involved
+            if ref is None:  # never: `ready` holds only events whose object is known
+                continue
             wait = self.bucket.take()
             while wait > 0:
                 await self.sleep(wait)
@@ -194,9 +199,9 @@ class EventPoster:
                 log.warning(
                     "could not post event %s on %s %s/%s: %s",
                     event.reason,
-                    event.involved.kind,
+                    ref.kind,
                     event.namespace,
-                    event.involved.name,
+                    ref.name,
                     exc,
                 )
                 continue
@@ -239,7 +244,9 @@ class EventPoster:
     def body(self, event: AdmissionEvent) -> dict:
         """A core/v1 Event as kube-apiserver accepts it (its namespace is the involved object's)."""
         ref = event.involved
-        stamp = datetime.fromtimestamp(self.wall(), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if ref is None:
+            raise ValueError(f"event {event.reason!r} names no object yet: post it once its pod is found")
+        stamp = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         suffix = f".{int(self.wall() * 1e9):x}{next(self._names):x}"
         return {
             "apiVersion": "v1",
@@ -272,19 +279,17 @@ class EventPoster:
         while True:
             delay = self._next_delay()
             if delay is None or delay > 0:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), delay)
-                except TimeoutError:
-                    pass
                 self._wakeup.clear()
                 if delay is None or self._queue:
                     continue
             try:
                 await self.flush()
-            except Exception:  # noqa: BLE001 - the task must outlive any one bad round
+            except Exception:  # the task must outlive any one bad round
                 log.exception("event round failed")
 
-    def start(self) -> "EventPoster":
+    def start(self) -> EventPoster:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.run(), name="gpuledger-events")
         return self
@@ -292,10 +297,8 @@ class EventPoster:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its errors were logged
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
-                pass
             self._task = None
 
 
@@ -330,7 +333,8 @@ class KubeEventWriter:
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )
-            for pod in json.loads(resp.data).get("items") or []:
+            # with _preload_content=False the client returns the raw urllib3 response, not a V1PodList
+            for pod in json.loads(resp.data).get("items") or []:  # type: ignore[attr-defined]
                 meta = pod.get("metadata") or {}
                 rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
                 if rid:
@@ -341,7 +345,7 @@ class KubeEventWriter:
         await asyncio.to_thread(
             self._core.create_namespaced_event,
             namespace,
-            body,
+            body,  # type: ignore[arg-type]  # the client sends a plain dict body as is
             _preload_content=False,
             _request_timeout=self._timeout,
         )

@@ -17,14 +17,13 @@ from typing import Any
 
 import yaml
 
+from allocator.service import LedgerService, iter_objects
 from allocator.sources import load_objects
-from allocator.service import iter_objects
-from allocator.service import LedgerService
+from webhook.admission.handler import AdmissionHandler
+from webhook.admission.owners import OWNER_KINDS, StaticOwners
 from webhook.admission.review import make_review, parse_review
 from webhook.config import WebhookConfig
-from webhook.admission.handler import AdmissionHandler
 from webhook.ledger_client import InProcessLedgerClient
-from webhook.admission.owners import OWNER_KINDS, StaticOwners
 
 EXPLAIN_KEY = "gpuledger-explain"  # signs the printed annotations when no key is configured
 
@@ -32,11 +31,12 @@ EXPLAIN_KEY = "gpuledger-explain"  # signs the printed annotations when no key i
 def _read_stream(path: str) -> list[dict]:
     if path == "-":
         docs = [d for d in yaml.safe_load_all(sys.stdin) if d is not None]
-        return [o for o in iter_objects(docs) if isinstance(o, dict)]
+        return list(iter_objects(docs))  # dicts only
     return load_objects(path)
 
 
-def _owned_by(pod: dict) -> set[tuple[str, str]]:
+def _owned_by(pod: dict) -> set[tuple[object, object]]:
+    """(kind, name) of each owner reference, as written (a user's file may hold anything there)."""
     refs = (pod.get("metadata") or {}).get("ownerReferences") or []
     return {(r.get("kind"), r.get("name")) for r in refs if isinstance(r, dict)}
 
@@ -71,19 +71,28 @@ def expand_owner(owner: dict) -> list[dict]:
             pod_name = f"{name}-{i}"
             labels["apps.kubernetes.io/pod-index"] = str(i)
             labels["statefulset.kubernetes.io/pod-name"] = pod_name
-        pods.append({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": namespace,
-                "labels": labels,
-                "annotations": annotations,
-                "ownerReferences": [{"apiVersion": owner.get("apiVersion", ""), "kind": kind, "name": name,
-                                     "uid": meta.get("uid", ""), "controller": True}],
-            },
-            "spec": copy.deepcopy(template.get("spec") or {}),
-        })
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod_name,
+                    "namespace": namespace,
+                    "labels": labels,
+                    "annotations": annotations,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": owner.get("apiVersion", ""),
+                            "kind": kind,
+                            "name": name,
+                            "uid": meta.get("uid", ""),
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": copy.deepcopy(template.get("spec") or {}),
+            }
+        )
     return pods
 
 
@@ -100,31 +109,40 @@ def pods_in_order(objects: list[dict]) -> list[dict]:
     return out
 
 
-async def explain_pods(cluster: list[dict], objects: list[dict], config: WebhookConfig,
-                       now: float | None = None) -> list[dict[str, Any]]:
+async def explain_pods(
+    cluster: list[dict], objects: list[dict], config: WebhookConfig, now: float | None = None
+) -> list[dict[str, Any]]:
     """Admit each pod of `objects` in order; one result dict per pod."""
     now = time.time() if now is None else now
-    service = LedgerService(config.ledger_config(), {"kind": "objects", "objects": cluster}, now=now,
-                            settings=config.ledger_settings())
-    handler = AdmissionHandler(config, InProcessLedgerClient(service, lambda: now),
-                               StaticOwners([*cluster, *objects]))
+    service = LedgerService(
+        config.ledger_config(),
+        {"kind": "objects", "objects": cluster},
+        now=now,
+        settings=config.ledger_settings(),
+    )
+    handler = AdmissionHandler(
+        config, InProcessLedgerClient(service, lambda: now), StaticOwners([*cluster, *objects])
+    )
     results = []
     for i, pod in enumerate(pods_in_order(objects)):
         meta = pod.get("metadata") or {}
         namespace = meta.get("namespace") or "default"
         review = parse_review(make_review(pod, uid=f"explain-{i}", namespace=namespace))
         decision = await handler.mutate(review)
-        results.append({
-            "pod": f"{namespace}/{meta.get('name') or meta.get('generateName') or '<unnamed>'}",
-            "allowed": decision.allowed,
-            "node": decision.node,
-            "devices": list(decision.devices),
-            "reservation_id": decision.reservation_id,
-            "patch": decision.patch,
-            "reason": decision.message or ("needs no GPU: admitted unchanged" if decision.outcome == "no_gpu" else ""),
-            "code": decision.code,
-            "warnings": decision.warnings,
-        })
+        results.append(
+            {
+                "pod": f"{namespace}/{meta.get('name') or meta.get('generateName') or '<unnamed>'}",
+                "allowed": decision.allowed,
+                "node": decision.node,
+                "devices": list(decision.devices),
+                "reservation_id": decision.reservation_id,
+                "patch": decision.patch,
+                "reason": decision.message
+                or ("needs no GPU: admitted unchanged" if decision.outcome == "no_gpu" else ""),
+                "code": decision.code,
+                "warnings": decision.warnings,
+            }
+        )
     return results
 
 
@@ -151,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", required=True, help="YAML of Node (and Pod) objects: the cluster")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--config", help="webhook config YAML (binding/visibility mode, strategy, key...)")
-    parser.add_argument("--hmac-key-file", help="placement signing key (to read placed pods in the cluster file)")
-    parser.add_argument("--now", type=float, help="the ledger's clock (seconds since the epoch); default: now")
+    parser.add_argument(
+        "--hmac-key-file", help="placement signing key (to read placed pods in the cluster file)"
+    )
+    parser.add_argument(
+        "--now", type=float, help="the ledger's clock (seconds since the epoch); default: now"
+    )
     args = parser.parse_args(argv)
     try:
         config = WebhookConfig.from_file(args.config) if args.config else WebhookConfig()

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from allocator.service import AdmitCall, Held, LedgerService, Unavailable
-from allocator.service import Denial, Explanation, Placement, Request
+from allocator.service import (
+    AdmitCall,
+    Denial,
+    Explanation,
+    Held,
+    LedgerService,
+    Placement,
+    Request,
+    Unavailable,
+)
 from webhook.batcher import Batcher
 
 
@@ -20,13 +29,14 @@ class LedgerUnavailable(RuntimeError):
 
 
 class LedgerClient(Protocol):
-    """`Unavailable` answers mean the ledger cannot decide yet (not synced); errors raise LedgerUnavailable."""
+    """`Unavailable` answers mean the ledger cannot decide yet (not synced); errors raise
+    LedgerUnavailable."""
 
     async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable: ...
 
-    async def lookup(self, reservation_id: str) -> Held | None | Unavailable: ...
+    async def lookup(self, reservation_id: str) -> Held | Unavailable | None: ...
 
-    async def claim(self, reservation_id: str) -> Held | None | Unavailable: ...
+    async def claim(self, reservation_id: str) -> Held | Unavailable | None: ...
 
     async def status(self) -> dict[str, Any]: ...
 
@@ -38,18 +48,19 @@ class LedgerClient(Protocol):
 
 
 class InProcessLedgerClient:
-    """Wraps a LedgerService in this process: handler tests and `explain`. `clock` gives the ledger's `now`."""
+    """Wraps a LedgerService in this process: handler tests and `explain`. `clock` gives the ledger's
+    `now`."""
 
     def __init__(self, service: LedgerService, clock: Callable[[], float] = time.time):
         self.service, self.clock = service, clock
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial:
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
         return self.service.admit([call], self.clock())[0]
 
-    async def lookup(self, reservation_id: str) -> Held | None:
+    async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
         return self.service.lookup([reservation_id])[0]
 
-    async def claim(self, reservation_id: str) -> Held | None:
+    async def claim(self, reservation_id: str) -> Held | Unavailable | None:
         return self.service.claim([reservation_id])[0]
 
     async def status(self) -> dict[str, Any]:
@@ -72,16 +83,20 @@ class RayLedgerClient:
     admission that did reach the old actor returns the same placement. The handler's deadline bounds it.
     """
 
-    def __init__(self, handle: Any, max_batch: int = 1024, max_in_flight: int = 1,
-                 retry_backoff_s: float = 0.05):
+    def __init__(
+        self, handle: Any, max_batch: int = 1024, max_in_flight: int = 1, retry_backoff_s: float = 0.05
+    ):
         self.handle = handle
         self.retry_backoff_s = retry_backoff_s
-        self.admissions: Batcher[AdmitCall, Placement | Denial] = Batcher(
-            lambda calls: self._call("admit", calls), max_batch, max_in_flight)
-        self.lookups: Batcher[str, Held | None] = Batcher(
-            lambda ids: self._call("lookup", ids), max_batch, max_in_flight)
-        self.claims: Batcher[str, Held | None] = Batcher(
-            lambda ids: self._call("claim", ids), max_batch, max_in_flight)
+        self.admissions: Batcher[AdmitCall, Placement | Denial | Unavailable] = Batcher(
+            lambda calls: self._call("admit", calls), max_batch, max_in_flight
+        )
+        self.lookups: Batcher[str, Held | Unavailable | None] = Batcher(
+            lambda ids: self._call("lookup", ids), max_batch, max_in_flight
+        )
+        self.claims: Batcher[str, Held | Unavailable | None] = Batcher(
+            lambda ids: self._call("claim", ids), max_batch, max_in_flight
+        )
 
     async def _call(self, method: str, *args: Any) -> Any:
         import ray.exceptions as rex
@@ -92,19 +107,20 @@ class RayLedgerClient:
             try:
                 return await getattr(self.handle, method).remote(*args)
             except retriable:
-                pass  # keep trying until the caller's deadline cancels us; the actor restarts (max_restarts=-1)
+                # keep trying until the caller's deadline cancels us; the actor restarts (max_restarts=-1)
+                pass
             except rex.RaySystemError as exc:
                 raise LedgerUnavailable(f"ray: {exc}") from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial:
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
         return await self.admissions.submit(call)
 
-    async def lookup(self, reservation_id: str) -> Held | None:
+    async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
         return await self.lookups.submit(reservation_id)
 
-    async def claim(self, reservation_id: str) -> Held | None:
+    async def claim(self, reservation_id: str) -> Held | Unavailable | None:
         return await self.claims.submit(reservation_id)
 
     async def status(self) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import IO, Any, Mapping
+from collections.abc import Mapping
+from typing import IO, Any
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter

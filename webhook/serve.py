@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from webhook.config import VISIBILITY_MODES, WebhookConfig
 from webhook.logs import LOG_FORMAT_ENV, LOG_FORMATS, choose_format, configure
@@ -24,44 +24,72 @@ log = logging.getLogger("gpuledger.serve")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuledger serve", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1",
-                   help="bind address (default 127.0.0.1 for development; the Deployment passes 0.0.0.0)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address (default 127.0.0.1 for development; the Deployment passes 0.0.0.0)",
+    )
     p.add_argument("--port", type=int, default=8443)
     p.add_argument("--tls-cert", required=True, help="serving certificate (PEM); reloaded when it changes")
     p.add_argument("--tls-key", required=True, help="its private key (PEM)")
     p.add_argument("--client-ca", help="require client certificates signed by this CA (PEM)")
-    p.add_argument("--tls-poll-interval", type=float, default=1.0,
-                   help="seconds between checks of the certificate files for a change")
+    p.add_argument(
+        "--tls-poll-interval",
+        type=float,
+        default=1.0,
+        help="seconds between checks of the certificate files for a change",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--cluster", help="YAML of Nodes and Pods: an offline ledger source (no Kubernetes API)")
     src.add_argument("--kubeconfig", help="kubeconfig for the API (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--ray-address", help="join this Ray cluster (default: start a local Ray in this process)")
     p.add_argument("--ray-num-cpus", type=int, default=1, help="CPUs of the local Ray (no --ray-address)")
-    p.add_argument("--config", help="webhook config YAML: gpuledger's keys, or the topology scheduler's "
-                                    "SchedulerConfig (see docs/webhook.md); followed while serving")
-    p.add_argument("--config-poll-interval", type=float, default=1.0,
-                   help="seconds between checks of the --config file for a change")
+    p.add_argument(
+        "--config",
+        help="webhook config YAML: gpuledger's keys, or the topology scheduler's "
+        "SchedulerConfig (see docs/webhook.md); followed while serving",
+    )
+    p.add_argument(
+        "--config-poll-interval",
+        type=float,
+        default=1.0,
+        help="seconds between checks of the --config file for a change",
+    )
     p.add_argument("--binding-mode", choices=("nodeName", "affinity", "both"))
     p.add_argument("--visibility-mode", choices=VISIBILITY_MODES)
-    p.add_argument("--fail-open", action="store_true", default=None, help="admit unplaced when the ledger is down")
+    p.add_argument(
+        "--fail-open", action="store_true", default=None, help="admit unplaced when the ledger is down"
+    )
     p.add_argument("--deadline", type=float, help="seconds: internal admission deadline")
     p.add_argument("--hmac-key-file", help="placement signing key (a mounted Secret)")
-    p.add_argument("--no-sync", action="store_true",
-                   help="do not run the cluster sync here (another process feeds the ledger)")
+    p.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="do not run the cluster sync here (another process feeds the ledger)",
+    )
     p.add_argument("--log-level", default=os.environ.get("GPULEDGER_LOG_LEVEL", "INFO"))
-    p.add_argument("--log-format", choices=LOG_FORMATS,
-                   help=f"json lines or key=value text (default: ${LOG_FORMAT_ENV}, else text on a terminal, "
-                        "json otherwise)")
-    p.add_argument("--no-events", action="store_true",
-                   help="do not post Kubernetes Events for placements and denials")
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help=f"json lines or key=value text (default: ${LOG_FORMAT_ENV}, else text on a terminal, "
+        "json otherwise)",
+    )
+    p.add_argument(
+        "--no-events", action="store_true", help="do not post Kubernetes Events for placements and denials"
+    )
     return p
 
 
 def load_config(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> WebhookConfig:
     """The file (or the defaults), then the flags, then SCHEDULING_STRATEGY; also what each reload runs."""
     config = WebhookConfig.from_file(args.config) if args.config else WebhookConfig()
-    overrides = {"binding_mode": args.binding_mode, "visibility_mode": args.visibility_mode,
-                 "fail_open": args.fail_open, "deadline_s": args.deadline, "hmac_key_file": args.hmac_key_file}
+    overrides = {
+        "binding_mode": args.binding_mode,
+        "visibility_mode": args.visibility_mode,
+        "fail_open": args.fail_open,
+        "deadline_s": args.deadline,
+        "hmac_key_file": args.hmac_key_file,
+    }
     values = {**config.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
     return WebhookConfig(**values).with_environment(environ)
 
@@ -72,7 +100,8 @@ def who_pushes() -> str:
 
 
 def _kube_client(kubeconfig: str | None):
-    from kubernetes import client, config as kconfig
+    from kubernetes import client
+    from kubernetes import config as kconfig
 
     if kubeconfig:
         return kconfig.new_client_from_config(config_file=kubeconfig)
@@ -83,21 +112,28 @@ def _kube_client(kubeconfig: str | None):
         return kconfig.new_client_from_config()
 
 
-async def _run(args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event,
-               event_writer=None) -> None:
-    from webhook.transport.app import create_app
+async def _run(
+    args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event, event_writer=None
+) -> None:
+    from webhook.config_watch import ConfigWatcher, ray_push
     from webhook.ledger_client import RayLedgerClient
+    from webhook.transport.app import create_app
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
-    from webhook.config_watch import ConfigWatcher, ray_push
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
     app = create_app(config, RayLedgerClient(handle), owners, event_writer=event_writer)
     server = await start_server(app, args.host, args.port, tls)
     watcher = None
     if args.config:
-        watcher = ConfigWatcher(args.config, lambda: load_config(args), ray_push(handle), source=who_pushes(),
-                                current=config, poll_interval_s=args.config_poll_interval)
+        watcher = ConfigWatcher(
+            args.config,
+            lambda: load_config(args),
+            ray_push(handle),
+            source=who_pushes(),
+            current=config,
+            poll_interval_s=args.config_poll_interval,
+        )
         watcher.start()
     tune_gc()
     log.info("gpuledger webhook listening on %s", server.url)
@@ -131,18 +167,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from allocator.ray_actor import RAY_NAMESPACE, get_or_create_ledger, wait_ready
     from allocator.sources import load_objects
-    from webhook.admission.owners import KubeOwners, StaticOwners
+    from webhook.admission.owners import KubeOwners, OwnerLookup, StaticOwners
 
     if args.ray_address:
         ray.init(address=args.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
     else:
         # "local": a Ray of our own, even if RAY_ADDRESS or a `ray start` cluster is around
-        ray.init(address="local", namespace=RAY_NAMESPACE, include_dashboard=False, num_cpus=args.ray_num_cpus,
-                 log_to_driver=False)
+        ray.init(
+            address="local",
+            namespace=RAY_NAMESPACE,
+            include_dashboard=False,
+            num_cpus=args.ray_num_cpus,
+            log_to_driver=False,
+        )
     api_client = None
     if args.cluster:
         source = {"kind": "file", "path": os.path.abspath(args.cluster)}
-        owners = StaticOwners(load_objects(args.cluster))
+        owners: OwnerLookup = StaticOwners(load_objects(args.cluster))
     else:
         source = {"kind": "kubernetes"}
         api_client = _kube_client(args.kubeconfig)
@@ -153,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     # an actor created by another replica (or before the config changed) takes this replica's settings now,
     # unless they are the config it applied last (then a runtime change made since is kept)
     answer = ray.get(handle.apply_config.remote(config.ledger_settings(), who_pushes()), timeout=60)
-    log.info("ledger settings %s: %s", "applied from this config" if answer["applied"] else "kept",
-             {k: v for k, v in answer["settings"].items() if k != "history"})
+    log.info(
+        "ledger settings %s: %s",
+        "applied from this config" if answer["applied"] else "kept",
+        {k: v for k, v in answer["settings"].items() if k != "history"},
+    )
     sync = None
     if api_client is not None and not args.no_sync:
         from allocator.cluster_sync import ClusterSync, RayLedgerTarget

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 # group owners: their parallelism / replicas make the pods a gang (request_from_pod), explain expands them
 OWNER_KINDS = ("Job", "StatefulSet")
@@ -58,12 +59,12 @@ class NoOwners:
 class StaticOwners:
     """Owners taken from a list of objects (the pod file and the cluster file of `explain`)."""
 
-    def __init__(self, objects: Iterable[dict] = ()):
+    def __init__(self, objects: Iterable[object] = ()):
         self._by_key: dict[tuple[str, str, str], dict] = {}
         for obj in objects:
             self.add(obj)
 
-    def add(self, obj: dict) -> None:
+    def add(self, obj: object) -> None:
         if isinstance(obj, dict) and obj.get("kind") in WORKLOAD_KINDS:
             meta = obj.get("metadata") or {}
             self._by_key[(obj["kind"], meta.get("namespace") or "default", meta.get("name", ""))] = obj
@@ -87,15 +88,22 @@ class KubeObjectReader:
         what = WORKLOAD_KINDS[kind]
         try:
             resp = self._objects.get_namespaced_custom_object(
-                what.group, what.version, namespace, what.plural, name,
-                _preload_content=False, _request_timeout=self._timeout)
+                what.group,
+                what.version,
+                namespace,
+                what.plural,
+                name,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise OwnerLookupError(f"reading {kind} {namespace}/{name}: {exc.status} {exc.reason}") from exc
         except Exception as exc:  # urllib3 errors, timeouts
             raise OwnerLookupError(f"reading {kind} {namespace}/{name}: {exc}") from exc
-        obj = json.loads(resp.data)
+        # with _preload_content=False the client returns the raw urllib3 response, not the decoded object
+        obj = json.loads(resp.data)  # type: ignore[attr-defined]
         obj.setdefault("kind", kind)
         return obj
 
@@ -107,8 +115,12 @@ class CachedOwners:
     misses too, for a shorter time. `clock` is an input so tests expire entries without sleeping.
     """
 
-    def __init__(self, read: Callable[[str, str, str], dict | None], ttl_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        read: Callable[[str, str, str], dict | None],
+        ttl_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._read, self._ttl, self._clock = read, ttl_s, clock
         self._cache: dict[tuple[str, str, str], tuple[float, dict | None]] = {}
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}

@@ -10,14 +10,25 @@ from typing import Any
 
 import jsonpatch
 
-from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
-from allocator.service import BindingMode, Placement, Taint
+from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, BindingMode, Placement, Taint
 
 LEDGER_PREFIX = "gpuledger.io/"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VISIBILITY_VARS = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES)
 CONTAINER_KINDS = ("initContainers", "containers")
+
+
+def _dict_at(parent: dict, key: str) -> dict:
+    """parent[key] if it is a mapping, else an empty one: a pod from the API may hold anything there."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _list_at(parent: dict, key: str) -> list:
+    """parent[key] if it is a list, else an empty one."""
+    value = parent.get(key)
+    return value if isinstance(value, list) else []
 
 
 def _copy_dict(parent: dict, key: str) -> dict:
@@ -51,7 +62,7 @@ def strip_ledger_keys(pod: dict) -> list[str]:
 
 def gpu_containers(pod: dict, resource: str) -> list[tuple[str, int]]:
     """(kind, index) of the containers that get the devices: those with a GPU limit, else every container."""
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    spec = _dict_at(pod, "spec")
     with_limit, every = [], []
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
@@ -61,9 +72,9 @@ def gpu_containers(pod: dict, resource: str) -> list[tuple[str, int]]:
             if not isinstance(c, dict):
                 continue
             every.append((kind, i))
-            res = c.get("resources") if isinstance(c.get("resources"), dict) else {}
-            limits = res.get("limits") if isinstance(res.get("limits"), dict) else {}
-            requests = res.get("requests") if isinstance(res.get("requests"), dict) else {}
+            res = _dict_at(c, "resources")
+            limits = _dict_at(res, "limits")
+            requests = _dict_at(res, "requests")
             value = limits.get(resource, requests.get(resource))
             if value not in (None, 0, "0"):
                 with_limit.append((kind, i))
@@ -80,7 +91,7 @@ def _container(spec: dict, kind: str, index: int) -> dict:
 
 def _set_env(container: dict, values: dict[str, str | None]) -> None:
     """Overwrite (or remove, for None) these variables; user-supplied values never survive."""
-    env = container.get("env") if isinstance(container.get("env"), list) else []
+    env = _list_at(container, "env")
     kept = [e for e in env if not (isinstance(e, dict) and e.get("name") in values)]
     kept += [{"name": k, "value": v} for k, v in values.items() if v is not None]
     if kept or "env" in container:
@@ -97,7 +108,10 @@ def visibility_env(placement: Placement, mode: str) -> dict[str, str | None]:
         known = placement.uuids if len(placement.uuids) == len(indices) and all(placement.uuids) else None
         # the runtime mounts exactly these GPUs; inside, CUDA numbers them from 0
         runtime = ",".join(known) if known else ",".join(map(str, indices))
-        return {NVIDIA_VISIBLE_DEVICES: runtime, CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in range(len(indices)))}
+        return {
+            NVIDIA_VISIBLE_DEVICES: runtime,
+            CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in range(len(indices))),
+        }
     # device-plugin: the kubelet's device plugin picks the devices and sets the runtime's variable itself
     return {NVIDIA_VISIBLE_DEVICES: None, CUDA_VISIBLE_DEVICES: None}
 
@@ -117,7 +131,7 @@ def _tolerates(existing: list, taint: Taint) -> bool:
 
 
 def _add_tolerations(spec: dict, taints: tuple[Taint, ...]) -> None:
-    existing = spec.get("tolerations") if isinstance(spec.get("tolerations"), list) else []
+    existing = _list_at(spec, "tolerations")
     added = list(existing)
     for taint in taints:
         if _tolerates(added, taint):
@@ -139,13 +153,13 @@ def _add_node_affinity(spec: dict, node: str, key: str) -> None:
     affinity = _copy_dict(spec, "affinity")
     node_affinity = _copy_dict(affinity, "nodeAffinity")
     required = _copy_dict(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution")
-    terms = required.get("nodeSelectorTerms") if isinstance(required.get("nodeSelectorTerms"), list) else []
+    terms = _list_at(required, "nodeSelectorTerms")
     field = "matchFields" if key == "metadata.name" else "matchExpressions"
     requirement = {"key": key, "operator": "In", "values": [node]}
     new_terms = []
     for term in terms or [{}]:
         term = dict(term) if isinstance(term, dict) else {}
-        reqs = term.get(field) if isinstance(term.get(field), list) else []
+        reqs = _list_at(term, field)
         if requirement not in reqs:  # a reinvocation finds it already there
             term[field] = [*reqs, requirement]
         new_terms.append(term)
@@ -153,13 +167,14 @@ def _add_node_affinity(spec: dict, node: str, key: str) -> None:
 
 
 def _ensure_gpu_limits(spec: dict, resource: str, gpus: int) -> None:
-    """device-plugin mode with a count from annotations only: ask the kubelet for the devices on container 0."""
+    """device-plugin mode with a count from annotations only: ask the kubelet for the devices on
+    container 0."""
     containers = spec.get("containers")
     if not gpus or not isinstance(containers, list) or not containers:
         return
     for kind in CONTAINER_KINDS:
         for c in spec.get(kind) or []:
-            res = c.get("resources") if isinstance(c, dict) and isinstance(c.get("resources"), dict) else {}
+            res = _dict_at(c, "resources") if isinstance(c, dict) else {}
             if resource in (res.get("limits") or {}) or resource in (res.get("requests") or {}):
                 return
     c = _container(spec, "containers", 0)
@@ -205,7 +220,10 @@ def apply_placement(
         for kind in CONTAINER_KINDS:
             for i, c in enumerate(spec.get(kind) or []):
                 if (kind, i) not in chosen and isinstance(c, dict):
-                    _set_env(_container(spec, kind, i), {NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: None})
+                    _set_env(
+                        _container(spec, kind, i),
+                        {NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: None},
+                    )
 
 
 def _escape(token: Any) -> str:
@@ -244,14 +262,20 @@ def diff(original: Any, mutated: Any, path: str = "") -> list[dict]:
     if isinstance(original, list) and isinstance(mutated, list):
         if len(original) == len(mutated):
             ops = []
-            for i, (a, b) in enumerate(zip(original, mutated)):
+            for i, (a, b) in enumerate(zip(original, mutated, strict=True)):
                 if a is not b:
                     ops += diff(a, b, f"{path}/{i}")
             return ops
         n = len(original)
-        if n < len(mutated) and all(a is b or a == b for a, b in zip(original, mutated)):
+        if n < len(mutated) and all(a is b or a == b for a, b in zip(original, mutated, strict=False)):
             # items appended (env, tolerations): adds at the end, in order
             return [{"op": "add", "path": f"{path}/{i}", "value": mutated[i]} for i in range(n, len(mutated))]
-    return _prefixed(jsonpatch.make_patch(original, mutated).patch, path) if isinstance(original, (dict, list)) \
-        and type(original) is type(mutated) else ([] if original == mutated and type(original) is type(mutated)
-                                                  else [{"op": "replace", "path": path, "value": mutated}])
+    return (
+        _prefixed(jsonpatch.make_patch(original, mutated).patch, path)
+        if isinstance(original, (dict, list)) and type(original) is type(mutated)
+        else (
+            []
+            if original == mutated and type(original) is type(mutated)
+            else [{"op": "replace", "path": path, "value": mutated}]
+        )
+    )

@@ -1,11 +1,13 @@
-"""AdmissionReview in and out (admission.k8s.io/v1, v1beta1 accepted): decoding, and answers that always echo the uid."""
+"""AdmissionReview in and out (admission.k8s.io/v1, v1beta1 accepted): decoding, and answers that always echo
+the uid."""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
@@ -46,8 +48,8 @@ class Decision:
     node: str | None = None
     devices: tuple[int, ...] = ()
     reservation_id: str | None = None
-    # for metrics and logs: placed | no_gpu | denied | invalid | unavailable | error | reused | dry_run | allowed |
-    # other_scheduler
+    # for metrics and logs: placed | no_gpu | denied | invalid | unavailable | error | reused | dry_run |
+    # allowed | other_scheduler
     outcome: str = ""
     strategy: str = ""  # the request's strategy ("default" when it named none); empty when no GPU was asked
     ledger_batch: int = 0  # how many admissions shared the ledger call that answered this one (0: no call)
@@ -63,10 +65,15 @@ def parse_review(data: Any) -> Review:
     uid = uid if isinstance(uid, str) else ""
     answer_version = api_version if api_version in API_VERSIONS else API_VERSIONS[0]
     if api_version not in API_VERSIONS:
-        raise ReviewError(f"apiVersion {api_version!r} is not accepted: expected {' or '.join(API_VERSIONS)}",
-                          uid, answer_version)
+        raise ReviewError(
+            f"apiVersion {api_version!r} is not accepted: expected {' or '.join(API_VERSIONS)}",
+            uid,
+            answer_version,
+        )
     if data.get("kind") != "AdmissionReview":
-        raise ReviewError(f"kind {data.get('kind')!r} is not accepted: expected 'AdmissionReview'", uid, answer_version)
+        raise ReviewError(
+            f"kind {data.get('kind')!r} is not accepted: expected 'AdmissionReview'", uid, answer_version
+        )
     if not isinstance(request, Mapping):
         raise ReviewError("AdmissionReview has no request object", uid, answer_version)
     if not uid:
@@ -82,21 +89,29 @@ def parse_review(data: Any) -> Review:
         uid=uid,
         operation=operation if isinstance(operation, str) else "",
         kind=kind_name if isinstance(kind_name, str) else "",
-        namespace=request.get("namespace") if isinstance(request.get("namespace"), str) else "",
-        name=request.get("name") if isinstance(request.get("name"), str) else "",
+        namespace=_str_at(request, "namespace"),
+        name=_str_at(request, "name"),
         object=obj if isinstance(obj, dict) else None,
         old_object=old if isinstance(old, dict) else None,
         dry_run=request.get("dryRun") is True,
         username=username if isinstance(username, str) else "",
-        sub_resource=request.get("subResource") if isinstance(request.get("subResource"), str) else "",
+        sub_resource=_str_at(request, "subResource"),
     )
+
+
+def _str_at(request: Mapping, key: str) -> str:
+    """request[key] if it is a string, else "": the API server's request is read defensively."""
+    value = request.get(key)
+    return value if isinstance(value, str) else ""
 
 
 def encode_response(uid: str, decision: Decision, api_version: str = API_VERSIONS[0]) -> dict:
     response: dict[str, Any] = {"uid": uid, "allowed": bool(decision.allowed)}
     if decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(decision.patch, separators=(",", ":")).encode()).decode()
+        response["patch"] = base64.b64encode(
+            json.dumps(decision.patch, separators=(",", ":")).encode()
+        ).decode()
     if not decision.allowed:  # the API server shows a denial's status; an allowed answer's it ignores
         status: dict[str, Any] = {"code": decision.code, "message": decision.message, "status": "Failure"}
         if decision.reason:
@@ -114,9 +129,17 @@ def decode_patch(response: Mapping) -> list[dict]:
     return json.loads(base64.b64decode(raw)) if raw else []
 
 
-def make_review(pod: dict, *, uid: str, namespace: str = "", operation: str = "CREATE",
-                dry_run: bool = False, username: str = "kubernetes-admin", old: dict | None = None,
-                api_version: str = API_VERSIONS[0]) -> dict:
+def make_review(
+    pod: dict,
+    *,
+    uid: str,
+    namespace: str = "",
+    operation: str = "CREATE",
+    dry_run: bool = False,
+    username: str = "kubernetes-admin",
+    old: dict | None = None,
+    api_version: str = API_VERSIONS[0],
+) -> dict:
     """An AdmissionReview as the API server would send it (used by `explain`, tests and the benchmark)."""
     meta = pod.get("metadata") or {}
     return {
@@ -135,6 +158,8 @@ def make_review(pod: dict, *, uid: str, namespace: str = "", operation: str = "C
             "object": pod,
             "oldObject": old,
             "dryRun": dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"} if operation == "CREATE" else None,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+            if operation == "CREATE"
+            else None,
         },
     }

@@ -8,8 +8,8 @@ nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 DEFAULT_SCHEDULER = "default-scheduler"
 

@@ -15,23 +15,23 @@ from typing import Any
 
 from aiohttp import web
 
+from webhook.admission.handler import AdmissionHandler
+from webhook.admission.owners import OwnerLookup
 from webhook.admission.review import Decision, ReviewError, encode_response, parse_review
 from webhook.config import WebhookConfig
-from webhook.admission.handler import AdmissionHandler
 from webhook.events import EventPoster, EventSettings, EventWriter
 from webhook.ledger_client import LedgerClient
 from webhook.logs import ADMISSION_LOGGER, admission_fields, log_admission
 from webhook.metrics import WebhookMetrics
-from webhook.admission.owners import OwnerLookup
 
 log = logging.getLogger("gpuledger.webhook")
 admission_log = logging.getLogger(ADMISSION_LOGGER)
 
 HANDLER_KEY = web.AppKey("handler", AdmissionHandler)
 METRICS_KEY = web.AppKey("metrics", WebhookMetrics)
-LEDGER_KEY = web.AppKey("ledger", object)
+LEDGER_KEY = web.AppKey[LedgerClient]("ledger")  # a Protocol: given as the type argument
 CONFIG_KEY = web.AppKey("config", WebhookConfig)
-EVENTS_KEY = web.AppKey("events", object)  # the EventPoster, or None when the app posts no Events
+EVENTS_KEY = web.AppKey[EventPoster | None]("events")  # None when the app posts no Events
 _READY_KEY = web.AppKey("ready_cache", dict)
 
 
@@ -48,7 +48,9 @@ async def _read_review(request: web.Request, limit: int) -> Any:
     if request.content_length is not None and request.content_length > limit:
         return _plain(413, f"body of {request.content_length} bytes is over the {limit}-byte limit")
     if request.content_type != "application/json":
-        return _plain(400, f"content type {request.content_type!r} is not accepted: expected application/json")
+        return _plain(
+            400, f"content type {request.content_type!r} is not accepted: expected application/json"
+        )
     # StreamReader.read(n) returns what has arrived so far, not n bytes: read until EOF (a body split across
     # TLS records must not be parsed half-read), stopping as soon as the cap is passed
     chunks: list[bytes] = []
@@ -94,8 +96,13 @@ def _route(kind: str):
             except Exception as exc:  # the handlers catch their own; this is the last line
                 log.exception("%s %s failed", kind, review.uid)
                 metrics.handler_failures.labels(kind).inc()
-                decision = Decision(False, code=500, reason="InternalError", outcome="error",
-                                    message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})")
+                decision = Decision(
+                    False,
+                    code=500,
+                    reason="InternalError",
+                    outcome="error",
+                    message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})",
+                )
             outcome = decision.outcome or ("allowed" if decision.allowed else "denied")
             latency = time.perf_counter() - started
             log_admission(admission_log, admission_fields(kind, review, decision, latency))
@@ -164,6 +171,7 @@ def create_app(
     app[_READY_KEY] = {}
     app[EVENTS_KEY] = poster
     if poster is not None:
+
         async def start_events(app: web.Application) -> None:
             poster.start()
 

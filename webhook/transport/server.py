@@ -39,15 +39,21 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_server(app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                       tls: ReloadingTLS | None = None, backlog: int = 1024) -> RunningServer:
+async def start_server(
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: ReloadingTLS | None = None,
+    backlog: int = 1024,
+) -> RunningServer:
     """Serve `app` (port 0 picks a free port); TLS reloads start polling here."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None, backlog=backlog,
-                       reuse_address=True)
+    site = web.TCPSite(
+        runner, host, port, ssl_context=tls.context if tls else None, backlog=backlog, reuse_address=True
+    )
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # noqa: SLF001 - the OS's choice
+    bound = runner.addresses[0][1] if port == 0 else port  # the OS's choice (this runner's one site)
     if tls is not None:
         tls.start()
     return RunningServer(runner, site, host, bound, tls)
@@ -85,7 +91,7 @@ class ServerThread:
         self.loop.run_until_complete(self.server.stop())
         self.loop.close()
 
-    def start(self, timeout: float = 30.0) -> "ServerThread":
+    def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError("webhook server did not start")

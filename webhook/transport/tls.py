@@ -10,6 +10,7 @@ poll that saw the new key with the old certificate) keeps the previous context u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import ssl
@@ -29,8 +30,9 @@ def _build_context(cert_file: str, key_file: str, client_ca_file: str | None) ->
 
 
 class ReloadingTLS:
-    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None = None,
-                 poll_interval_s: float = 1.0):
+    def __init__(
+        self, cert_file: str, key_file: str, client_ca_file: str | None = None, poll_interval_s: float = 1.0
+    ):
         self.cert_file, self.key_file, self.client_ca_file = str(cert_file), str(key_file), client_ca_file
         self.poll_interval_s = poll_interval_s
         self._digest = self._files_digest()
@@ -42,7 +44,7 @@ class ReloadingTLS:
         self.context.sni_callback = self._pick_context
         self._task: asyncio.Task | None = None
 
-    def _pick_context(self, ssl_obj, server_name, _listening_ctx):  # noqa: ANN001 (ssl callback signature)
+    def _pick_context(self, ssl_obj, server_name, _listening_ctx):  # the ssl callback's signature
         ssl_obj.context = self._current
         return None
 
@@ -86,8 +88,6 @@ class ReloadingTLS:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
