@@ -16,6 +16,8 @@ from allocator.core.model import GroupSlot, Placement, ReservationState
 
 
 class Adoption:
+    """Keeps the books equal to what the cluster's Node and Pod objects say."""
+
     def __init__(self, books: Books, leases: Leases):
         self.books = books
         self.leases = leases

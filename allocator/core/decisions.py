@@ -24,6 +24,8 @@ from allocator.core.selection import Choice, Selector, placement
 
 
 class Decider:
+    """Routes a request to a single, pinned or gang decision under its strategy, or denies it."""
+
     def __init__(
         self, books: Books, filters: Filters, selector: Selector, diagnoser: Diagnoser, gangs: Gangs
     ) -> None:

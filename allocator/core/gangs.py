@@ -1,6 +1,6 @@
 """Gangs: a multi-pod group placed all-or-nothing over the leaf/spine topology, held slot by slot until its
-pods claim them, and a missing slot re-placed near the group. Gangs decide and commit group placements only;
-releasing a slot and expiring unclaimed ones is the leases' part.
+pods claim them, and a missing slot re-placed near the group. Gangs only decide and commit: they never
+release or expire a slot (the leases do).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class SlotClaim:
 
 
 class Gangs:
+    """Plans a new gang over the topology, or a claim of one of a known gang's slots, and commits either."""
+
     def __init__(self, books: Books, selector: Selector, diagnoser: Diagnoser):
         self.books = books
         self.selector = selector

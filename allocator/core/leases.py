@@ -11,6 +11,8 @@ from allocator.core.model import Placement, ReservationState
 
 
 class Leases:
+    """Reservations from hold to release: confirm, release (a gang slot goes back to its gang), expire."""
+
     def __init__(self, books: Books):
         self.books = books
 

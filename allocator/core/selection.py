@@ -16,6 +16,8 @@ from allocator.core.plugin import Fit, ScoreContext, Strategy
 
 @dataclass
 class Choice:
+    """A node that passes the filters, the devices picked on it, its score and the taints tolerated there."""
+
     node: NodeState
     fit: Fit
     score: float
@@ -23,6 +25,8 @@ class Choice:
 
 
 class Selector:
+    """The best node (the strategy's score, ties by name) that passes the filters, with its devices."""
+
     def __init__(self, books: Books, filters: Filters):
         self.books = books
         self.filters = filters

@@ -201,3 +201,20 @@ def test_shared_gang_pods():
     assert len({s.node for s in p.group_plan}) == 3 and all(s.shares for s in p.group_plan)
     q = led.reserve(Request(id="s1", gpu_milli=500, group=GroupSpec("job/s", 3)), 0.0)
     assert q.shares == p.group_plan[1].shares and q.node == p.group_plan[1].node
+
+
+def test_explain_for_a_gang_reserves_nothing():
+    led = make(leafy_cluster(leaves=2, per_leaf=4))
+    before = led.snapshot()
+    ex = led.explain(Request(id="g0", gpus=8, group=GroupSpec("job/x", 4)))
+    assert isinstance(ex.result, Placement) and len(ex.result.group_plan) == 4
+    assert led.snapshot() == before
+    assert led.explain(Request(id="g0", gpus=1), with_scores=False).scores == ()
+
+
+def test_release_of_reserved_first_gang_pod_drops_the_whole_gang():
+    led = make(leafy_cluster(leaves=1, per_leaf=4))
+    before = led.snapshot()
+    led.reserve(Request(id="g0", gpus=8, group=GroupSpec("job/x", 3)), 0.0)
+    led.release("g0")  # e.g. the admission failed after reserving
+    assert led.snapshot() == before and led.groups() == {}

@@ -1,11 +1,11 @@
 """The ledger following cluster objects: node updates and removals, adoption of placements found on pods,
-collisions, stats, explain for gangs."""
+collisions."""
 
 from __future__ import annotations
 
 from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, GroupSpec, Placement, ReservationState, Request
-from tests.core.core_factory import leafy_cluster, node, pod
+from allocator.core.model import Denial, Placement, Request, ReservationState
+from tests.core.core_factory import node, pod
 
 KEY = b"objects"
 
@@ -95,34 +95,3 @@ def test_foreign_pod_update_replaces_its_usage():
     assert led.index.nodes["a"].unknown_gpus == 2
     led.apply_object(pod("f", node_name="a", gpus=2, phase="Failed"), 2.0)
     assert led.index.nodes["a"].unknown_gpus == 0 and led.index.nodes["a"].cpu_free == 64000
-
-
-def test_stats_totals_per_leaf_and_spine():
-    led = make(*leafy_cluster(spines=2, leaves=2, per_leaf=2, gpus=4))
-    led.reserve(Request(id="w", gpus=2), 0.0)
-    led.reserve(Request(id="s", gpu_milli=500), 0.0)
-    led.confirm("w", 0.0)
-    st = led.stats()
-    assert (st.nodes, st.gpus_total, st.milli_total) == (8, 32, 32000)
-    assert st.milli_allocated == 2500 and st.reservations_pending == 1 and st.reservations_confirmed == 1
-    assert len(st.leaves) == 4 and len(st.spines) == 2
-    assert sum(s.milli_free for s in st.spines) == 32000 - 2500
-    d = st.as_dict()
-    assert d["leaves"][0]["utilization"] >= 0 and "fragmentation" in d
-
-
-def test_explain_for_a_gang_reserves_nothing():
-    led = make(*leafy_cluster(leaves=2, per_leaf=4))
-    before = led.snapshot()
-    ex = led.explain(Request(id="g0", gpus=8, group=GroupSpec("job/x", 4)))
-    assert isinstance(ex.result, Placement) and len(ex.result.group_plan) == 4
-    assert led.snapshot() == before
-    assert led.explain(Request(id="g0", gpus=1), with_scores=False).scores == ()
-
-
-def test_release_of_reserved_first_gang_pod_drops_the_whole_gang():
-    led = make(*leafy_cluster(leaves=1, per_leaf=4))
-    before = led.snapshot()
-    led.reserve(Request(id="g0", gpus=8, group=GroupSpec("job/x", 3)), 0.0)
-    led.release("g0")  # e.g. the admission failed after reserving
-    assert led.snapshot() == before and led.groups() == {}
