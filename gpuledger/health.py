@@ -82,7 +82,9 @@ def findings(
                     Finding(
                         node.name,
                         "device-stale",
-                        f"health and utilization not reported since {node.agent_last_update or 'ever'}",
+                        f"health and utilization last reported {node.agent_last_update}"
+                        if node.agent_last_update
+                        else "health and utilization never reported with a time",
                         device.index,
                     )
                 )
