@@ -200,6 +200,27 @@ def test_submit_applies_a_job_the_webhook_places(apiserver, stack, namespace, cl
     assert cli("submit", str(path), "-n", namespace).out.strip() == "job.batch/submitted configured"
 
 
+def test_submit_dry_run_stores_nothing_and_denials_exit_3(apiserver, stack, namespace, cli, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(job_yaml("dry"))
+    dry = cli("submit", str(path), "-n", namespace, "--dry-run")
+    assert dry.code == 0, dry.err
+    assert dry.out.strip() == "job.batch/dry created (server dry run)"
+    assert apiserver.kubectl("get", "jobs", "-n", namespace, "-o", "name").stdout.strip() == ""
+
+    pod = yaml.safe_load(job_yaml("x"))["spec"]["template"]
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": pod["spec"],
+        "metadata": {"name": "bad", "annotations": {"agentaflow.gpu/priority": "urgent"}},
+    }
+    path.write_text(yaml.safe_dump(bad))
+    denied = cli("submit", str(path), "-n", namespace)
+    assert denied.code == 3
+    assert "agentaflow.gpu/priority" in denied.err and "urgent" in denied.err  # the webhook's own message
+
+
 def test_submit_refuses_a_namespace_not_opted_in(apiserver, stack, cli, tmp_path):
     plain = apiserver.create_namespace(f"t-plain-{uuid.uuid4().hex[:5]}", admission=False)
     try:
@@ -283,6 +304,8 @@ def test_strategy_shows_and_changes_the_live_default(apiserver, stack, installed
     data = shown.json()
     assert data["effective"] == "best_fit" and data["configMap"] == f"{system}/{cm_name}"
     assert "priority" in data["available"]
+    status = cli("status", "--system-namespace", system, "--source", "nodes", "-o", "json").json()
+    assert status["strategy"]["effective"] == "best_fit"
     (row,) = cli("strategy", "--system-namespace", system).table()
     assert row["STRATEGY"] == "best_fit" and cm_name in row["SOURCE"]
 
