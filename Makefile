@@ -8,8 +8,10 @@ export K8S_VERSION ?= 1.32.4
 export KUBE_APISERVER ?= $(GPULEDGER_CACHE)/kube-apiserver-v$(K8S_VERSION)
 export KUBE_CONTROLLER_MANAGER ?= $(GPULEDGER_CACHE)/kube-controller-manager-v$(K8S_VERSION)
 export KUBELET ?= $(GPULEDGER_CACHE)/kubelet-v$(K8S_VERSION)
+export HELM_VERSION ?= 3.22.0
+HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
-.PHONY: all venv apiserver test test-fast lint demo bench simulate clean
+.PHONY: all venv apiserver helm test test-fast lint demo bench simulate clean
 
 all: test
 
@@ -31,11 +33,17 @@ $(KUBELET):
 
 apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBELET)
 
+# helm (tests/deploy/test_helm.py renders charts/gpuledger with it), built from helm.sh/helm/v3 the same way
+$(HELM):
+	bash charts/build_helm.sh
+
+helm: $(HELM)
+
 # ruff (rules and format) over LINT_PATHS, mypy over the product code among them, then the import-linter
 # contracts. A subset checks only those paths: make lint LINT_PATHS="certs allocator/sim" (mypy still reads
 # the modules they import, for their types, but reports only the errors in TYPE_PATHS).
 # widened to the whole tree (allocator webhook certs devcluster tests) once the final lint pass lands
-LINT_PATHS ?= certs allocator/node_agent allocator/sim allocator/sources.py allocator/cluster_sync.py allocator/__init__.py
+LINT_PATHS ?= gpuledger tests/cli tests/deploy/test_helm.py certs allocator/node_agent allocator/sim allocator/sources.py allocator/cluster_sync.py allocator/__init__.py
 TYPE_PATHS ?= $(filter-out tests tests/%,$(LINT_PATHS))
 
 lint: venv
@@ -45,7 +53,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 # the whole suite: unit, property, real TLS + real Ray, and end to end against kube-apiserver + etcd
-test: venv apiserver
+test: venv apiserver helm
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # everything that needs no control plane

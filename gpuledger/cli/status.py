@@ -1,0 +1,130 @@
+"""`gpuledger status`: cluster GPU totals, allocation and fragmentation per leaf, the GPUWorkload queue.
+
+Figures are the ledger's definitions computed from the API's objects (see gpuledger.inventory); the default
+strategy is read from the gpuledger ConfigMap when this identity may read it. Read-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import RenderableType
+
+from gpuledger import inventory
+from gpuledger.cli import common
+from gpuledger.cli.snapshot import Snapshot
+from gpuledger.kube import Kube, KubeError
+from gpuledger.workloads import WorkloadRow, age, phase_counts, queue
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser("status", "Cluster GPU totals, allocation and fragmentation per leaf, and the queue.")
+    p.add_argument("--system-namespace", default=None, help="where gpuledger runs (default gpuledger-system)")
+    common.add_source(p)
+    return p
+
+
+def status_data(snap: Snapshot, strategy: dict | None) -> dict[str, Any]:
+    q = queue(snap.workloads)
+    return {
+        "cluster": inventory.totals(snap.nodes).as_dict(),
+        "leaves": [
+            {"spine": s, "leaf": leaf, **t.as_dict()} for s, leaf, t in inventory.leaf_totals(snap.nodes)
+        ],
+        "workloads": {
+            "gpuWorkloads": phase_counts(snap.workloads),
+            "placedPods": sum(1 for r in snap.workloads if r.kind == "Pod"),
+        },
+        "queue": [r.as_dict() for r in q],
+        "strategy": strategy,
+    }
+
+
+def totals_table(nodes: list[inventory.NodeView]) -> RenderableType:
+    rows = []
+    for spine, leaf, t in inventory.leaf_totals(nodes):
+        rows.append(_totals_row(spine or "-", leaf or "-", t))
+    rows.append(_totals_row("", "TOTAL", inventory.totals(nodes)))
+    return common.table(
+        ["spine", "leaf", "nodes", "gpus", "allocated", "free", "free-whole", "utilization", "fragmentation"],
+        rows,
+    )
+
+
+def _totals_row(spine: str, leaf: str, t: inventory.Totals) -> list[Any]:
+    d = t.as_dict()
+    return [
+        spine,
+        leaf,
+        d["nodes"],
+        d["gpus"],
+        common.gpus(d["allocatedGpus"]),
+        common.gpus(d["freeGpus"]),
+        d["freeWholeGpus"],
+        common.percent(t.utilization),
+        common.percent(t.fragmentation),
+    ]
+
+
+def queue_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
+    q = queue(rows)
+    counts = phase_counts(rows)
+    title = (
+        "GPUWORKLOADS " + "  ".join(f"{phase}={n}" for phase, n in counts.items() if n)
+        if any(counts.values())
+        else "GPUWORKLOADS none"
+    )
+    return common.table(
+        ["position", "namespace", "name", "priority", "gpus", "reason", "age"],
+        [
+            [
+                r.queue_position if r.queue_position is not None else "-",
+                r.namespace,
+                r.name,
+                r.priority,
+                r.gpus,
+                r.reason,
+                age(r.created, now),
+            ]
+            for r in q
+        ],
+        title=title,
+    )
+
+
+def read_strategy(kube: Kube, system_namespace: str | None) -> dict | None:
+    """The default strategy as configured, or None when the ConfigMap cannot be read."""
+    from gpuledger.cli.strategy import current_strategy, find_config_map
+
+    try:
+        found = find_config_map(kube, system_namespace)
+    except (KubeError, common.CommandError):
+        return None
+    return current_strategy(kube, found)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        kube = common.connect(args)
+        scope = args.namespace if args.namespace and not args.all_namespaces else None
+        snap = Snapshot.read(kube, scope, source=args.source)
+        strategy = read_strategy(kube, args.system_namespace)
+        line = (
+            f"default strategy: {strategy['effective']} ({strategy['source']})"
+            if strategy
+            else "default strategy: unknown (gpuledger ConfigMap not readable)"
+        )
+        common.emit(
+            args,
+            status_data(snap, strategy),
+            totals_table(snap.nodes),
+            queue_table(snap.workloads, datetime.now(UTC)),
+            line,
+        )
+        return common.EXIT_OK
+
+    return common.run("status", body)

@@ -1,0 +1,205 @@
+"""The pure views behind the commands: inventory (holders, totals, fragmentation), workload rows and the
+queue, health findings (time injected), the placement reader against the ledger's own codec, and the
+strategy edit of the shipped config file."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from allocator.core.model import DeviceShare
+from allocator.service import Placement, encode_placement
+from devcluster.nodes import make_node
+from gpuledger import health, inventory
+from gpuledger.cli import strategy
+from gpuledger.cli.common import CommandError
+from gpuledger.placement import parse_placement, placement_of_pod
+from gpuledger.workloads import age, priority_value, queue, workload_row, workload_rows
+from webhook.config import WebhookConfig
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def placed_pod(name: str, node: str, devices=(), shares=(), phase="Pending", namespace="ml") -> dict:
+    p = Placement(
+        id=f"r-{name}",
+        node=node,
+        devices=tuple(devices),
+        shares=tuple(DeviceShare(d, m, mem) for d, m, mem in shares),
+        strategy="best_fit",
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {"gpuledger.io/placement": encode_placement(p, b"key")},
+        },
+        "status": {"phase": phase},
+    }
+
+
+def test_placement_reader_agrees_with_the_ledger_codec():
+    pod = placed_pod("a", "n1", devices=(3, 5), shares=((1, 250, 8192),))
+    got = placement_of_pod(pod)
+    assert got.node == "n1" and got.devices == (3, 5) and got.shares == ((1, 250, 8192),)
+    assert got.signed and got.strategy == "best_fit" and got.describe_devices() == "3,5,1:250m"
+    assert got.holdings() == [(3, 1000), (5, 1000), (1, 250)]
+    assert parse_placement("not json") is None and parse_placement('{"id": "x"}') is None
+    assert placement_of_pod({"metadata": {}}) is None
+
+
+def cluster():
+    nodes = [
+        make_node("a0", "s0", "l0", gpus=4, agentaflow=True, unhealthy=[3]),
+        make_node("a1", "s0", "l0", gpus=4),
+        make_node("b0", "s1", "l1", gpus=2),
+    ]
+    nodes[2]["spec"]["unschedulable"] = True
+    pods = [
+        placed_pod("whole", "a0", devices=(0, 1)),
+        placed_pod("share", "a1", shares=((0, 500, 0),)),
+        placed_pod("done", "a1", devices=(1,), phase="Succeeded"),
+        placed_pod("elsewhere", "zz", devices=(0,)),
+    ]
+    return nodes, pods
+
+
+def test_inventory_from_nodes_and_placed_pods():
+    nodes, pods = cluster()
+    views = {v.name: v for v in inventory.views_from_nodes(nodes, pods)}
+    a0, a1, b0 = views["a0"], views["a1"], views["b0"]
+    assert [str(h) for d in a0.devices for h in d.holders] == ["ml/whole", "ml/whole"]
+    assert not a0.devices[3].healthy and a0.devices[0].uuid and a0.agent_reported
+    assert [str(h) for h in a1.devices[0].holders] == ["ml/share (500m)"] and not a1.devices[
+        1
+    ].holders  # done: freed
+    assert not b0.placeable and not a1.agent_reported
+    t = inventory.totals(list(views.values()))  # b0 is cordoned: not counted, as the ledger counts
+    assert (t.nodes, t.gpus, t.milli_total, t.milli_free, t.whole_free) == (2, 7, 7000, 4500, 4)
+    assert t.fragmentation == pytest.approx(1 - 4000 / 4500)
+    leaves = {leaf: tot for _, leaf, tot in inventory.leaf_totals(list(views.values()))}
+    assert leaves["l0"] == t and leaves["l1"].gpus == 0
+    assert views["a0"].as_dict()["allocatedGpus"] == 2 and views["a1"].as_dict()["allocatedGpus"] == 0.5
+
+
+def test_inventory_from_gpu_nodes():
+    obj = {
+        "metadata": {"name": "g0"},
+        "status": {
+            "leaf": "l9",
+            "spine": "s9",
+            "agentLastUpdate": "2026-11-23T11:59:30Z",
+            "devices": [
+                {
+                    "index": 0,
+                    "uuid": "GPU-0",
+                    "product": "H100",
+                    "memoryMiB": 81920,
+                    "healthy": True,
+                    "utilization": 40,
+                    "holders": [{"namespace": "ml", "pod": "p", "milli": 1000}],
+                },
+                {"index": 1, "healthy": False, "reason": "XID 79", "pod": "ml/q", "milli": 250},
+            ],
+        },
+    }
+    (view,) = inventory.node_views([], [], [obj])
+    assert view.source == "GPUNode" and (view.leaf, view.spine) == ("l9", "s9")
+    assert [str(h) for d in view.devices for h in d.holders] == ["ml/p", "ml/q (250m)"]
+    assert view.devices[0].utilization == 40 and view.whole_free == 0 and view.milli_free == 0
+    assert health.findings([view], NOW) == [health.Finding("g0", "device-unhealthy", "XID 79", 1)]
+
+
+def test_health_findings_take_time_as_an_input():
+    node = make_node("q", "s", "l", gpus=2, agentaflow=True, unhealthy=[1])
+    node["metadata"]["annotations"]["agentaflow.gpu/last-update"] = "2026-11-23T11:58:00Z"
+    views = inventory.views_from_nodes([node], [])
+    assert [f.problem for f in health.findings(views, NOW)] == [
+        "agent-quiet",
+        "device-stale",
+        "device-unhealthy",
+    ]
+    assert [f.problem for f in health.findings(views, NOW - timedelta(seconds=60))] == ["device-unhealthy"]
+    assert [f.problem for f in health.findings(views, NOW, timedelta(minutes=5))] == ["device-unhealthy"]
+    silent = make_node("s", "s", "l", gpus=1, agentaflow=True)  # devices annotation, never a last-update
+    (finding, stale) = health.findings(inventory.views_from_nodes([silent], []), NOW)
+    assert finding.problem == "agent-quiet" and "no agentaflow.gpu/last-update" in finding.detail
+    assert stale.problem == "device-stale"
+    plain = make_node("p", "s", "l", gpus=1)  # no agent ever: nothing to say about it
+    assert health.findings(inventory.views_from_nodes([plain], []), NOW) == []
+
+
+def gw(
+    name, phase="Queued", position=None, priority=0, created="2026-11-23T11:00:00Z", group="agentaflow.io/v1"
+):
+    status = {"phase": phase, **({"queuePosition": position} if position is not None else {})}
+    return {
+        "apiVersion": group,
+        "kind": "GPUWorkload",
+        "metadata": {"name": name, "namespace": "ml", "creationTimestamp": created},
+        "spec": {"priority": priority, "gpuRequirements": {"gpuCount": 2}},
+        "status": status,
+    }
+
+
+def test_workload_rows_and_queue_order():
+    rows = workload_rows(
+        [
+            gw("b", position=2),
+            gw("a", position=1),
+            gw("r", phase="Running"),
+            gw("hi", priority="high", created="2026-11-23T11:30:00Z"),
+            gw("lo", priority="low", created="2026-11-23T10:00:00Z"),
+        ],
+        [placed_pod("p", "n1", devices=(0,))],
+    )
+    assert [r.name for r in rows] == ["a", "b", "hi", "lo", "r", "p"]
+    assert [r.name for r in queue(rows)] == ["a", "b", "hi", "lo"]  # positions first, then priority, then age
+    assert rows[-1].kind == "Pod" and rows[-1].nodes == ["n1"] and rows[-1].devices == "0"
+    warp = workload_row(
+        {
+            "apiVersion": "gpu.warp.dev/v1alpha1",
+            "metadata": {"name": "w"},
+            "spec": {"gpuCount": 4, "parallelism": 2},
+            "status": {"assignedNode": "n2", "devices": [{"node": "n2", "indices": [0, 1]}]},
+        }
+    )
+    assert (warp.phase, warp.gpus, warp.nodes, warp.devices) == ("Pending", "2x4", ["n2"], "n2:0,1")
+    assert priority_value("High") == 100 and priority_value("7") == 7 and priority_value(None) == 0
+    assert age("2026-11-23T11:59:15Z", NOW) == "45s" and age("2026-11-21T12:00:00Z", NOW) == "2d"
+
+
+def test_strategy_edit_keeps_the_file_and_loads():
+    text = (REPO / "manifests" / "config" / "config.yaml").read_text()
+    edited = strategy.with_strategy(text, "priority")
+    assert edited.replace("default_strategy: priority", "default_strategy: best_fit") == text
+    assert WebhookConfig.from_document(__import__("yaml").safe_load(edited)).default_strategy == "priority"
+    assert strategy.with_strategy("fail_open: false\n", "fgd") == "fail_open: false\ndefault_strategy: fgd\n"
+    assert strategy.canonical("leastLoaded") == "least_utilized"
+    with pytest.raises(CommandError) as bad:
+        strategy.canonical("fastest")
+    assert bad.value.code == 2 and "fastest" in str(bad.value)
+    deployment = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "webhook", "env": [{"name": "SCHEDULING_STRATEGY", "value": "priority"}]}
+                    ]
+                }
+            }
+        }
+    }
+    assert strategy.env_override(deployment) == "priority" and strategy.env_override(None) == ""
+
+
+def test_device_json_round_trip():
+    nodes, pods = cluster()
+    (a0,) = [v for v in inventory.views_from_nodes(nodes, pods) if v.name == "a0"]
+    d = json.loads(json.dumps(a0.as_dict()))
+    assert d["devices"][0]["holders"] == [{"namespace": "ml", "pod": "whole", "milli": 1000}]
+    assert d["freeWholeGpus"] == 1 and d["healthyGpus"] == 3
