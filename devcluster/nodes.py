@@ -11,18 +11,23 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import yaml
 
 GPU = "nvidia.com/gpu"
 SPINE_LABEL = "topology.scheduler/spine"
 LEAF_LABEL = "topology.scheduler/leaf"
+BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"  # the node's network bandwidth in Gbit/s
 DEVICES_ANNOTATION = "agentaflow.gpu/devices"
 GPU_TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
 
 # (GFD product label, memory in MiB) per spine, cycling
 PRODUCTS = (("NVIDIA-A100-SXM4-80GB", 81920), ("NVIDIA-H100-80GB-HBM3", 81559))
+
+# network bandwidth in Gbit/s per leaf, cycling: leaf-0 100, leaf-1 200, every other leaf 400
+BANDWIDTHS = (100, 200)
+DEFAULT_BANDWIDTH = 400
 
 # a fixed timestamp keeps the builder deterministic (the sample file is compared to it in a test)
 STAMP = "2025-01-01T00:00:00Z"
@@ -32,7 +37,9 @@ def device_uuid(node: str, index: int) -> str:
     return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}/{index}"))
 
 
-def device_entries(node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()) -> list[dict]:
+def device_entries(
+    node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()
+) -> list[dict]:
     """The `agentaflow.gpu/devices` annotation a node agent (allocator.node_agent.probes) would write."""
     bad = set(unhealthy)
     return [
@@ -61,6 +68,7 @@ def make_node(
     cpu: int = 64,
     memory_gi: int = 512,
     unhealthy: Iterable[int] = (),
+    bandwidth_gbps: int | None = DEFAULT_BANDWIDTH,
 ) -> dict:
     labels = {
         "kubernetes.io/hostname": name,
@@ -73,6 +81,8 @@ def make_node(
         SPINE_LABEL: spine,
         LEAF_LABEL: leaf,
     }
+    if bandwidth_gbps is not None:
+        labels[BANDWIDTH_LABEL] = str(bandwidth_gbps)
     annotations: dict[str, str] = {}
     if agentaflow:
         labels.update(
@@ -139,13 +149,17 @@ def make_sample_cluster(
     """Spines `spine-S`, leaves `leaf-L` numbered across spines, nodes `leaf-L-node-N`.
 
     In every leaf the last `tainted_per_leaf` nodes carry `nvidia.com/gpu=true:NoSchedule` and the first
-    `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU products.
+    `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU
+    products; every node carries its leaf's network bandwidth (`BANDWIDTHS`: leaf-0 100 Gbit/s, leaf-1
+    200, others 400).
     """
     nodes = []
     for s in range(spines):
         product, memory = PRODUCTS[s % len(PRODUCTS)]
         for l_in_spine in range(leaves_per_spine):
-            leaf = f"leaf-{s * leaves_per_spine + l_in_spine}"
+            leaf_number = s * leaves_per_spine + l_in_spine
+            leaf = f"leaf-{leaf_number}"
+            bandwidth = BANDWIDTHS[leaf_number] if leaf_number < len(BANDWIDTHS) else DEFAULT_BANDWIDTH
             for n in range(nodes_per_leaf):
                 nodes.append(
                     make_node(
@@ -157,6 +171,7 @@ def make_sample_cluster(
                         memory_mib=memory,
                         tainted=n >= nodes_per_leaf - tainted_per_leaf,
                         agentaflow=n < agentaflow_per_leaf,
+                        bandwidth_gbps=bandwidth,
                     )
                 )
     return nodes

@@ -280,6 +280,7 @@ class ClusterIndex:
         self._gpu_sizes: Counter[int] = Counter()  # node device count -> nodes
         self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
+        self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
 
     # ------------------------------------------------------------------ best fit's order
     def fit_key(self, node: NodeState) -> int:
@@ -400,6 +401,7 @@ class ClusterIndex:
         self.touch(node.name)
         self.leaf(node.leaf_key)
         self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
+        self.utilization_nodes += node.info.utilization_at is not None
         self._size(node, 1)
         if node.placeable:
             self._file(node)
@@ -412,6 +414,7 @@ class ClusterIndex:
         self.touch(name)
         self._unfile(node)
         self._size(node, -1)
+        self.utilization_nodes -= node.info.utilization_at is not None
         left = self.leaf_members[node.leaf_key] - 1
         if left:
             self.leaf_members[node.leaf_key] = left
