@@ -5,6 +5,8 @@ rules count nodes)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, GroupSpec, Placement, Request
@@ -167,3 +169,50 @@ def test_a_late_pod_of_a_packed_gang_may_join_a_node_of_the_group():
     # the group has one live pod; its lost slot is placed again on the group's node (it has room)
     late = led.reserve(gang("g2", 2, 4), 101.0)
     assert isinstance(late, Placement) and late.node == p.node
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["PyTorchJob", "MPIJob", "TFJob"]),
+    specs=json_values,
+    gang=json_values,
+    roles=st.dictionaries(st.sampled_from(["Master", "Worker", "Launcher", "PS"]), json_values, max_size=3),
+)
+def test_kubeflow_owners_never_crash_the_parser(kind, specs, gang, roles):
+    field = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs", "TFJob": "tfReplicaSpecs"}[
+        kind
+    ]
+    for replica_specs in (specs, {role: {"replicas": value} for role, value in roles.items()}):
+        owner = {
+            "kind": kind,
+            "metadata": {"name": "train", "annotations": {"topology.scheduler/gang": gang}},
+            "spec": {field: replica_specs},
+        }
+        try:
+            r = request_from_pod(pod(owner=(kind, "train")), owner, None, "r0")
+        except AnnotationError as err:
+            assert err.annotation in (
+                "topology.scheduler/gang",
+                "metadata.annotations",
+            ) or err.annotation.startswith(f"{kind} spec.{field}."), str(err)
+            assert err.annotation in str(err)
+        else:
+            assert r is not None and (r.group is None or r.group.size >= 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values)
+def test_node_bandwidth_and_utilization_readers_never_raise(value):
+    from allocator.core.objects import utilization_pct, utilization_timestamp
+    from allocator.core.request import node_bandwidth_gbps
+
+    assert node_bandwidth_gbps(value) is None or node_bandwidth_gbps(value) >= 0
+    assert utilization_pct(value) is None or 0 <= utilization_pct(value) <= 100
+    assert utilization_timestamp(value) is None or isinstance(utilization_timestamp(value), float)

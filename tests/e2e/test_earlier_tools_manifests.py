@@ -22,7 +22,9 @@ pytestmark = pytest.mark.e2e
 LABELS = {n["metadata"]["name"]: n["metadata"]["labels"] for n in SAMPLE_NODES}
 LEAF = {name: labels["topology.scheduler/leaf"] for name, labels in LABELS.items()}
 SPINE = {name: labels["topology.scheduler/spine"] for name, labels in LABELS.items()}
-BANDWIDTH = {name: float(labels["topology.scheduler/network-bandwidth-gbps"]) for name, labels in LABELS.items()}
+BANDWIDTH = {
+    name: float(labels["topology.scheduler/network-bandwidth-gbps"]) for name, labels in LABELS.items()
+}
 CUDA_IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"
 
 
@@ -91,10 +93,13 @@ spec:
     assert_env(pod, placement)
 
 
-@pytest.mark.parametrize("name,container,image", [
-    ("multi-gpu-job", "gpu-job", CUDA_IMAGE),  # "Multi-GPU Job"
-    ("gpu-job", "gpu-container", "gpu-workload:latest"),  # "Submitting a GPU Job"
-])
+@pytest.mark.parametrize(
+    "name,container,image",
+    [
+        ("multi-gpu-job", "gpu-job", CUDA_IMAGE),  # "Multi-GPU Job"
+        ("gpu-job", "gpu-container", "gpu-workload:latest"),  # "Submitting a GPU Job"
+    ],
+)
 def test_topology_multi_gpu_job_in_its_preferred_leaf(apiserver, stack, workloads, name, container, image):
     wait_nodes_free(apiserver, stack, nodes_of("leaf-1"))
     workloads.apply(
@@ -249,12 +254,25 @@ def operator_pod(job: dict, name: str, gpus: int) -> str:
         "metadata": {
             "name": name,
             "labels": {"training.kubeflow.org/job-name": job["metadata"]["name"]},
-            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": job["kind"],
-                                 "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
-                                 "controller": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": job["kind"],
+                    "name": job["metadata"]["name"],
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
         },
-        "spec": {"containers": [{"name": "pytorch", "image": "pytorch/pytorch:latest-gpu",
-                                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "pytorch/pytorch:latest-gpu",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ]
+        },
     }
     return yaml.safe_dump(pod)
 
@@ -273,20 +291,29 @@ spec:
       template:
         spec:
           containers:
-          - {{name: pytorch, image: "pytorch/pytorch:latest-gpu", resources: {{limits: {{nvidia.com/gpu: 2}}}}}}
+          - name: pytorch
+            image: pytorch/pytorch:latest-gpu
+            resources: {{limits: {{nvidia.com/gpu: 2}}}}
     Worker:
       replicas: 1
       template:
         spec:
           containers:
-          - {{name: pytorch, image: "pytorch/pytorch:latest-gpu", resources: {{limits: {{nvidia.com/gpu: 2}}}}}}
+          - name: pytorch
+            image: pytorch/pytorch:latest-gpu
+            resources: {{limits: {{nvidia.com/gpu: 2}}}}
 """
 
 
 def test_agentaflow_pytorchjob_pods_are_placed_one_by_one(workloads):
     # AgentaFlow's Kubeflow example: strategy and priority on the PyTorchJob, no gang asked for
-    workloads.apply(PYTORCHJOB.format(name="bert", annotations='    agentaflow.gpu/scheduling-strategy: "priority"\n'
-                                                              '    agentaflow.gpu/priority: "10"'))
+    workloads.apply(
+        PYTORCHJOB.format(
+            name="bert",
+            annotations='    agentaflow.gpu/scheduling-strategy: "priority"\n'
+            '    agentaflow.gpu/priority: "10"',
+        )
+    )
     job = workloads.cp.get_json("pytorchjob", "bert", "-n", workloads.namespace, as_user="alice")
     for name in ("bert-master-0", "bert-worker-0"):
         workloads.apply(operator_pod(job, name, 2))
@@ -302,11 +329,16 @@ def test_a_pytorchjob_that_asks_for_a_gang_is_one(workloads):
     job = workloads.cp.get_json("pytorchjob", "llm", "-n", workloads.namespace, as_user="alice")
     workloads.apply(operator_pod(job, "llm-master-0", 2))
     first = workloads.placement(workloads.pod("llm-master-0"))
-    assert first.group == f"pytorchjob/{workloads.namespace}/llm" and len(first.group_plan) == 2  # Master + Worker
+    assert (
+        first.group == f"pytorchjob/{workloads.namespace}/llm" and len(first.group_plan) == 2
+    )  # Master + Worker
     workloads.apply(operator_pod(job, "llm-worker-0", 2))
     second = workloads.placement(workloads.pod("llm-worker-0"))
     assert second.group == first.group and {first.slot, second.slot} == {0, 1}
-    assert (second.node, second.devices) == (first.group_plan[second.slot].node, first.group_plan[second.slot].devices)
+    assert (second.node, second.devices) == (
+        first.group_plan[second.slot].node,
+        first.group_plan[second.slot].devices,
+    )
 
 
 # ------------------------------------------------------------------ gpu-scheduling-map scheduler
@@ -319,10 +351,18 @@ def map_pod(name: str, mapping: str, scheduler: str = "gpu-scheduler") -> dict:
         "metadata": {"name": name, "annotations": {"gpu-scheduling-map": mapping}},
         "spec": {
             "schedulerName": scheduler,
-            "containers": [{"name": "test", "image": "busybox:1.35", "command": [
-                "sh", "-c",
-                "while true; do echo 'Node: '$(hostname)' | CUDA_VISIBLE_DEVICES: '${CUDA_VISIBLE_DEVICES}; "
-                "sleep 10; done"]}],
+            "containers": [
+                {
+                    "name": "test",
+                    "image": "busybox:1.35",
+                    "command": [
+                        "sh",
+                        "-c",
+                        "while true; do echo 'Node: '$(hostname)' | CUDA_VISIBLE_DEVICES: '"
+                        "${CUDA_VISIBLE_DEVICES}; sleep 10; done",
+                    ],
+                }
+            ],
         },
     }
 
@@ -333,8 +373,9 @@ QUICK_START_MAP = "0=leaf-2-node-0:0,1\n1=leaf-2-node-1:2\n2=leaf-2-node-2:0,1,2
 
 def test_gpu_scheduling_map_quick_start_pods(apiserver, stack, workloads):
     wait_nodes_free(apiserver, stack, nodes_of("leaf-2"))
-    proc = workloads.apply(yaml.safe_dump_all([map_pod("gpu-test-0", QUICK_START_MAP),
-                                               map_pod("gpu-test-1", QUICK_START_MAP)]))
+    proc = workloads.apply(
+        yaml.safe_dump_all([map_pod("gpu-test-0", QUICK_START_MAP), map_pod("gpu-test-1", QUICK_START_MAP)])
+    )
     assert "spec.schedulerName 'gpu-scheduler' was replaced by 'default-scheduler'" in proc.stderr
     expected = {"gpu-test-0": ("leaf-2-node-0", (0, 1)), "gpu-test-1": ("leaf-2-node-1", (2,))}
     for name, (node, devices) in expected.items():
@@ -349,8 +390,11 @@ def test_gpu_scheduling_map_names_without_and_with_a_deployment_suffix(apiserver
     wait_nodes_free(apiserver, stack, nodes_of("leaf-2"))
     # "Manual Testing": a name with no trailing number takes entry 0; "deployment-name-abc123-0" style
     # names take their trailing number, as that scheduler's index extraction did
-    workloads.apply(yaml.safe_dump_all([map_pod("test-gpu-pod", QUICK_START_MAP),
-                                        map_pod("check-abc123-3", QUICK_START_MAP)]))
+    workloads.apply(
+        yaml.safe_dump_all(
+            [map_pod("test-gpu-pod", QUICK_START_MAP), map_pod("check-abc123-3", QUICK_START_MAP)]
+        )
+    )
     first = workloads.placement(workloads.pod("test-gpu-pod"))
     assert (first.node, first.devices) == ("leaf-2-node-0", (0, 1))
     third = workloads.pod("check-abc123-3")
@@ -392,9 +436,11 @@ spec:
     )
     pods, _ = placed(workloads, 3, "app.kubernetes.io/name=gpu-scheduler-check")
     got = {p["metadata"]["name"]: workloads.placement(p) for p in pods}
-    expected = {"gpu-scheduler-check-0": ("leaf-3-node-0", (0, 1)),
-                "gpu-scheduler-check-1": ("leaf-3-node-1", (2,)),
-                "gpu-scheduler-check-2": ("leaf-3-node-2", (0, 1, 2))}
+    expected = {
+        "gpu-scheduler-check-0": ("leaf-3-node-0", (0, 1)),
+        "gpu-scheduler-check-1": ("leaf-3-node-1", (2,)),
+        "gpu-scheduler-check-2": ("leaf-3-node-2", (0, 1, 2)),
+    }
     assert {name: (p.node, p.devices) for name, p in got.items()} == expected
     assert all(p.group is None for p in got.values())  # a map pins each pod: no gang
 
@@ -402,7 +448,9 @@ spec:
 def test_a_map_naming_nodes_the_cluster_lacks_is_denied_naming_the_map(workloads):
     # "Multiple GPU Types": that cluster's node names
     proc = workloads.apply(
-        yaml.safe_dump(map_pod("gpu-types-0", "0=gpu-node-v100:0,1\n1=gpu-node-a100:0\n2=gpu-node-t4:0,1,2,3\n")),
+        yaml.safe_dump(
+            map_pod("gpu-types-0", "0=gpu-node-v100:0,1\n1=gpu-node-a100:0\n2=gpu-node-t4:0,1,2,3\n")
+        ),
         check=False,
     )
     assert proc.returncode != 0
@@ -418,15 +466,32 @@ def labelled_a100_nodes(apiserver, stack, workloads):
     has, the instance type); wait until admission sees the labels."""
     nodes = ["leaf-1-node-0", "leaf-1-node-1"]
     for node in nodes:
-        apiserver.kubectl("label", "node", node, "accelerator=nvidia-tesla-a100",
-                          "node.kubernetes.io/instance-type=p4d.24xlarge", "--overwrite")
-    probe = yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "label-probe"},
-        "spec": {"nodeSelector": {"accelerator": "nvidia-tesla-a100"},
-                 "containers": [{"name": "c", "image": CUDA_IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-    })
-    apiserver.wait_for(lambda: workloads.apply(probe, check=False, extra=("--dry-run=server",)).returncode == 0,
-                       timeout=30, what="the accelerator label reaches the ledger")
+        apiserver.kubectl(
+            "label",
+            "node",
+            node,
+            "accelerator=nvidia-tesla-a100",
+            "node.kubernetes.io/instance-type=p4d.24xlarge",
+            "--overwrite",
+        )
+    probe = yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "label-probe"},
+            "spec": {
+                "nodeSelector": {"accelerator": "nvidia-tesla-a100"},
+                "containers": [
+                    {"name": "c", "image": CUDA_IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ],
+            },
+        }
+    )
+    apiserver.wait_for(
+        lambda: workloads.apply(probe, check=False, extra=("--dry-run=server",)).returncode == 0,
+        timeout=30,
+        what="the accelerator label reaches the ledger",
+    )
     return nodes
 
 
