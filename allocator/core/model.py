@@ -73,7 +73,7 @@ class NodeInfo:
     product: str = ""  # nvidia.com/gpu.product or accelerator label
     cheap: bool = False  # gpu-orchestrator/cheap-node
     gpu_schedulable: bool = True  # agentaflow.gpu/schedulable
-    utilization_at: float | None = None  # agentaflow.gpu/last-update (epoch seconds): when utilization was read
+    utilization_at: float | None = None  # agentaflow.gpu/last-update, epoch seconds: when utilization was read
 
     def label(self, key: str, default: str | None = None) -> str | None:
         for k, v in self.labels:

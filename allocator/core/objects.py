@@ -50,6 +50,7 @@ LAST_UPDATE_ANNOTATION = "agentaflow.gpu/last-update"  # when the node agent las
 TERMINAL_PHASES = ("Succeeded", "Failed")
 MAX_DEVICES_PER_NODE = 4096
 _DIGITS = re.compile(r"([0-9]+)")
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{8,15}Z", re.ASCII)
 
 
 # ---------------------------------------------------------------------------------------------- objects
@@ -176,8 +177,9 @@ def utilization_pct(value: Any) -> int | None:
 
 
 def utilization_timestamp(value: Any) -> float | None:
-    """`agentaflow.gpu/last-update` ("2025-01-01T00:00:00Z", RFC 3339 UTC) as epoch seconds; None if unreadable."""
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{8,15}Z", value.strip()):
+    """`agentaflow.gpu/last-update` ("2025-01-01T00:00:00Z", RFC 3339 UTC) as epoch seconds; None if
+    unreadable."""
+    if not isinstance(value, str) or not _TIMESTAMP.fullmatch(value.strip()):
         return None
     try:
         return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).astimezone(UTC).timestamp()
