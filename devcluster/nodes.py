@@ -18,11 +18,16 @@ import yaml
 GPU = "nvidia.com/gpu"
 SPINE_LABEL = "topology.scheduler/spine"
 LEAF_LABEL = "topology.scheduler/leaf"
+BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"  # the node's network bandwidth in Gbit/s
 DEVICES_ANNOTATION = "agentaflow.gpu/devices"
 GPU_TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
 
 # (GFD product label, memory in MiB) per spine, cycling
 PRODUCTS = (("NVIDIA-A100-SXM4-80GB", 81920), ("NVIDIA-H100-80GB-HBM3", 81559))
+
+# network bandwidth in Gbit/s per leaf, cycling: leaf-0 100, leaf-1 200, every other leaf 400
+BANDWIDTHS = (100, 200)
+DEFAULT_BANDWIDTH = 400
 
 # a fixed timestamp keeps the builder deterministic (the sample file is compared to it in a test)
 STAMP = "2025-01-01T00:00:00Z"
@@ -63,6 +68,7 @@ def make_node(
     cpu: int = 64,
     memory_gi: int = 512,
     unhealthy: Iterable[int] = (),
+    bandwidth_gbps: int | None = DEFAULT_BANDWIDTH,
 ) -> dict:
     labels = {
         "kubernetes.io/hostname": name,
@@ -75,6 +81,8 @@ def make_node(
         SPINE_LABEL: spine,
         LEAF_LABEL: leaf,
     }
+    if bandwidth_gbps is not None:
+        labels[BANDWIDTH_LABEL] = str(bandwidth_gbps)
     annotations: dict[str, str] = {}
     if agentaflow:
         labels.update(
@@ -142,13 +150,16 @@ def make_sample_cluster(
 
     In every leaf the last `tainted_per_leaf` nodes carry `nvidia.com/gpu=true:NoSchedule` and the first
     `agentaflow_per_leaf` nodes carry agentaflow labels and a device annotation; spines alternate GPU
-    products.
+    products; every node carries its leaf's network bandwidth (`BANDWIDTHS`: leaf-0 100 Gbit/s, leaf-1
+    200, others 400).
     """
     nodes = []
     for s in range(spines):
         product, memory = PRODUCTS[s % len(PRODUCTS)]
         for l_in_spine in range(leaves_per_spine):
-            leaf = f"leaf-{s * leaves_per_spine + l_in_spine}"
+            leaf_number = s * leaves_per_spine + l_in_spine
+            leaf = f"leaf-{leaf_number}"
+            bandwidth = BANDWIDTHS[leaf_number] if leaf_number < len(BANDWIDTHS) else DEFAULT_BANDWIDTH
             for n in range(nodes_per_leaf):
                 nodes.append(
                     make_node(
@@ -160,6 +171,7 @@ def make_sample_cluster(
                         memory_mib=memory,
                         tainted=n >= nodes_per_leaf - tainted_per_leaf,
                         agentaflow=n < agentaflow_per_leaf,
+                        bandwidth_gbps=bandwidth,
                     )
                 )
     return nodes

@@ -2,7 +2,7 @@
 
 Readers are pure and total: they return a value or raise `AnnotationError`, whose message names the
 annotation (or field), the value and what is accepted. Numbers are ASCII digits only, never `٢` or `２`.
-"""
+"""  # noqa: RUF002 (the look-alike digits are the point)
 
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ GPU_MILLI = "agentaflow.gpu/milli"
 GPU_PRODUCT = "agentaflow.gpu/product"
 SCHEDULING_MAP = "gpu-scheduling-map"
 SCHEDULING_MAP_ALIAS = "topology.scheduler/gpu-scheduling-map"
+# a group (Job, StatefulSet, Kubeflow job) is placed all-or-nothing only when asked; this asks (or, "false",
+# declines). In the topology.scheduler/ family, not gpuledger.io/: those keys only the webhook may write.
+GANG = "topology.scheduler/gang"
+
+# the node label that says a node's network bandwidth in Gbit/s ("200"; "400Gbps" is read too)
+NETWORK_BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"
 
 # pod index sources (Kubernetes' own)
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
@@ -36,9 +42,20 @@ JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 # every annotation the request parser reads; the docs and the fuzz tests iterate over it
 ANNOTATIONS: tuple[str, ...] = (
-    GPU_COUNT, PREFERRED_DOMAIN, PLACEMENT_STRATEGY, LATENCY_SENSITIVE, NETWORK_BANDWIDTH,
-    SCHEDULING_STRATEGY, PRIORITY, GPU_MEMORY, EXCLUSIVE_ACCESS, GPU_MILLI, GPU_PRODUCT,
-    SCHEDULING_MAP, SCHEDULING_MAP_ALIAS,
+    GPU_COUNT,
+    PREFERRED_DOMAIN,
+    PLACEMENT_STRATEGY,
+    LATENCY_SENSITIVE,
+    NETWORK_BANDWIDTH,
+    SCHEDULING_STRATEGY,
+    PRIORITY,
+    GPU_MEMORY,
+    EXCLUSIVE_ACCESS,
+    GPU_MILLI,
+    GPU_PRODUCT,
+    SCHEDULING_MAP,
+    SCHEDULING_MAP_ALIAS,
+    GANG,
 )
 
 TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
@@ -48,8 +65,12 @@ NETWORK_BANDWIDTHS = ("high", "medium", "low")
 # `low` may not. The gaps leave room for the integers AgentaFlow users write ("5", "10").
 PRIORITY_WORDS: dict[str, int] = {"low": -100, "medium": 0, "high": 100, "critical": 1000}
 # bandwidth prefixes -> Gbit/s, for topology.scheduler/network-bandwidth ("100Gb", "400Gbps", "25G")
-BANDWIDTH_PREFIXES: dict[str, Fraction] = {"k": Fraction(1, 10**6), "m": Fraction(1, 1000), "g": Fraction(1),
-                                           "t": Fraction(1000)}
+BANDWIDTH_PREFIXES: dict[str, Fraction] = {
+    "k": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "g": Fraction(1),
+    "t": Fraction(1000),
+}
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 MAX_GPUS_PER_POD = 1024
@@ -59,7 +80,9 @@ DNS_LABELISH = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?", re.
 _INTEGER = re.compile(r"[+-]?[0-9]{1,12}", re.ASCII)
 _ORDINAL_SUFFIX = re.compile(r"-([0-9]+)\Z", re.ASCII)
 _BYTES = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?(?:Ki|Mi|Gi|Ti|Pi|Ei|[kMGTPE])", re.ASCII)
-_BANDWIDTH = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*([kKmMgGtT])(?:b|bps|b/s|bit|bits|bit/s)?", re.ASCII)
+_BANDWIDTH = re.compile(
+    r"([0-9]{1,9}(?:\.[0-9]{1,6})?)\s*([kKmMgGtT])(?:b|bps|b/s|bit|bits|bit/s)?", re.ASCII
+)
 _MAP_LINE = re.compile(r"([0-9]{1,6})\s*=\s*([^:\s]+)\s*:\s*([0-9]{1,4}(?:\s*,\s*[0-9]{1,4})*)", re.ASCII)
 
 
@@ -75,6 +98,7 @@ class AnnotationError(ValueError):
 
 
 # --- values ----------------------------------------------------------------------------------------------
+
 
 def read_int(annotation: str, raw: Any, lo: int, hi: int, accepted: str | None = None) -> int:
     """An integer from lo to hi: a JSON integer, or text of ASCII digits with an optional sign."""
@@ -104,8 +128,9 @@ def parse_quantity(field: str, raw: Any) -> Fraction:
     try:
         value = _quantity(raw)
     except QuantityError:
-        raise AnnotationError(field, raw, 'a Kubernetes quantity such as "500m", "2", "512Mi" or "1Gi" '
-                                          "(ASCII digits)") from None
+        raise AnnotationError(
+            field, raw, 'a Kubernetes quantity such as "500m", "2", "512Mi" or "1Gi" (ASCII digits)'
+        ) from None
     if value < 0:
         raise AnnotationError(field, raw, "a non-negative quantity")
     return value
@@ -117,16 +142,23 @@ def read_priority(annotation: str, raw: Any) -> int:
     word = raw.strip().lower() if isinstance(raw, str) else None
     if word in PRIORITY_WORDS:
         return PRIORITY_WORDS[word]
-    return read_int(annotation, raw, -(2**31), 2**31 - 1,
-                    f"an integer from {-(2**31)} to {2**31 - 1} (higher is more important) or {words}")
+    return read_int(
+        annotation,
+        raw,
+        -(2**31),
+        2**31 - 1,
+        f"an integer from {-(2**31)} to {2**31 - 1} (higher is more important) or {words}",
+    )
 
 
 def read_gpu_memory_mib(annotation: str, raw: Any) -> int:
     """GPU memory in MiB: a plain integer is MiB (as always); a Kubernetes quantity of bytes ("16Gi",
     "16384Mi", "40G") is converted, rounded up to a whole MiB. Exponents and milli are refused: "1e3" could
     be read as MiB or as bytes."""
-    accepted = (f"GPU memory in MiB, an integer from 1 to {MAX_GPU_MEMORY_MIB}, or a quantity of bytes such "
-                'as "16Gi", "16384Mi" or "40G" (ASCII digits)')
+    accepted = (
+        f"GPU memory in MiB, an integer from 1 to {MAX_GPU_MEMORY_MIB}, or a quantity of bytes such "
+        'as "16Gi", "16384Mi" or "40G" (ASCII digits)'
+    )
     text = raw.strip() if isinstance(raw, str) else raw
     if not (isinstance(text, str) and _BYTES.fullmatch(text)):
         return read_int(annotation, raw, 1, MAX_GPU_MEMORY_MIB, accepted)
@@ -139,8 +171,10 @@ def read_gpu_memory_mib(annotation: str, raw: Any) -> int:
 def read_network_bandwidth(annotation: str, raw: Any) -> tuple[str | None, float | None]:
     """(word, None) for `high | medium | low` (any case), or (None, Gbit/s) for a bandwidth in bits per
     second: "100Gb", "200Gb", "400Gbps", "25G", "1.6Tbps", "800Mbps". A capital B (bytes) is refused."""
-    accepted = (" | ".join(NETWORK_BANDWIDTHS) + ', or a positive bandwidth in bits per second such as "100Gb", '
-                '"400Gbps", "25G" or "800Mbps" (ASCII digits)')
+    accepted = (
+        " | ".join(NETWORK_BANDWIDTHS) + ', or a positive bandwidth in bits per second such as "100Gb", '
+        '"400Gbps", "25G" or "800Mbps" (ASCII digits)'
+    )
     if not isinstance(raw, str):
         raise AnnotationError(annotation, raw, accepted)
     text = raw.strip()
@@ -153,6 +187,18 @@ def read_network_bandwidth(annotation: str, raw: Any) -> tuple[str | None, float
     if gbps <= 0:
         raise AnnotationError(annotation, raw, accepted)
     return None, float(gbps)
+
+
+def node_bandwidth_gbps(value: Any) -> float | None:
+    """A node's `NETWORK_BANDWIDTH_LABEL` in Gbit/s: a plain number ("200", "12.5") or a bandwidth such as
+    "400Gbps"; None when missing or unreadable (such a node meets no bandwidth request)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if re.fullmatch(r"[0-9]{1,9}(?:\.[0-9]{1,6})?", text, re.ASCII):
+        return float(Fraction(text))
+    m = _BANDWIDTH.fullmatch(text)
+    return float(Fraction(m.group(1)) * BANDWIDTH_PREFIXES[m.group(2).lower()]) if m else None
 
 
 def parse_scheduling_map(annotation: str, raw: Any) -> dict[int, PinnedDevices]:
@@ -184,6 +230,7 @@ def parse_scheduling_map(annotation: str, raw: Any) -> dict[int, PinnedDevices]:
 
 # --- pod fields ------------------------------------------------------------------------------------------
 
+
 def mapping(value: Any) -> Mapping:
     return value if isinstance(value, dict) else {}
 
@@ -213,7 +260,11 @@ def pod_index(pod: Mapping, owner_kind: str | None = None) -> int | None:
     """The pod's index in its workload: pod-index label, Job completion index, or StatefulSet ordinal."""
     meta = mapping(pod.get("metadata"))
     labels, annotations = mapping(meta.get("labels")), mapping(meta.get("annotations"))
-    for source, key in ((labels, POD_INDEX_LABEL), (annotations, JOB_COMPLETION_INDEX), (labels, JOB_COMPLETION_INDEX)):
+    for source, key in (
+        (labels, POD_INDEX_LABEL),
+        (annotations, JOB_COMPLETION_INDEX),
+        (labels, JOB_COMPLETION_INDEX),
+    ):
         if key in source:
             return read_int(key, source[key], 0, 10**9, "a non-negative integer pod index")
     if owner_kind == "StatefulSet":

@@ -27,6 +27,7 @@ class LedgerConfig:
     priority_headroom: float = 0.1  # share of GPU capacity kept for priority >= 1 (strategy `priority`)
     balanced_weights: dict = field(default_factory=lambda: dict(DEFAULT_BALANCED_WEIGHTS))
     placement_key: bytes = b""  # HMAC key for placement annotations (empty = unsigned, dev only)
+    utilization_max_age_s: float = 120.0  # node agent utilization older than this is stale (least_utilized)
 
 
 @dataclass

@@ -6,6 +6,7 @@ Filters judge one node for one request: they never choose between nodes and neve
 from __future__ import annotations
 
 from allocator.core import objects as kube
+from allocator.core.annotation_values import NETWORK_BANDWIDTH_LABEL, node_bandwidth_gbps
 from allocator.core.books import Books, StaticVerdicts
 from allocator.core.inventory import NodeState
 from allocator.core.model import MILLI_PER_GPU, Reason, Request, Taint
@@ -32,6 +33,8 @@ class Filters:
             balanced_weights=books.config.balanced_weights,
             performance=books.performance,
             extra=books.context_extra,
+            now=books.last_now,
+            utilization_max_age_s=getattr(books.config, "utilization_max_age_s", 120.0),
         )
 
     def static(self, node: NodeState, req: Request) -> tuple[Reason | None, tuple[Taint, ...]]:
@@ -59,13 +62,20 @@ class Filters:
         if req.needs_gpu and not info.gpu_schedulable:
             return Reason.NOT_GPU_SCHEDULABLE, ()
         if req.product and not product_matches(
-            req.product, info.product, info.label(kube.ACCELERATOR_LABEL, ""), *(d.product for d in info.devices)
+            req.product,
+            info.product,
+            info.label(kube.ACCELERATOR_LABEL, ""),
+            *(d.product for d in info.devices),
         ):
             return Reason.PRODUCT_MISMATCH, ()
         if req.gpu_memory_mib and req.needs_gpu:
             sizes = [d.memory_mib for d in info.devices if d.healthy]
             if sizes and all(s and s < req.gpu_memory_mib for s in sizes):
                 return Reason.GPU_MEMORY_TOO_SMALL, ()
+        if req.network_bandwidth_gbps is not None:
+            have = node_bandwidth_gbps(info.label(NETWORK_BANDWIDTH_LABEL))
+            if have is None or have < req.network_bandwidth_gbps:
+                return Reason.NETWORK_BANDWIDTH, ()
         if req.node_selector or req.affinity_terms:
             labels = info.label_map
             if any(labels.get(k) != v for k, v in req.node_selector):
@@ -88,6 +98,8 @@ class Filters:
 def dynamic(node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
     """(fit, reasons) from the node's current free state."""
     reasons = []
+    if req.latency_sensitive and any(node.dev_nshares):
+        reasons.append(Reason.SHARED_GPUS)  # a latency-sensitive pod takes no node whose GPUs others share
     if node.cpu_free < req.cpu_milli:
         reasons.append(Reason.NOT_ENOUGH_CPU)
     if node.mem_free < req.memory_mib:
@@ -130,6 +142,8 @@ def static_signature(req: Request) -> tuple:
         req.node_selector,
         req.affinity_terms,
         req.tolerations,
+        req.network_bandwidth_gbps,
+        req.latency_sensitive,
     )
 
 

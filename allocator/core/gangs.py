@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from allocator.core.books import Books, GroupState, Reservation, slot_hid
 from allocator.core.diagnosis import Diagnoser, describe
-from allocator.core.filters import tolerated_gpu_taints
+from allocator.core.filters import dynamic, tolerated_gpu_taints
 from allocator.core.inventory import Holding, LeafKey
 from allocator.core.model import Denial, GroupSlot, Placement, Reason, Request, ReservationState, Taint
 from allocator.core.selection import Choice, Selector, device_uuids, placement
@@ -47,10 +47,13 @@ class Gangs:
             return self.decide_claim(req, group, strategy, name, ctx)
         spec = req.group
         per_pod = req.gpus
-        cap_limit = spec.max_nodes_per_leaf or spec.size
+        # the leaf rules count nodes (max_nodes_per_leaf) and GPUs (max_gpus_per_leaf); pods of the gang may
+        # share a node whenever its free devices hold more than one of them
+        node_limit = spec.max_nodes_per_leaf or spec.size
+        pod_limit = spec.size
         if spec.max_gpus_per_leaf and per_pod:
-            cap_limit = min(cap_limit, spec.max_gpus_per_leaf // per_pod)
-        if cap_limit <= 0:
+            pod_limit = min(pod_limit, spec.max_gpus_per_leaf // per_pod)
+        if pod_limit <= 0:
             return Denial(
                 id=req.id,
                 message=(
@@ -62,16 +65,25 @@ class Gangs:
             )
         topo = books.topology()
         spread = name == "distributed"
-        exact: dict[LeafKey, list[Choice]] = {}
+        exact: dict[LeafKey, list[list[Choice]]] = {}  # leaf -> per node (best first) the pods it can take
+
+        def per_node(free: int) -> int:
+            return min(free // per_pod, pod_limit) if per_pod else 1  # a shared pod: one per node
 
         def upper(leaf: LeafKey) -> int:
             b = books.index.leaves.get(leaf)
             if b is None:
                 return 0
-            n = sum(len(lst) for k, lst in b.by_free.items() if k >= per_pod) if per_pod else b.count
-            return min(n, cap_limit)
+            total, nodes = 0, 0
+            for k in sorted((k for k, names in b.by_free.items() if names and k >= per_pod), reverse=True):
+                take = min(len(b.by_free[k]), node_limit - nodes)
+                total += take * per_node(k)
+                nodes += take
+                if nodes >= node_limit:
+                    break
+            return min(total, pod_limit)
 
-        def exact_choices(leaf: LeafKey) -> list[Choice]:
+        def exact_choices(leaf: LeafKey) -> list[list[Choice]]:
             got = exact.get(leaf)
             if got is None:
                 got = []
@@ -81,28 +93,32 @@ class Gangs:
                         if k < per_pod:
                             continue
                         for nm in names:
-                            c = self.selector.try_node(books.index.nodes[nm], req, strategy, ctx)
-                            if c is not None:
-                                got.append(c)
-                got.sort(key=lambda c: (-c.score, c.node.name))
+                            fits = self.node_fits(books.index.nodes[nm], req, strategy, ctx, per_node(k))
+                            if fits:
+                                got.append(fits)
+                got.sort(key=lambda fits: (-fits[0].score, fits[0].node.name))
                 exact[leaf] = got
             return got
+
+        def capacity(leaf: LeafKey) -> int:
+            return min(sum(len(fits) for fits in exact[leaf][:node_limit]), pod_limit)
 
         def attempt(leaves_allowed: set[LeafKey] | None):
             caps = {}
             for leaf in topo.order():
                 if leaves_allowed is not None and leaf not in leaves_allowed:
                     continue
-                caps[leaf] = min(len(exact[leaf]), cap_limit) if leaf in exact else upper(leaf)
+                caps[leaf] = capacity(leaf) if leaf in exact else upper(leaf)
             while True:
-                plan = plan_leaves(topo, caps, spec.size, spread)
+                plan = plan_leaves(topo, caps, spec.size, spread, prefer_spare=req.latency_sensitive)
                 if plan is None:
                     return None
                 stale = [leaf for leaf, _ in plan if leaf not in exact]
                 if not stale:
                     return plan
                 for leaf in stale:
-                    caps[leaf] = min(len(exact_choices(leaf)), cap_limit)
+                    exact_choices(leaf)
+                    caps[leaf] = capacity(leaf)
 
         domain = self.selector.domain_leaves(req.preferred_domain)
         plan = attempt(set(domain)) if domain else None
@@ -118,16 +134,41 @@ class Gangs:
             if spec.max_gpus_per_leaf:
                 limits.append(f"max {spec.max_gpus_per_leaf} GPU(s) per leaf")
             prefix = (
-                f"no placement for group {spec.key}: {spec.size} pods x {describe(req)}, one pod per node"
+                f"no placement for group {spec.key}: {spec.size} pods x {describe(req)}"
                 f"{' (' + ', '.join(limits) + ')' if limits else ''}, with strategy {name}; "
                 f"{fitting} node(s) could take one pod"
             )
             return self.diagnoser.denial(req, name, counts, near, prefix=prefix)
         slots: list[tuple[int, Choice]] = []
         for leaf, n in plan:
-            for choice in exact[leaf][:n]:
+            for choice in deal(exact[leaf][:node_limit], n, spread):
                 slots.append((len(slots), choice))
         return GroupPlan(spec.key, slots, name, now + books.config.reservation_ttl_s)
+
+    def node_fits(self, node, req: Request, strategy, ctx, limit: int) -> list[Choice]:
+        """The successive places up to `limit` pods of one gang take on one node (its first pod's choice,
+        then each next one with the ones before it held). Holds are tried on the node and undone at once."""
+        first = self.selector.try_node(node, req, strategy, ctx)
+        if first is None:
+            return []
+        out = [first]
+        probes: list[str] = []
+        try:
+            while len(out) < limit:
+                last = out[-1]
+                hid = f"{req.id}#probe{len(out)}"
+                node.apply(
+                    Holding(hid, node.name, last.fit.devices, last.fit.shares, req.cpu_milli, req.memory_mib)
+                )
+                probes.append(hid)
+                fit, reasons = dynamic(node, req, strategy, ctx)
+                if reasons:
+                    break
+                out.append(Choice(node, fit, strategy.score(node, req, fit, ctx), first.taints))
+        finally:
+            for hid in reversed(probes):
+                node.remove(hid)
+        return out
 
     def group_placement(self, gp: GroupPlan, req: Request, slot: int, pid: str, deadline: float) -> Placement:
         plan = tuple(
@@ -141,7 +182,9 @@ class Gangs:
             for i, c in gp.slots
         )
         choice = gp.slots[slot][1]
-        p = placement(req, choice, gp.strategy, group=gp.key, slot=slot, group_plan=plan, group_deadline=deadline)
+        p = placement(
+            req, choice, gp.strategy, group=gp.key, slot=slot, group_plan=plan, group_deadline=deadline
+        )
         return p
 
     def commit_group(self, gp: GroupPlan, req: Request, now: float) -> Placement:
@@ -184,29 +227,33 @@ class Gangs:
             return Denial(
                 id=req.id,
                 message=(
-                    f"group {group.key} already has {live} pod(s) placed in {live} slot(s); a new pod of the group "
+                    f"group {group.key} already has {live} pod(s) placed in {live} slot(s); a new pod of the "
+                    "group "
                     "gets a slot when one of them is released"
                 ),
                 by_reason=((Reason.LEAF_CONSTRAINT, 1),),
                 strategy=name,
             )
-        # re-place one missing slot near the group: its leaves first, one pod per node, leaf limits kept
+        # re-place one missing slot near the group: its leaves first, leaf limits (nodes, GPUs per leaf) kept
         nodes = self.books.index.nodes
-        used_nodes = {s.node for s in group.slots.values()}
-        leaf_count: Counter[LeafKey] = Counter()
+        leaf_nodes: dict[LeafKey, set[str]] = {}
+        leaf_gpus: Counter[LeafKey] = Counter()
         for s in group.slots.values():
             n = nodes.get(s.node)
             if n is not None:
-                leaf_count[n.leaf_key] += 1
+                leaf_nodes.setdefault(n.leaf_key, set()).add(s.node)
+                leaf_gpus[n.leaf_key] += len(s.devices)
         spec = req.group
-        blocked = set()
-        for leaf, c in leaf_count.items():
-            if spec.max_nodes_per_leaf and c >= spec.max_nodes_per_leaf:
-                blocked.add(leaf)
-            if spec.max_gpus_per_leaf and (c + 1) * req.gpus > spec.max_gpus_per_leaf:
-                blocked.add(leaf)
-        exclude = used_nodes | {n.name for n in nodes.values() if n.leaf_key in blocked}
-        group_leaves = sorted(set(leaf_count) - blocked)
+        exclude = set()
+        for n in nodes.values():
+            used = leaf_nodes.get(n.leaf_key, set())
+            gpus_full = spec.max_gpus_per_leaf and leaf_gpus[n.leaf_key] + req.gpus > spec.max_gpus_per_leaf
+            nodes_full = (
+                spec.max_nodes_per_leaf and len(used) >= spec.max_nodes_per_leaf and n.name not in used
+            )
+            if gpus_full or nodes_full:
+                exclude.add(n.name)
+        group_leaves = sorted(leaf_nodes)
         select = self.selector.select
         choice = select(req, strategy, ctx, group_leaves, exclude) if group_leaves else None
         if choice is None:
@@ -267,3 +314,17 @@ class Gangs:
         )
         books.reservations[req.id] = Reservation(placed, ReservationState.RESERVED, now)
         return placed
+
+
+def deal(nodes: list[list[Choice]], n: int, spread: bool) -> list[Choice]:
+    """`n` pods of a gang over one leaf's nodes (best first, each with the places it has for the gang's pods):
+    packed (each node filled before the next: fewest nodes) or, for `distributed`, one pod per node in
+    turn."""
+    if not spread:
+        return [c for fits in nodes for c in fits][:n]
+    out: list[Choice] = []
+    depth = 0
+    while len(out) < n and any(len(fits) > depth for fits in nodes):
+        out += [fits[depth] for fits in nodes if len(fits) > depth][: n - len(out)]
+        depth += 1
+    return out

@@ -21,7 +21,8 @@ LeafKey = tuple[str, str]  # (spine, leaf)
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """What one holder (a reservation, an unclaimed group slot, a pod gpuledger did not place) uses on a node."""
+    """What one holder (a reservation, an unclaimed group slot, a pod gpuledger did not place) uses on a
+    node."""
 
     id: str
     node: str
@@ -211,7 +212,9 @@ class NodeState:
                 continue
             if self.dev_owner[p] is not None:
                 out.add(self.dev_owner[p])
-            elif self.dev_free_milli[p] < s.milli or (self.dev_mem_total[p] and self.dev_free_mem[p] < s.memory_mib):
+            elif self.dev_free_milli[p] < s.milli or (
+                self.dev_mem_total[p] and self.dev_free_mem[p] < s.memory_mib
+            ):
                 out.update(self.dev_shares[p] or ())
         return out
 
@@ -265,9 +268,9 @@ class ClusterIndex:
         # in the whole history, so a reader that remembers a position re-reads only what changed since
         self.touched: list[str] = []
         self.touched_base = 0
-        # per leaf total: sorted (-most whole-free, first name in that bucket, leaf) of each leaf with placeable
-        # nodes, so a walk that ranks leaves by total finds a tied group's first node without merging its leaves;
-        # recomputed lazily for the leaves in `_stale_heads`
+        # per leaf total: sorted (-most whole-free, first name in that bucket, leaf) of each leaf with
+        # placeable nodes, so a walk that ranks leaves by total finds a tied group's first node without
+        # merging its leaves; recomputed lazily for the leaves in `_stale_heads`
         self._heads: dict[int, list[tuple[int, str, LeafKey]]] = {}
         self._head_of: dict[LeafKey, tuple[int, tuple[int, str, LeafKey]]] = {}
         self._stale_heads: set[LeafKey] = set()
@@ -280,10 +283,12 @@ class ClusterIndex:
         self._gpu_sizes: Counter[int] = Counter()  # node device count -> nodes
         self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
+        self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
 
     # ------------------------------------------------------------------ best fit's order
     def fit_key(self, node: NodeState) -> int:
-        """free cpu / max cpu + free milli-GPU / max milli-GPU, scaled by both maxima to stay an exact integer."""
+        """free cpu / max cpu + free milli-GPU / max milli-GPU, scaled by both maxima to stay an exact
+        integer."""
         return node.cpu_free * self.max_gpu_milli + node.free_milli * self.max_cpu_milli
 
     def fit_buckets(self) -> dict[int, list[tuple[int, str]]]:
@@ -343,8 +348,9 @@ class ClusterIndex:
         return self._sorted_names
 
     def first_most_free(self, total: int) -> tuple[int, str] | None:
-        """(whole-free, name) of the node with the most whole-free GPUs, then the lowest name, among the leaves
-        whose whole-free total is `total`: the first node `bucket_walk(..., descending=True)` yields over them."""
+        """(whole-free, name) of the node with the most whole-free GPUs, then the lowest name, among the
+        leaves whose whole-free total is `total`: the first node `bucket_walk(..., descending=True)` yields
+        over them."""
         if self._stale_heads:
             self._refresh_heads()
         entries = self._heads.get(total)
@@ -400,6 +406,7 @@ class ClusterIndex:
         self.touch(node.name)
         self.leaf(node.leaf_key)
         self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
+        self.utilization_nodes += node.info.utilization_at is not None
         self._size(node, 1)
         if node.placeable:
             self._file(node)
@@ -412,6 +419,7 @@ class ClusterIndex:
         self.touch(name)
         self._unfile(node)
         self._size(node, -1)
+        self.utilization_nodes -= node.info.utilization_at is not None
         left = self.leaf_members[node.leaf_key] - 1
         if left:
             self.leaf_members[node.leaf_key] = left

@@ -22,6 +22,7 @@ class Device:
     product: str = ""
     memory_mib: int = 0
     healthy: bool = True
+    utilization_pct: int | None = None  # NVML utilization the node agent published (None = not published)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class NodeInfo:
     product: str = ""  # nvidia.com/gpu.product or accelerator label
     cheap: bool = False  # gpu-orchestrator/cheap-node
     gpu_schedulable: bool = True  # agentaflow.gpu/schedulable
+    utilization_at: float | None = None  # agentaflow.gpu/last-update, epoch seconds: when utilization was read
 
     def label(self, key: str, default: str | None = None) -> str | None:
         for k, v in self.labels:
@@ -210,6 +212,11 @@ class Reason(str, Enum):
     PINNED = "explicit map mismatch"
     PRIORITY_HEADROOM = "capacity kept as headroom for higher priority"
     UNKNOWN_NODE = "unknown node"
+    NETWORK_BANDWIDTH = (
+        "network bandwidth below topology.scheduler/network-bandwidth "
+        "(node label topology.scheduler/network-bandwidth-gbps missing or lower)"
+    )
+    SHARED_GPUS = "GPUs shared with other pods (topology.scheduler/latency-sensitive)"
 
 
 @dataclass(frozen=True)

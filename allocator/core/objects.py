@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from allocator.core.model import Device, NodeInfo, Placement, Taint
@@ -45,9 +46,11 @@ CHEAP_LABEL = "gpu-orchestrator/cheap-node"
 SCHEDULABLE_LABEL = "agentaflow.gpu/schedulable"
 DEFAULT_SPINE_LABEL = "topology.scheduler/spine"
 DEFAULT_LEAF_LABEL = "topology.scheduler/leaf"
+LAST_UPDATE_ANNOTATION = "agentaflow.gpu/last-update"  # when the node agent last read the devices
 TERMINAL_PHASES = ("Succeeded", "Failed")
 MAX_DEVICES_PER_NODE = 4096
 _DIGITS = re.compile(r"([0-9]+)")
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{8,15}Z", re.ASCII)
 
 
 # ---------------------------------------------------------------------------------------------- objects
@@ -158,7 +161,30 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
         product=product,
         cheap=_is_true(labels.get(CHEAP_LABEL)),
         gpu_schedulable=labels.get(SCHEDULABLE_LABEL, "true").strip().lower() not in ("false", "0", "no"),
+        utilization_at=utilization_timestamp(annotations.get(LAST_UPDATE_ANNOTATION)),
     )
+
+
+def utilization_pct(value: Any) -> int | None:
+    """A device entry's NVML utilization, 0..100; None when absent or not an integer in range (ignored)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None
+    try:
+        pct = ascii_int(value)
+    except (ValueError, TypeError):
+        return None
+    return pct if 0 <= pct <= 100 else None
+
+
+def utilization_timestamp(value: Any) -> float | None:
+    """`agentaflow.gpu/last-update` ("2025-01-01T00:00:00Z", RFC 3339 UTC) as epoch seconds; None if
+    unreadable."""
+    if not isinstance(value, str) or not _TIMESTAMP.fullmatch(value.strip()):
+        return None
+    try:
+        return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).astimezone(UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def _device_count(value: Any) -> int:
@@ -192,6 +218,7 @@ def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[De
                     product=str(entry.get("product") or product),
                     memory_mib=ascii_int(entry.get("memoryMiB") or gpu_mem or 0),
                     healthy=healthy if isinstance(healthy, bool) else _is_true(healthy),
+                    utilization_pct=utilization_pct(entry.get("utilization")),
                 )
             )
         return tuple(sorted(devices, key=lambda d: d.index))

@@ -41,6 +41,8 @@ class ScoreContext:
     balanced_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_BALANCED_WEIGHTS))
     performance: Mapping[str, float] = field(default_factory=dict)  # node -> historical score in [0, 1]
     extra: Mapping[str, Any] = field(default_factory=dict)  # free-form inputs for plug-in strategies
+    now: float = float("-inf")  # the latest time the ledger was given (epoch seconds in production)
+    utilization_max_age_s: float = 120.0  # published utilization older than this is stale (least_utilized)
 
     def leaf_utilization(self, leaf: "LeafKey") -> float:
         b = self.index.leaves.get(leaf)

@@ -23,6 +23,7 @@ from allocator.core.annotation_values import (  # noqa: F401
     DNS_LABELISH,
     EXCLUSIVE_ACCESS,
     FALSE_WORDS,
+    GANG,
     GPU_COUNT,
     GPU_MEMORY,
     GPU_MILLI,
@@ -32,6 +33,7 @@ from allocator.core.annotation_values import (  # noqa: F401
     MAX_GPUS_PER_POD,
     MAX_GROUP_SIZE,
     NETWORK_BANDWIDTH,
+    NETWORK_BANDWIDTH_LABEL,
     NETWORK_BANDWIDTHS,
     PLACEMENT_STRATEGY,
     POD_INDEX_LABEL,
@@ -46,6 +48,7 @@ from allocator.core.annotation_values import (  # noqa: F401
     as_list,
     controller_owner,
     mapping,
+    node_bandwidth_gbps,
     parse_quantity,
     parse_scheduling_map,
     pod_index,
@@ -73,7 +76,17 @@ class PodRequestConfig:
 
 # --- pod helpers -----------------------------------------------------------------------------------------
 
-def _group_size(owner: Mapping) -> int:
+# the owners whose pods may form a gang, and the spec field holding each Kubeflow job's replica specs
+GROUP_OWNER_KINDS = ("Job", "StatefulSet", "PyTorchJob", "MPIJob", "TFJob")
+KUBEFLOW_REPLICA_SPECS = {
+    "PyTorchJob": "pytorchReplicaSpecs",
+    "MPIJob": "mpiReplicaSpecs",
+    "TFJob": "tfReplicaSpecs",
+}
+LATENCY_STRATEGY = "least_utilized"  # what a latency-sensitive pod gets when it names no strategy
+
+
+def _group_size(owner: Mapping, resource: str = PodRequestConfig.gpu_resource) -> int:
     spec = mapping(owner.get("spec"))
     kind = owner.get("kind")
     if kind == "Job":
@@ -85,7 +98,31 @@ def _group_size(owner: Mapping) -> int:
         return size
     if kind == "StatefulSet":
         return read_int("StatefulSet spec.replicas", spec.get("replicas", 1), 0, MAX_GROUP_SIZE)
+    if kind in KUBEFLOW_REPLICA_SPECS:
+        return _kubeflow_size(kind, spec, resource)
     return 1
+
+
+def _kubeflow_size(kind: str, spec: Mapping, resource: str) -> int:
+    """The pods of a Kubeflow job that take GPUs: the sum of its replica specs' `replicas` (1 when unset),
+    counting only the specs whose pod template asks for GPUs when any does (an MPIJob's launcher does not)."""
+    field = KUBEFLOW_REPLICA_SPECS[kind]
+    specs = mapping(spec.get(field))
+    sizes: list[tuple[int, bool]] = []
+    for role, replica_spec in sorted(specs.items()):
+        replica_spec = mapping(replica_spec)
+        replicas = read_int(
+            f"{kind} spec.{field}.{role}.replicas", replica_spec.get("replicas", 1), 0, MAX_GROUP_SIZE
+        )
+        template = mapping(replica_spec.get("template"))
+        try:
+            gpus, _ = _container_gpus(template, resource)
+        except AnnotationError:
+            gpus = 0
+        sizes.append((replicas, gpus > 0))
+    if any(has_gpus for _, has_gpus in sizes):
+        sizes = [(n, True) for n, has_gpus in sizes if has_gpus]
+    return min(sum(n for n, _ in sizes), MAX_GROUP_SIZE)
 
 
 def _container_gpus(pod: Mapping, resource: str) -> tuple[int, list[str]]:
@@ -136,19 +173,28 @@ def _container_resources(pod: Mapping) -> tuple[int, int]:
         raw = mapping(spec.get("overhead")).get(resource)
         if raw is not None:
             parse_quantity(f"spec.overhead.{resource}", raw)
+
     def sane(container: dict) -> dict:  # only the fields pod_requests reads, each of the type it expects
         resources = mapping(container.get("resources"))
-        return {"name": str(container.get("name", "")), "restartPolicy": container.get("restartPolicy"),
-                "resources": {"requests": mapping(resources.get("requests")),
-                              "limits": mapping(resources.get("limits"))}}
+        return {
+            "name": str(container.get("name", "")),
+            "restartPolicy": container.get("restartPolicy"),
+            "resources": {
+                "requests": mapping(resources.get("requests")),
+                "limits": mapping(resources.get("limits")),
+            },
+        }
 
     shaped = {kind: [sane(c) for c in as_list(spec.get(kind))] for kind in ("containers", "initContainers")}
     shaped["overhead"] = mapping(spec.get("overhead"))
     problems: list[str] = []
-    counted = kube.pod_requests({"metadata": {"name": str(mapping(pod.get("metadata")).get("name", ""))},
-                                 "spec": shaped}, problems)
+    counted = kube.pod_requests(
+        {"metadata": {"name": str(mapping(pod.get("metadata")).get("name", ""))}, "spec": shaped}, problems
+    )
     if problems:  # a quantity this parser takes but the ledger's does not: refuse rather than disagree
-        raise AnnotationError("spec.containers[*].resources", problems[0], 'quantities such as "500m", "2", "512Mi"')
+        raise AnnotationError(
+            "spec.containers[*].resources", problems[0], 'quantities such as "500m", "2", "512Mi"'
+        )
     return counted.cpu_milli, counted.memory_mib
 
 
@@ -161,14 +207,23 @@ def _affinity_terms(pod: Mapping) -> tuple[tuple[SelectorRequirement, ...], ...]
         reqs = []
         for expr in as_list(term.get("matchExpressions")):
             expr = mapping(expr)
-            reqs.append(SelectorRequirement(str(expr.get("key", "")), str(expr.get("operator", "")),
-                                            tuple(str(v) for v in as_list(expr.get("values")))))
+            reqs.append(
+                SelectorRequirement(
+                    str(expr.get("key", "")),
+                    str(expr.get("operator", "")),
+                    tuple(str(v) for v in as_list(expr.get("values"))),
+                )
+            )
         for expr in as_list(term.get("matchFields")):
             expr = mapping(expr)
-            # the only field selector Kubernetes supports is metadata.name; nodes carry it as their hostname label
+            # the only field selector Kubernetes supports is metadata.name; nodes carry it as their hostname
+            # label
             key = "kubernetes.io/hostname" if expr.get("key") == "metadata.name" else str(expr.get("key", ""))
-            reqs.append(SelectorRequirement(key, str(expr.get("operator", "")),
-                                            tuple(str(v) for v in as_list(expr.get("values")))))
+            reqs.append(
+                SelectorRequirement(
+                    key, str(expr.get("operator", "")), tuple(str(v) for v in as_list(expr.get("values")))
+                )
+            )
         terms.append(tuple(reqs))
     return tuple(terms)
 
@@ -177,8 +232,14 @@ def _tolerations(pod: Mapping) -> tuple[Toleration, ...]:
     out = []
     for t in as_list(mapping(pod.get("spec")).get("tolerations")):
         t = mapping(t)
-        out.append(Toleration(key=str(t.get("key") or ""), operator=str(t.get("operator") or "Equal"),
-                              value=str(t.get("value") or ""), effect=str(t.get("effect") or "")))
+        out.append(
+            Toleration(
+                key=str(t.get("key") or ""),
+                operator=str(t.get("operator") or "Equal"),
+                value=str(t.get("value") or ""),
+                effect=str(t.get("effect") or ""),
+            )
+        )
     return tuple(out)
 
 
@@ -188,6 +249,7 @@ def seed_for(reservation_id: str) -> int:
 
 
 # --- the parser ------------------------------------------------------------------------------------------
+
 
 def request_from_pod(
     pod: Mapping,
@@ -199,31 +261,45 @@ def request_from_pod(
 ) -> Request | None:
     """The ledger request for `pod`; None when it needs no GPU.
 
-    Annotations come from the pod and, for the ones the pod leaves unset, from its owning Job/StatefulSet.
-    `topology.scheduler/gpu-count` written on a group owner is the group's total (split evenly over its
-    pods); written on the pod (or its template) it is that pod's own count.
+    Annotations come from the pod and, for the ones the pod leaves unset, from its owning Job, StatefulSet or
+    Kubeflow job. `topology.scheduler/gpu-count` written on a group owner is the group's total (split evenly
+    over its pods); written on the pod (or its template) it is that pod's own count. The owner's pods form a
+    gang only when asked (see the comment at `gang` below).
     """
-    config = config if isinstance(config, PodRequestConfig) else PodRequestConfig(
-        gpu_resource=getattr(config, "gpu_resource", PodRequestConfig.gpu_resource))
+    config = (
+        config
+        if isinstance(config, PodRequestConfig)
+        else PodRequestConfig(gpu_resource=getattr(config, "gpu_resource", PodRequestConfig.gpu_resource))
+    )
     if not isinstance(pod, dict):
         raise AnnotationError("object", type(pod).__name__, "a Pod object")
     meta = mapping(pod.get("metadata"))
     pod_ann = string_map("metadata.annotations", meta.get("annotations"))
-    owner = owner if isinstance(owner, dict) and owner.get("kind") in ("Job", "StatefulSet") else None
+    owner = owner if isinstance(owner, dict) and owner.get("kind") in GROUP_OWNER_KINDS else None
     owner_meta = mapping(owner.get("metadata")) if owner else {}
-    owner_ann = string_map(f"{owner.get('kind')} metadata.annotations", owner_meta.get("annotations")) if owner else {}
+    owner_ann = (
+        string_map(f"{owner.get('kind')} metadata.annotations", owner_meta.get("annotations"))
+        if owner
+        else {}
+    )
     namespace = namespace or str(meta.get("namespace") or owner_meta.get("namespace") or "")
 
     def get(key: str) -> str | None:
         return pod_ann[key] if key in pod_ann else owner_ann.get(key)
 
+    # a gang only when asked: gpu-count on the group owner (the group's total), the gang annotation, or a
+    # topology placement strategy; `gang: "false"` declines. Otherwise each pod is placed on its own.
     group: GroupSpec | None = None
-    group_size = 1
-    if owner is not None:
-        group_size = _group_size(owner)
-        if group_size > 1:
-            prefix = "job" if owner["kind"] == "Job" else "sts"
-            group = GroupSpec(key=f"{prefix}/{namespace}/{owner_meta.get('name', '')}", size=group_size)
+    group_size = _group_size(owner, config.gpu_resource) if owner is not None else 1
+    gang_raw = get(GANG)
+    gang = (
+        read_bool(GANG, gang_raw)
+        if gang_raw is not None
+        else (GPU_COUNT in owner_ann or get(PLACEMENT_STRATEGY) is not None)
+    )
+    if owner is not None and group_size > 1 and gang:
+        prefix = {"Job": "job", "StatefulSet": "sts"}.get(owner["kind"], str(owner["kind"]).lower())
+        group = GroupSpec(key=f"{prefix}/{namespace}/{owner_meta.get('name', '')}", size=group_size)
 
     # --- how many GPUs ---
     limit_gpus, _ = _container_gpus(pod, config.gpu_resource)
@@ -234,62 +310,100 @@ def request_from_pod(
         total = read_int(GPU_COUNT, owner_ann[GPU_COUNT], 0, MAX_GPUS_PER_POD * max(group_size, 1))
         if group_size > 1 and total % group_size:
             raise AnnotationError(
-                GPU_COUNT, owner_ann[GPU_COUNT],
+                GPU_COUNT,
+                owner_ann[GPU_COUNT],
                 f"a multiple of the {owner['kind']}'s {group_size} pods when set on the {owner['kind']} "
-                f"(it is the group's total, split evenly), or set it per pod in the pod template")
+                f"(it is the group's total, split evenly), or set it per pod in the pod template",
+            )
         count = total // max(group_size, 1)
     if count is not None and limit_gpus and count != limit_gpus:
-        raise AnnotationError(GPU_COUNT, get(GPU_COUNT),
-                              f"{limit_gpus} per pod, the total of the containers' {config.gpu_resource} limits "
-                              "(or leave one of them out)")
+        raise AnnotationError(
+            GPU_COUNT,
+            get(GPU_COUNT),
+            f"{limit_gpus} per pod, the total of the containers' {config.gpu_resource} limits "
+            "(or leave one of them out)",
+        )
     gpus = count if count is not None else limit_gpus
 
     # --- sharing ---
     memory = read_gpu_memory_mib(GPU_MEMORY, get(GPU_MEMORY)) if get(GPU_MEMORY) is not None else 0
     exclusive_raw = get(EXCLUSIVE_ACCESS)
     exclusive = read_bool(EXCLUSIVE_ACCESS, exclusive_raw) if exclusive_raw is not None else None
-    milli = read_int(GPU_MILLI, get(GPU_MILLI), 1, 999, "a share of one GPU in thousandths, 1 to 999") \
-        if get(GPU_MILLI) is not None else 0
+    milli = (
+        read_int(GPU_MILLI, get(GPU_MILLI), 1, 999, "a share of one GPU in thousandths, 1 to 999")
+        if get(GPU_MILLI) is not None
+        else 0
+    )
     gpu_milli = 0
     if milli and exclusive is True:
-        raise AnnotationError(EXCLUSIVE_ACCESS, exclusive_raw,
-                              f'"false" when {GPU_MILLI} asks for a share of a GPU (or drop {GPU_MILLI})')
+        raise AnnotationError(
+            EXCLUSIVE_ACCESS,
+            exclusive_raw,
+            f'"false" when {GPU_MILLI} asks for a share of a GPU (or drop {GPU_MILLI})',
+        )
     shared = exclusive is False or milli > 0
+    latency = (
+        read_bool(LATENCY_SENSITIVE, get(LATENCY_SENSITIVE)) if get(LATENCY_SENSITIVE) is not None else False
+    )
+    if shared and latency:
+        share_key = GPU_MILLI if milli else EXCLUSIVE_ACCESS
+        raise AnnotationError(
+            LATENCY_SENSITIVE,
+            get(LATENCY_SENSITIVE),
+            f'"false" when the pod shares a GPU ({share_key}={get(share_key)!r}): a '
+            "latency-sensitive pod gets whole GPUs that no other pod shares; drop "
+            f"{EXCLUSIVE_ACCESS}/{GPU_MILLI} to take a whole GPU, or drop {LATENCY_SENSITIVE}",
+        )
     if shared:
         if gpus > 1:
-            raise AnnotationError(GPU_COUNT if count is not None else config.gpu_resource, gpus,
-                                  "0 or 1 when the GPU is shared (agentaflow.gpu/exclusive-access: \"false\" "
-                                  f"or {GPU_MILLI}); a pod shares at most one GPU")
+            raise AnnotationError(
+                GPU_COUNT if count is not None else config.gpu_resource,
+                gpus,
+                '0 or 1 when the GPU is shared (agentaflow.gpu/exclusive-access: "false" '
+                f"or {GPU_MILLI}); a pod shares at most one GPU",
+            )
         if not milli and not memory:
-            raise AnnotationError(EXCLUSIVE_ACCESS, exclusive_raw,
-                                  f'"true", or "false" together with {GPU_MILLI} and/or {GPU_MEMORY} '
-                                  "saying how much of the GPU the pod needs")
+            raise AnnotationError(
+                EXCLUSIVE_ACCESS,
+                exclusive_raw,
+                f'"true", or "false" together with {GPU_MILLI} and/or {GPU_MEMORY} '
+                "saying how much of the GPU the pod needs",
+            )
         gpus, gpu_milli = 0, milli
     elif memory and not gpus:
-        raise AnnotationError(GPU_MEMORY, get(GPU_MEMORY),
-                              f"{GPU_MEMORY} together with a GPU count ({GPU_COUNT} or {config.gpu_resource} "
-                              f'limits), or with {EXCLUSIVE_ACCESS}: "false" to share a GPU')
+        raise AnnotationError(
+            GPU_MEMORY,
+            get(GPU_MEMORY),
+            f"{GPU_MEMORY} together with a GPU count ({GPU_COUNT} or {config.gpu_resource} "
+            f'limits), or with {EXCLUSIVE_ACCESS}: "false" to share a GPU',
+        )
 
     # --- explicit map ---
     map_key = SCHEDULING_MAP if get(SCHEDULING_MAP) is not None else SCHEDULING_MAP_ALIAS
     pinned: PinnedDevices | None = None
     if get(map_key) is not None:
         pins = parse_scheduling_map(map_key, get(map_key))
-        index = scheduling_map_index(pod, owner.get("kind") if owner else (controller_owner(pod) or (None,))[0])
+        index = scheduling_map_index(
+            pod, owner.get("kind") if owner else (controller_owner(pod) or (None,))[0]
+        )
         if index not in pins:
-            raise AnnotationError(map_key, get(map_key),
-                                  f"an entry for this pod's index {index} (entries: "
-                                  f"{', '.join(str(i) for i in sorted(pins))})")
+            raise AnnotationError(
+                map_key,
+                get(map_key),
+                f"an entry for this pod's index {index} (entries: {', '.join(str(i) for i in sorted(pins))})",
+            )
         pinned = pins[index]
         if shared:
             if len(pinned.devices) != 1:
                 raise AnnotationError(map_key, get(map_key), "exactly one device for a shared-GPU pod")
         elif gpus and gpus != len(pinned.devices):
-            raise AnnotationError(map_key, get(map_key),
-                                  f"{gpus} devices for pod index {index}, matching its GPU count")
+            raise AnnotationError(
+                map_key, get(map_key), f"{gpus} devices for pod index {index}, matching its GPU count"
+            )
         else:
             gpus = len(pinned.devices)
-        # the map fixes every pod's place and device count, so there is no gang to plan: each pod takes its pin
+        # the map fixes every pod's place and device count, so there is no gang to plan: each pod takes its
+        # pin
         group = None
 
     needs_gpu = gpus > 0 or gpu_milli > 0 or (shared and memory > 0)
@@ -301,8 +415,11 @@ def request_from_pod(
     sched = get(SCHEDULING_STRATEGY)
     strategy: str | None = None
     if topo is not None and sched is not None:
-        raise AnnotationError(SCHEDULING_STRATEGY, sched,
-                              f"no {SCHEDULING_STRATEGY} when {PLACEMENT_STRATEGY} is also set (set only one)")
+        raise AnnotationError(
+            SCHEDULING_STRATEGY,
+            sched,
+            f"no {SCHEDULING_STRATEGY} when {PLACEMENT_STRATEGY} is also set (set only one)",
+        )
     if topo is not None:
         strategy = topo.strip().lower()
         if strategy not in TOPOLOGY_STRATEGIES:
@@ -312,23 +429,32 @@ def request_from_pod(
         try:
             strategy = strategies.canonical_name(sched.strip())
         except ValueError:
-            raise AnnotationError(SCHEDULING_STRATEGY, sched,
-                                  " | ".join(strategies.strategy_names())
-                                  + " (also least-loaded, best-fit, cost-optimized, round-robin)") from None
+            raise AnnotationError(
+                SCHEDULING_STRATEGY,
+                sched,
+                " | ".join(strategies.strategy_names())
+                + " (also least-loaded, best-fit, cost-optimized, round-robin)",
+            ) from None
 
     if get(PRIORITY) is not None:
         priority = read_priority(PRIORITY, get(PRIORITY))
     else:
         spec_priority = mapping(pod.get("spec")).get("priority")
-        priority = spec_priority if isinstance(spec_priority, int) and not isinstance(spec_priority, bool) else 0
+        priority = (
+            spec_priority if isinstance(spec_priority, int) and not isinstance(spec_priority, bool) else 0
+        )
 
     domain = get(PREFERRED_DOMAIN)
     if domain is not None:
         domain = domain.strip()
         if not DNS_LABELISH.fullmatch(domain):
-            raise AnnotationError(PREFERRED_DOMAIN, get(PREFERRED_DOMAIN),
-                                  'a leaf or spine name (a label value), or "leaf" / "spine"')
-    latency = read_bool(LATENCY_SENSITIVE, get(LATENCY_SENSITIVE)) if get(LATENCY_SENSITIVE) is not None else False
+            raise AnnotationError(
+                PREFERRED_DOMAIN,
+                get(PREFERRED_DOMAIN),
+                'a leaf or spine name (a label value), or "leaf" / "spine"',
+            )
+    if latency and strategy is None:
+        strategy = LATENCY_STRATEGY  # an explicit strategy annotation wins; the configured default does not
     bandwidth, bandwidth_gbps = None, None
     if get(NETWORK_BANDWIDTH) is not None:
         bandwidth, bandwidth_gbps = read_network_bandwidth(NETWORK_BANDWIDTH, get(NETWORK_BANDWIDTH))
@@ -336,7 +462,9 @@ def request_from_pod(
     if product is not None:
         product = product.strip()
         if not product or len(product) > 128:
-            raise AnnotationError(GPU_PRODUCT, get(GPU_PRODUCT), 'a GPU product name or part of one, e.g. "A100"')
+            raise AnnotationError(
+                GPU_PRODUCT, get(GPU_PRODUCT), 'a GPU product name or part of one, e.g. "A100"'
+            )
 
     spec = mapping(pod.get("spec"))
     cpu_milli, memory_mib = _container_resources(pod)

@@ -69,6 +69,8 @@ class Selector:
         exclude: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> Choice | None:
         cache = self.filters.static_cache(req)
+        if req.latency_sensitive:
+            return self.select_least_loaded_leaf(req, strategy, ctx, leaves, exclude)
         walk = strategy.candidates(req, ctx, leaves)
         if walk is not None:
             for node in walk:
@@ -86,11 +88,31 @@ class Selector:
             choice = self.try_node(node, req, strategy, ctx, cache)
             if choice is None:
                 continue
-            if best is None or choice.score > best.score or (
-                choice.score == best.score and node.name < best.node.name
+            if (
+                best is None
+                or choice.score > best.score
+                or (choice.score == best.score and node.name < best.node.name)
             ):
                 best = choice
         return best
+
+    def select_least_loaded_leaf(self, req, strategy, ctx, leaves, exclude) -> Choice | None:
+        """A latency-sensitive request: every node is scored (no walk), and equal scores go to the node in the
+        least utilized leaf, then the lowest name."""
+        cache = self.filters.static_cache(req)
+        wanted = None if leaves is None else set(leaves)
+        best: tuple[float, float, str] | None = None
+        chosen: Choice | None = None
+        for node in self.books.index.nodes.values():
+            if (wanted is not None and node.leaf_key not in wanted) or node.name in exclude:
+                continue
+            choice = self.try_node(node, req, strategy, ctx, cache)
+            if choice is None:
+                continue
+            rank = (-choice.score, ctx.leaf_utilization(node.leaf_key), node.name)
+            if best is None or rank < best:
+                best, chosen = rank, choice
+        return chosen
 
     def select_soft_domain(self, req, strategy, ctx, exclude=frozenset()) -> Choice | None:
         """The preferred domain is soft: search inside it first, then everywhere."""

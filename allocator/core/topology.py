@@ -3,14 +3,15 @@
 Leaves of a spine are ordered (natural sort of the label values unless the config lists an order);
 neighbours in that order are adjacent. A gang goes to the lowest switch that can hold it: one leaf if
 one can, else the fewest adjacent leaves of one spine, else the fewest spines; among equally small
-choices the tightest one (least spare capacity) wins, then the first in topology order.
+choices the tightest one (least spare capacity) wins (the least loaded one for a latency-sensitive gang),
+then the first in topology order. Capacities count pods: a node may take several pods of one gang.
 `spread` mode instead deals pods one per leaf in turn over the chosen spine(s).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from allocator.core.objects import natural_key
 
@@ -23,7 +24,7 @@ class Topology:
     leaves_of: dict[str, tuple[LeafKey, ...]]  # spine -> its leaves, in adjacency order
 
     @classmethod
-    def build(cls, leaves: Iterable[LeafKey], leaf_order: tuple[str, ...] = ()) -> "Topology":
+    def build(cls, leaves: Iterable[LeafKey], leaf_order: tuple[str, ...] = ()) -> Topology:
         rank = {name: i for i, name in enumerate(leaf_order)}
         by_spine: dict[str, list[LeafKey]] = {}
         for key in set(leaves):
@@ -43,17 +44,22 @@ class Topology:
         return leaf[0]
 
 
-def _best_window(leaves: tuple[LeafKey, ...], caps: dict[LeafKey, int], need: int):
-    """(width, spare, start) of the narrowest run of adjacent leaves holding `need`, tightest first."""
+def _best_window(
+    leaves: tuple[LeafKey, ...], caps: dict[LeafKey, int], need: int, prefer_spare: bool = False
+):
+    """(width, spare, start) of the narrowest run of adjacent leaves holding `need`: the tightest (least
+    spare) first, or with `prefer_spare` the least loaded (most spare) first."""
     n = len(leaves)
     values = [caps.get(leaf, 0) for leaf in leaves]
     for width in range(1, n + 1):
         best = None
         total = sum(values[:width])
-        for start in range(0, n - width + 1):
+        for start in range(n - width + 1):
             if start:
                 total += values[start + width - 1] - values[start - 1]
-            if total >= need and (best is None or total - need < best[1]):
+            if total >= need and (
+                best is None or (total - need > best[1] if prefer_spare else total - need < best[1])
+            ):
                 best = (width, total - need, start)
         if best is not None:
             return best
@@ -73,10 +79,11 @@ def _fill(leaves: Iterable[LeafKey], caps: dict[LeafKey, int], need: int) -> lis
 
 
 def plan_leaves(
-    topo: Topology, caps: dict[LeafKey, int], size: int, spread: bool = False
+    topo: Topology, caps: dict[LeafKey, int], size: int, spread: bool = False, prefer_spare: bool = False
 ) -> list[tuple[LeafKey, int]] | None:
-    """How many pods of a gang of `size` go to which leaf, given each leaf's capacity (nodes that can
-    take one pod), or None when the cluster cannot hold the gang."""
+    """How many pods of a gang of `size` go to which leaf, given each leaf's capacity (the pods its nodes can
+    take), or None when the cluster cannot hold the gang. `prefer_spare` (latency-sensitive gangs) breaks
+    ties between equally narrow windows towards the least loaded one instead of the tightest."""
     if size <= 0:
         return []
     spine_caps = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
@@ -87,9 +94,10 @@ def plan_leaves(
         for si, spine in enumerate(topo.spines):
             if spine_caps[spine] < size:
                 continue
-            w = _best_window(topo.leaves_of[spine], caps, size)
-            if w is not None and (best is None or (w[0], w[1], si, w[2]) < best):
-                best = (w[0], w[1], si, w[2])
+            w = _best_window(topo.leaves_of[spine], caps, size, prefer_spare)
+            rank = (w[0], -w[1] if prefer_spare else w[1], si, w[2]) if w is not None else None
+            if rank is not None and (best is None or rank < best):
+                best = rank
         if best is not None:
             width, _, si, start = best
             return _fill(topo.leaves_of[topo.spines[si]][start : start + width], caps, size)
@@ -123,7 +131,7 @@ def plan_leaves(
         out += part
         remaining -= sum(c for _, c in part)
     last = topo.leaves_of[topo.spines[chosen[-1]]]
-    w = _best_window(last, caps, remaining)
+    w = _best_window(last, caps, remaining, prefer_spare)
     if w is None:
         return None
     width, _, start = w

@@ -175,8 +175,10 @@ def check_gang(led: Ledger, req: Request, result) -> None:
     plan = result.group_plan
     if len(plan) != req.group.size:  # a new slot for an existing group, not a first reservation
         return
-    assert len({s.node for s in plan}) == len(plan)
-    per_leaf = Counter(led.index.nodes[s.node].leaf_key for s in plan)
+    # pods of a gang may share a node (each on its own devices); the leaf rules count nodes, not pods
+    held = [(s.node, d) for s in plan for d in s.devices]
+    assert len(held) == len(set(held))
+    per_leaf = Counter(led.index.nodes[node].leaf_key for node in {s.node for s in plan})
     if req.group.max_nodes_per_leaf:
         assert max(per_leaf.values()) <= req.group.max_nodes_per_leaf
     for s in plan:

@@ -291,7 +291,9 @@ def test_job_gang_from_owner_annotations():
     results = [run(h.mutate(review(gpu_pod(None, ownerReferences=ref)))) for _ in range(4)]
     assert all(r.allowed for r in results), [r.message for r in results]
     assert [len(r.devices) for r in results] == [4, 4, 4, 4]
-    assert len({r.node for r in results}) == 4  # one pod per node
+    # consolidated packs the gang: two 4-GPU pods per 8-GPU node, each on its own devices
+    assert len({r.node for r in results}) == 2
+    assert len({(r.node, d) for r in results for d in r.devices}) == 16
     fifth = run(h.mutate(review(gpu_pod(None, ownerReferences=ref))))
     assert not fifth.allowed and "group" in fifth.message
 

@@ -15,6 +15,9 @@ from webhook.admission.owners import OWNER_KINDS, WORKLOAD_KINDS, OwnerLookup
 # the annotation families the earlier tools defined (docs/annotations.md); gpuledger.io/* is never inherited
 GPU_ANNOTATION_PREFIXES = ("topology.scheduler/", "agentaflow.gpu/")
 GPU_ANNOTATION_KEYS = ("gpu-scheduling-map",)
+# the pod's own controller kinds whose pods may form a gang (request_from_pod sizes each; Kubeflow jobs by
+# the sum of their replica specs), so their own annotations stay theirs: gpu-count there is the group's total
+GROUP_KINDS = (*OWNER_KINDS, "PyTorchJob", "MPIJob", "TFJob")
 MAX_DEPTH = 4  # Pod -> ReplicaSet -> Deployment is 2; a cycle or a runaway chain stops here
 
 
@@ -73,8 +76,8 @@ class OwnerChain:
 
     @property
     def group_owner(self) -> dict | None:
-        """The pod's own controller when it is a Job or StatefulSet: its size makes the gang."""
-        return self.owners[0] if self.owners and self.owners[0].get("kind") in OWNER_KINDS else None
+        """The pod's own controller when it is a Job, StatefulSet or Kubeflow job: its size makes the gang."""
+        return self.owners[0] if self.owners and self.owners[0].get("kind") in GROUP_KINDS else None
 
     @property
     def top(self) -> dict | None:
