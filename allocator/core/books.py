@@ -76,7 +76,14 @@ class Books:
         self.reservations: dict[str, Reservation] = {}
         self.groups: dict[str, GroupState] = {}
         self.slot_of: dict[str, tuple[str, int]] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
-        self.pods: dict[str, str] = {}  # pod key -> holder id
+        self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
+        # pods carrying a validly signed placement (allocator.core.claims): pod key -> its claim, the holders
+        # of each reservation id, the owner chosen among them, and the other holders by the node they use
+        self.claims: dict[str, Any] = {}
+        self.holders_of: dict[str, set[str]] = {}
+        self.owner_of: dict[str, str] = {}
+        self.foreign_on: dict[str, set[str]] = {}
+        self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
         self.rr_cursor = ""
         self.last_now = float("-inf")
         # caches of what only node changes invalidate: kept here, where nodes change
@@ -132,6 +139,8 @@ class Books:
         node = self.index.nodes.get(h.node)
         if node is not None:
             self.index.change(node, lambda: node.remove(hid))
+        if self.on_freed is not None and h.node in self.foreign_on:
+            self.on_freed(h.node, hid)
         return h
 
     def drop_slot(self, group: GroupState, slot: int) -> None:

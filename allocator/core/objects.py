@@ -18,9 +18,14 @@ from allocator.core.model import Device, NodeInfo, Placement, Taint
 # Moved to their own modules; re-exported because callers import them from here
 # (`from allocator.core import objects as kube`; allocator.service; allocator.sources).
 from allocator.core.placement_codec import (  # noqa: F401
+    LEGACY_VERSION,
     PLACEMENT_ANNOTATION,
     PLACEMENT_VERSION,
     RESERVATION_ID_KEY,
+    Binding,
+    binding_mismatch,
+    binding_of,
+    decode_bound,
     decode_placement,
     encode_placement,
     placement_from_dict,
@@ -263,8 +268,11 @@ class PodUsage:
     cpu_milli: int
     memory_mib: int
     gpus: int  # nvidia.com/gpu requested (whole GPUs of unknown identity unless placed by gpuledger)
-    placement: Placement | None  # a valid (signed) gpuledger placement
+    placement: Placement | None  # a valid (signed) gpuledger placement, issued for this pod
     placement_problem: str = ""  # why a present placement annotation was not accepted
+    unbound: Placement | None = None  # a validly signed placement issued for another pod (a copy)
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, so text order is time order)
+    uid: str = ""
 
 
 def pod_key(pod: dict) -> str:
@@ -289,16 +297,24 @@ def pod_usage(
     placement = None
     problem = ""
     text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    unbound = None
     if text is not None:
-        placement = decode_placement(str(text), key)
-        if placement is None:
+        decoded = decode_bound(str(text), key)
+        if decoded is None:
             problem = f"annotation {PLACEMENT_ANNOTATION} ignored: bad signature or malformed"
-            if problems is not None:
-                problems.append(f"pod {pod_key(pod)}: {problem}")
+        else:
+            placement, binding = decoded
+            mismatch = binding_mismatch(binding, pod)
+            if mismatch:
+                unbound, placement = placement, None
+                problem = f"annotation {PLACEMENT_ANNOTATION} was issued for another pod: {mismatch}"
+        if problem and problems is not None:
+            problems.append(f"pod {pod_key(pod)}: {problem}")
     if lazy and terminal:
         cpu = mem = gpus = 0
-    elif lazy and placement is not None:
-        cpu, mem, gpus = placement.cpu_milli, placement.memory_mib, len(placement.devices)
+    elif lazy and (placement or unbound) is not None:
+        held = placement or unbound
+        cpu, mem, gpus = held.cpu_milli, held.memory_mib, len(held.devices)
     else:
         req = pod_requests(pod, problems)
         cpu, mem, gpus = req.cpu_milli, req.memory_mib, req.gpus
@@ -311,6 +327,9 @@ def pod_usage(
         gpus=gpus,
         placement=placement,
         placement_problem=problem,
+        unbound=unbound,
+        created=str(meta.get("creationTimestamp") or ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 

@@ -11,7 +11,8 @@ import time
 import uuid
 from typing import Callable
 
-from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement, encode_placement
+from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
+from allocator.service import binding_mismatch, binding_of, decode_bound
 from allocator.service import AdmitCall, Unavailable
 from allocator.service import Denial, Placement
 from allocator.service import AnnotationError, PodRequestConfig, request_from_pod
@@ -146,8 +147,8 @@ class AdmissionHandler:
         who = _pod_name(review, pod)
         work = shallow_pod(pod)
         removed = strip_ledger_keys(work)
-        prior = decode_placement(str(_annotations(pod).get(PLACEMENT_ANNOTATION, "")), self.key) \
-            if PLACEMENT_ANNOTATION in _annotations(pod) and self.key else None
+        namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
+        prior = _prior_placement(pod, namespace, self.key)
         warnings = []
         if removed and prior is None:
             warnings.append(f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*")
@@ -159,7 +160,6 @@ class AdmissionHandler:
         if choice.verdict == scheduler_name.TAKEOVER:
             scheduler_name.take_over(work)
             warnings.append(choice.warning)
-        namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         started = time.perf_counter()
         strategy = "none"
         batch = 0
@@ -208,7 +208,7 @@ class AdmissionHandler:
         if not isinstance(result, Placement):
             raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
         apply_placement(
-            work, result, encode_placement(result, self.key),
+            work, result, encode_placement(result, self.key, binding_of(pod, namespace, review.name)),
             binding_mode=self.config.binding_mode, visibility_mode=self.config.visibility_mode,
             affinity_key=self.config.affinity_key, gpu_resource=self.config.gpu_resource,
         )
@@ -262,10 +262,16 @@ class AdmissionHandler:
                 return _forbidden(f"{who}: label {RESERVATION_ID_KEY}={label!r} without a placement annotation; "
                                   "only the gpuledger webhook writes gpuledger.io/* (remove it)")
             return Decision(True, outcome="allowed")
-        placement = decode_placement(str(text), self.key)
-        if placement is None:
+        decoded = decode_bound(str(text), self.key)
+        if decoded is None:
             return _forbidden(f"{who}: annotation {PLACEMENT_ANNOTATION} has a bad signature or is malformed; "
                               "accepted: only a placement written by the gpuledger webhook (remove it)")
+        placement, binding = decoded
+        mismatch = binding_mismatch(binding, _named(pod, review.name), review.namespace)
+        if mismatch:  # checked before the claim below, which a copy must not take from its original
+            return _forbidden(f"{who}: annotation {PLACEMENT_ANNOTATION} was issued for another pod: {mismatch}"
+                              f"{await self._whose(placement.id)}; a copied placement annotation cannot be reused "
+                              "(remove it)")
         if label != placement.id:
             return _forbidden(f"{who}: label {RESERVATION_ID_KEY}={label!r} does not match the placement's "
                               f"reservation id {placement.id!r}")
@@ -297,6 +303,18 @@ class AdmissionHandler:
                               "a copied placement annotation cannot be reused")
         return Decision(True, outcome="allowed")
 
+    async def _whose(self, rid: str) -> str:
+        """Words on who holds `rid` for a copy's denial (best effort: "" when the ledger cannot say)."""
+        try:
+            async with asyncio.timeout(self.config.deadline_s):
+                held = await self.ledger.lookup(rid)
+        except (TimeoutError, LedgerUnavailable):
+            return ""
+        if held is None or isinstance(held, Unavailable):
+            return ""
+        state = "stored" if held.confirmed else "already admitted" if held.claimed else "reserved"
+        return f"; placement {rid!r} belongs to another pod ({state})"
+
     def _validate_update(self, review: Review) -> Decision:
         before, after = _ledger_keys(review.old_object), _ledger_keys(review.object)
         if before == after or review.username in self.config.privileged_usernames:
@@ -306,6 +324,25 @@ class AdmissionHandler:
         return _forbidden(f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
                           "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
                           f"({', '.join(self.config.privileged_usernames) or 'no user configured'})")
+
+
+def _prior_placement(pod: dict, namespace: str, key: bytes) -> Placement | None:
+    """The validly signed placement a pod already carries for itself (a reinvocation), else None."""
+    text = _annotations(pod).get(PLACEMENT_ANNOTATION)
+    if text is None or not key:
+        return None
+    decoded = decode_bound(str(text), key)
+    if decoded is None or binding_mismatch(decoded[1], pod, namespace):
+        return None
+    return decoded[0]
+
+
+def _named(pod: dict, name: str) -> dict:
+    """The pod with the AdmissionReview's name filled in where its metadata has none yet."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    if not name or meta.get("name"):
+        return pod
+    return {**pod, "metadata": {**meta, "name": name}}
 
 
 def _inherited_from(exc: AnnotationError, inputs: chain.Inputs) -> str:
