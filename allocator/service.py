@@ -91,6 +91,7 @@ __all__ = [
 log = logging.getLogger("gpuledger.service")
 
 SETTINGS_HISTORY = 20  # settings changes kept (who, when, what) for get_settings()
+MAX_CONFLICTS_REPORTED = 500  # placement conflicts listed in status() (all are counted in stats())
 RECENT_RECOVERIES = 64  # rebuild durations kept for the webhook's histogram
 
 
@@ -399,6 +400,8 @@ class LedgerService:
             "default_strategy": self.settings.default_strategy,
             "settings_changed_by": self.changed_by,
             "settings_changed_at": self.changed_at,
+            # stored pods holding a placement they do not own: the sync counts new ones and posts an Event
+            "conflicts": self.ledger.conflicts()[:MAX_CONFLICTS_REPORTED],
         }
 
     def stats(self) -> ServiceStats:

@@ -30,6 +30,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_admission_duration_seconds",
     "gpuledger_admission_in_flight",
     "gpuledger_handler_failures_total",
+    "gpuledger_placement_conflicts",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -88,6 +89,10 @@ class WebhookMetrics:
         self.handler_failures = Counter("gpuledger_handler_failures",
                                         "admission requests answered with an internal error (code 500)",
                                         ["route"], registry=r)
+        self.placement_conflicts = Gauge(
+            "gpuledger_placement_conflicts",
+            "stored pods holding a placement they do not own (a copy, or a second holder of one reservation id), "
+            "counted as foreign use on their node", registry=r)
 
     def observe_decision(self, strategy: str, seconds: float) -> None:
         """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
@@ -117,6 +122,7 @@ class WebhookMetrics:
         self.gpu_allocation_ratio.set(ratio)
         self.workloads_pending.set(stats.reservations_pending)
         self.workloads_running.set(stats.reservations_confirmed)
+        self.placement_conflicts.set(getattr(stats, "conflicts", 0))
         for level, domains in (("leaf", stats.leaves), ("spine", stats.spines)):
             for d in domains:
                 name = (d.leaf if level == "leaf" else d.spine) or "(none)"

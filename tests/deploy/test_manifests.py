@@ -718,7 +718,7 @@ EXPORTED_METRICS = {
     "topology_domain_utilization_ratio", "topology_gpu_allocation_ratio", "topology_domain_fragmentation_ratio",
     "gpuledger_admission_duration_seconds", "gpuledger_admission_in_flight", "gpuledger_handler_failures_total",
     "topology_scheduler_placement_duration_seconds", "topology_scheduler_recovery_duration_seconds",
-    "topology_scheduler_domain_fragmentation_ratio",
+    "topology_scheduler_domain_fragmentation_ratio", "gpuledger_placement_conflicts",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {

@@ -380,5 +380,6 @@ def _summary(request) -> str:
     if request.group:
         what += f" in group {request.group.key} of {request.group.size}"
     if request.pinned:
-        what += f" pinned to {request.pinned.node}:{','.join(map(str, request.pinned.devices))}"
+        what += (f" pinned to {request.pinned.node}:{','.join(map(str, request.pinned.devices))} "
+                 "(annotation gpu-scheduling-map)")
     return f"{what}, strategy {request.strategy or 'default'}"
