@@ -59,6 +59,15 @@ def test_a_copy_in_a_plain_namespace_never_double_books_and_rebuild_equals_live(
         owners, unknown = _holders(stack, placed.node)
         return unknown >= 1 and owners[placed.devices[0]] == placed.id
     apiserver.wait_for(copy_counted, timeout=30, what="the copy counted as foreign use")
+    # a conflict: listed by the ledger with the field that does not match, and an Event on the copy
+    conflicts = [c for c in stack.call("snapshot")["conflicts"] if c[0] == f"{plain_namespace}/copy"]
+    assert [c[1] for c in conflicts] == [placed.id] and "metadata.namespace" in conflicts[0][2]
+
+    def conflict_event():
+        events = apiserver.get_json("events", "-n", plain_namespace)["items"]
+        return [e for e in events if e.get("reason") == "PlacementConflict"
+                and e["involvedObject"].get("name") == "copy"]
+    apiserver.wait_for(conflict_event, timeout=30, what="a PlacementConflict Event on the copy")
 
     # 2. the original goes: its device stays held by the copy (by identity), so no new pod gets it
     apiserver.force_delete("pod", "original", namespace=workloads.namespace)
