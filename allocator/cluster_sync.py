@@ -163,8 +163,10 @@ def conflict_event(pod: str, rid: str, why: str, now: float) -> dict:
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
         "reason": "PlacementConflict",
         "type": "Warning",
-        "message": (f"gpuledger: this pod carries placement {rid} but does not own it ({why}); its GPUs are "
-                    "counted as foreign use on its node, never given to it")[:1024],
+        "message": (
+            f"gpuledger: this pod carries placement {rid} but does not own it ({why}); its GPUs are "
+            "counted as foreign use on its node, never given to it"
+        )[:1024],
         "source": {"component": "gpuledger-sync"},
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
@@ -330,7 +332,11 @@ class ClusterSync:
     def report_conflicts(self, conflicts: list) -> list[tuple[str, str, str]]:
         """Count the placement conflicts that appeared since the last status and post a Warning Event on each
         such pod (best effort). Returns the new ones as (pod, reservation id, why)."""
-        current = {(str(c[0]), str(c[1])): str(c[2]) for c in conflicts if isinstance(c, (list, tuple)) and len(c) >= 3}
+        current = {
+            (str(c[0]), str(c[1])): str(c[2])
+            for c in conflicts
+            if isinstance(c, (list, tuple)) and len(c) >= 3
+        }
         new = [(pod, rid, current[(pod, rid)]) for pod, rid in sorted(set(current) - self._conflicts_seen)]
         self._conflicts_seen = set(current)
         for pod, rid, why in new:
@@ -339,7 +345,9 @@ class ClusterSync:
             if "/" not in pod:
                 continue  # a nameless pod: nothing to attach an Event to
             with contextlib.suppress(Exception):  # an Event is a courtesy: never let it stop the sync
-                self.core.create_namespaced_event(pod.split("/", 1)[0], conflict_event(pod, rid, why, self.clock()))
+                self.core.create_namespaced_event(
+                    pod.split("/", 1)[0], conflict_event(pod, rid, why, self.clock())
+                )
                 self.stats.conflict_events += 1
         return new
 

@@ -31,8 +31,8 @@ class Adoption:
 
     def load(self, objects: Iterable[dict], now: float) -> None:
         """Apply every object of a fresh ledger's rebuild."""
-        # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the growing
-        # heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
+        # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the
+        # growing heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
@@ -58,7 +58,9 @@ class Adoption:
                 books.problems.extend(problems)
         except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
             # one malformed object must not stop the ledger from following the cluster
-            books.problems.append(f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}")
+            books.problems.append(
+                f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}"
+            )
 
     def delete_object(self, obj: dict) -> None:
         books = self.books
@@ -88,8 +90,15 @@ class Adoption:
         if usage.terminal:
             self.forget_pod(usage.key)
             return
-        claim = claim_of(usage.key, usage.placement, usage.unbound, usage.placement_problem, usage.node,
-                         usage.created, usage.uid)
+        claim = claim_of(
+            usage.key,
+            usage.placement,
+            usage.unbound,
+            usage.placement_problem,
+            usage.node,
+            usage.created,
+            usage.uid,
+        )
         if claim is not None:
             self.claims.put(usage.key, claim, now)
             return
@@ -101,7 +110,9 @@ class Adoption:
             if prev is not None:
                 self.forget_pod(usage.key)
             return
-        h = Holding(hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=usage.gpus)
+        h = Holding(
+            hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=usage.gpus
+        )
         if prev == hid and books.holdings.get(hid) == h:
             return
         if prev is not None:

@@ -75,7 +75,9 @@ class Books:
         self.node_holders: dict[str, set[str]] = {}
         self.reservations: dict[str, Reservation] = {}
         self.groups: dict[str, GroupState] = {}
-        self.slot_of: dict[str, tuple[str, int]] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
+        self.slot_of: dict[
+            str, tuple[str, int]
+        ] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
         self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
         # pods carrying a validly signed placement (allocator.core.claims): pod key -> its claim, the holders
         # of each reservation id, the owner chosen among them, and the other holders by the node they use
@@ -179,14 +181,26 @@ class Books:
             key: {
                 "deadline": g.deadline,
                 "slots": {
-                    s: [g.slots[s].node, list(g.slots[s].devices), [[x.device, x.milli] for x in g.slots[s].shares], g.claims.get(s)]
+                    s: [
+                        g.slots[s].node,
+                        list(g.slots[s].devices),
+                        [[x.device, x.milli] for x in g.slots[s].shares],
+                        g.claims.get(s),
+                    ]
                     for s in sorted(g.slots)
                 },
             }
             for key, g in sorted(self.groups.items())
         }
         holdings = {
-            hid: [h.node, list(h.devices), [[s.device, s.milli, s.memory_mib] for s in h.shares], h.cpu_milli, h.memory_mib, h.unknown_gpus]
+            hid: [
+                h.node,
+                list(h.devices),
+                [[s.device, s.milli, s.memory_mib] for s in h.shares],
+                h.cpu_milli,
+                h.memory_mib,
+                h.unknown_gpus,
+            ]
             for hid, h in sorted(self.holdings.items())
         }
         return {"nodes": nodes, "reservations": reservations, "groups": groups, "holdings": holdings}

@@ -39,14 +39,27 @@ class Claim:
         return self.placement.id
 
 
-def claim_of(key: str, placement: Placement | None, unbound: Placement | None, problem: str, node: str,
-             created: str, uid: str) -> Claim | None:
+def claim_of(
+    key: str,
+    placement: Placement | None,
+    unbound: Placement | None,
+    problem: str,
+    node: str,
+    created: str,
+    uid: str,
+) -> Claim | None:
     """The claim of a pod (its PodUsage's fields), or None when it carries no valid placement."""
     p = placement or unbound
     if p is None:
         return None
-    return Claim(key, p, placement is not None, "" if placement is not None else problem, node or p.node,
-                 (created or _NO_TIME, uid, key))
+    return Claim(
+        key,
+        p,
+        placement is not None,
+        "" if placement is not None else problem,
+        node or p.node,
+        (created or _NO_TIME, uid, key),
+    )
 
 
 class Claims:
@@ -111,7 +124,9 @@ class Claims:
         try:
             for node in sorted(nodes):
                 self._clear(node)
-            if old is not None and (owner is None or owner.key != old.key or owner.placement != old.placement):
+            if old is not None and (
+                owner is None or owner.key != old.key or owner.placement != old.placement
+            ):
                 del books.owner_of[rid]
                 counted = books.pods.pop(old.key, None)
                 if counted is not None:
@@ -182,7 +197,9 @@ class Claims:
                         taken.update(s.device for s in p.shares)
             else:  # running somewhere its placement does not name: which GPUs it uses is unknown
                 unknown = len(p.devices) + (1 if p.shares else 0)
-            books.hold(Holding(FOREIGN + c.key, node, tuple(devices), shares, p.cpu_milli, p.memory_mib, unknown))
+            books.hold(
+                Holding(FOREIGN + c.key, node, tuple(devices), shares, p.cpu_milli, p.memory_mib, unknown)
+            )
 
     # ------------------------------------------------------------------------------------------ views
     def conflicts(self) -> list[list[str]]:
@@ -195,7 +212,10 @@ class Claims:
                 if owner is not None and owner.key == key:
                     continue
                 c = books.claims[key]
-                why = c.why or (f"reservation {rid} belongs to pod {owner.key}, its earliest created holder"
-                                if owner is not None else "no holder was issued this placement")
+                why = c.why or (
+                    f"reservation {rid} belongs to pod {owner.key}, its earliest created holder"
+                    if owner is not None
+                    else "no holder was issued this placement"
+                )
                 out.append([key, rid, why])
         return sorted(out)

@@ -99,7 +99,8 @@ class Diagnoser:
         self.diagnoses: OrderedDict[tuple, _Diagnosis] = OrderedDict()  # request shape -> diagnosis, LRU
 
     def classify(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
-        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key or None)."""
+        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key, or
+        None)."""
         if not node.placeable:
             return unplaceable_reason(node), None
         reason, _ = self.filters.static(node, req)
@@ -144,10 +145,12 @@ class Diagnoser:
         """What `diagnose_full` answers, from a per-request-shape diagnosis that re-classifies only the nodes
         touched since it was last read (a flood of pods that cannot fit costs O(changes), not O(nodes))."""
         if getattr(type(strategy), "choose_devices", None) is not Strategy.choose_devices:
-            return self.diagnose_full(req, strategy, ctx, exclude)  # a device choice that may read the cluster
+            return self.diagnose_full(
+                req, strategy, ctx, exclude
+            )  # a device choice that may read the cluster
         diag = self.diagnosis(req, strategy, ctx)
         nodes = self.books.index.nodes
-        counts = Counter({r: n for r, n in diag.counts.items()})
+        counts = Counter(dict(diag.counts.items()))
         fitting = diag.fitting
         if exclude:
             excluded = 0
@@ -202,7 +205,9 @@ class Diagnoser:
         diag.seq = base + len(log)
         return diag
 
-    def denial(self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = "") -> Denial:
+    def denial(
+        self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = ""
+    ) -> Denial:
         by_reason = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].value)))
         parts = []
         for reason, n in by_reason:

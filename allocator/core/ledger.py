@@ -125,7 +125,7 @@ class Ledger:
     def expire(self, now: float) -> list[str]:
         return self._leases.expire(now)
 
-    # ------------------------------------------------------------------------------------------ cluster objects
+    # ---------------------------------------------------------------------------------------- cluster objects
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
         self._adoption.apply_object(obj, now)

@@ -66,7 +66,9 @@ def iter_objects(objects: Any) -> Iterator[dict]:
         if objects.get("kind") in ("Pod", "Node"):
             yield objects
         elif isinstance(objects.get("items"), list) and (
-            str(objects.get("kind") or "").endswith("List") or "metadata" not in objects or objects.get("kind") is None
+            str(objects.get("kind") or "").endswith("List")
+            or "metadata" not in objects
+            or objects.get("kind") is None
         ):
             for item in objects["items"]:
                 yield from iter_objects(item)
@@ -127,12 +129,18 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     leaf_label = getattr(config, "leaf_label", DEFAULT_LEAF_LABEL)
 
     cpu = _lenient(lambda v: cpu_milli(v, round_up=False), alloc.get("cpu"), 0, problems, f"node {name} cpu")
-    mem = _lenient(lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems,
-                   f"node {name} memory")
+    mem = _lenient(
+        lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems, f"node {name} memory"
+    )
     gpus = _lenient(_device_count, alloc.get(GPU_RESOURCE), 0, problems, f"node {name} {GPU_RESOURCE}")
     product = labels.get(PRODUCT_LABEL) or labels.get(ACCELERATOR_LABEL) or ""
-    gpu_mem = _lenient(ascii_int, labels.get(GPU_MEMORY_LABEL), 0, problems,
-                       f"node {name} label {GPU_MEMORY_LABEL} (MiB, an integer)")
+    gpu_mem = _lenient(
+        ascii_int,
+        labels.get(GPU_MEMORY_LABEL),
+        0,
+        problems,
+        f"node {name} label {GPU_MEMORY_LABEL} (MiB, an integer)",
+    )
 
     devices = None
     if DEVICES_ANNOTATION in annotations:
@@ -203,7 +211,8 @@ def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[De
     except (ValueError, TypeError, RecursionError) as err:  # RecursionError: "[[[[..." JSON
         if problems is not None:
             problems.append(
-                f"node {node} annotation {DEVICES_ANNOTATION}={text[:200]!r} ignored ({err}); accepted: {accepted}"
+                f"node {node} annotation {DEVICES_ANNOTATION}={text[:200]!r} ignored ({err}); "
+                f"accepted: {accepted}"
             )
         return None
 
@@ -335,8 +344,11 @@ def pod_usage(
 
 def natural_key(text: str) -> tuple:
     """Sort key that orders 'leaf-2' before 'leaf-10' (ASCII digits only: '٢' is text, not a number)."""
-    return tuple((0, int(part), "") if _DIGITS.fullmatch(part) else (1, 0, part)
-                 for part in _DIGITS.split(text) if part)
+    return tuple(
+        (0, int(part), "") if _DIGITS.fullmatch(part) else (1, 0, part)
+        for part in _DIGITS.split(text)
+        if part
+    )
 
 
 def split_objects(objects: Iterable[dict]) -> tuple[list[dict], list[dict]]:

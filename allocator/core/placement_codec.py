@@ -66,7 +66,9 @@ def binding_of(pod: Mapping, namespace: str = "", name: str = "") -> Binding:
     namespace = namespace or str(meta.get("namespace") or "") or "default"
     if name:
         return Binding(namespace, name)
-    return Binding(namespace, generate_name=str(meta.get("generateName") or ""), owner_uid=controller_uid(pod))
+    return Binding(
+        namespace, generate_name=str(meta.get("generateName") or ""), owner_uid=controller_uid(pod)
+    )
 
 
 def binding_mismatch(binding: Binding | None, pod: Mapping, namespace: str = "") -> str:
@@ -77,19 +79,24 @@ def binding_mismatch(binding: Binding | None, pod: Mapping, namespace: str = "")
     meta = _meta(pod)
     ns = namespace or str(meta.get("namespace") or "") or "default"
     if ns != binding.namespace:
-        return f"metadata.namespace {ns!r} is not the namespace the placement was issued for ({binding.namespace!r})"
+        issued = binding.namespace
+        return f"metadata.namespace {ns!r} is not the namespace the placement was issued for ({issued!r})"
     name = str(meta.get("name") or "")
     if binding.name:
         if name != binding.name:
             return f"metadata.name {name!r} is not the pod the placement was issued for ({binding.name!r})"
         return ""
     if binding.generate_name and name and not name.startswith(binding.generate_name):
-        return (f"metadata.name {name!r} was not generated from the generateName the placement was issued for "
-                f"({binding.generate_name!r})")
+        return (
+            f"metadata.name {name!r} was not generated from the generateName the placement was issued for "
+            f"({binding.generate_name!r})"
+        )
     uid = controller_uid(pod)
     if uid != binding.owner_uid:
-        return (f"metadata.ownerReferences controller uid {uid!r} is not the owner the placement was issued for "
-                f"({binding.owner_uid!r})")
+        return (
+            f"metadata.ownerReferences controller uid {uid!r} is not the owner the placement was issued for "
+            f"({binding.owner_uid!r})"
+        )
     return ""
 
 
@@ -117,7 +124,13 @@ def placement_to_dict(p: Placement) -> dict:
         d["taints"] = [[t.key, t.value, t.effect] for t in p.tolerated_taints]
     if p.group_plan:
         d["plan"] = [
-            [s.slot, s.node, list(s.devices), list(s.uuids), [[x.device, x.milli, x.memory_mib] for x in s.shares]]
+            [
+                s.slot,
+                s.node,
+                list(s.devices),
+                list(s.uuids),
+                [[x.device, x.milli, x.memory_mib] for x in s.shares],
+            ]
             for s in p.group_plan
         ]
     if p.group_deadline is not None:

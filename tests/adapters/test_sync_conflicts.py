@@ -26,7 +26,11 @@ def sync_with(core) -> ClusterSync:
 def test_each_new_conflict_is_counted_and_posted_once():
     core = RecordingCore()
     sync = sync_with(core)
-    copy = ["plain/copy", "r1", "metadata.namespace 'plain' is not the namespace the placement was issued for"]
+    copy = [
+        "plain/copy",
+        "r1",
+        "metadata.namespace 'plain' is not the namespace the placement was issued for",
+    ]
     assert sync.report_conflicts([copy]) == [tuple(copy)]
     assert sync.report_conflicts([copy]) == []
     assert sync.stats.conflicts == 1 and sync.stats.conflict_events == 1

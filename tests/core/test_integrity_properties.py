@@ -22,8 +22,9 @@ def config() -> LedgerConfig:
     return LedgerConfig(placement_key=KEY)
 
 
-def stored_pod(name: str, namespace: str, p: Placement, annotation: str, created: int, uid: str,
-               owner_uid: str = "") -> dict:
+def stored_pod(
+    name: str, namespace: str, p: Placement, annotation: str, created: int, uid: str, owner_uid: str = ""
+) -> dict:
     meta = {
         "name": name,
         "namespace": namespace,
@@ -39,7 +40,10 @@ def stored_pod(name: str, namespace: str, p: Placement, annotation: str, created
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": meta,
-        "spec": {"nodeName": p.node, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+        "spec": {
+            "nodeName": p.node,
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
+        },
         "status": {"phase": "Running"},
     }
 
@@ -75,8 +79,9 @@ def verified_devices(stored: dict[str, dict]) -> set[tuple[str, int]]:
     return out
 
 
-OPS = st.sampled_from(["admit", "admit", "admit_generated", "delete", "delete", "copy", "copy", "tamper",
-                       "touch", "restart"])
+OPS = st.sampled_from(
+    ["admit", "admit", "admit_generated", "delete", "delete", "copy", "copy", "tamper", "touch", "restart"]
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,7 +104,11 @@ def test_rebuild_equals_live_and_no_device_is_held_twice(data):
             if op == "admit":
                 name, binding, owner = f"p{serial}", Binding("team", f"p{serial}"), ""
             else:  # named by generateName after admission: bound to the namespace and the controller's uid
-                name, binding, owner = f"web-{serial}", Binding("team", generate_name="web-", owner_uid=OWNER_UID), OWNER_UID
+                name, binding, owner = (
+                    f"web-{serial}",
+                    Binding("team", generate_name="web-", owner_uid=OWNER_UID),
+                    OWNER_UID,
+                )
             pod = stored_pod(name, "team", p, encode_placement(p, KEY, binding), created, uid, owner)
             stored[f"team/{name}"] = pod
             live.apply_object(pod, now)
@@ -128,7 +137,9 @@ def test_rebuild_equals_live_and_no_device_is_held_twice(data):
                     annotation = encode_placement(p, KEY, Binding(namespace, name))
                 elif how == "same_owner":  # a generateName sibling: same namespace and controller
                     name, namespace, owner = f"web-copy-{serial}", "team", OWNER_UID
-                    annotation = encode_placement(p, KEY, Binding("team", generate_name="web-", owner_uid=OWNER_UID))
+                    annotation = encode_placement(
+                        p, KEY, Binding("team", generate_name="web-", owner_uid=OWNER_UID)
+                    )
             pod = stored_pod(name, namespace, p, annotation, created, uid, owner)
             stored[f"{namespace}/{name}"] = pod
             live.apply_object(pod, now)
@@ -136,8 +147,9 @@ def test_rebuild_equals_live_and_no_device_is_held_twice(data):
             key = data.draw(st.sampled_from(sorted(stored)), label="touch")
             live.apply_object(stored[key], now)
         elif op == "restart":
-            live = Ledger.rebuild(NODES + data.draw(st.permutations(list(stored.values())), label="list"),
-                                  config(), now)
+            live = Ledger.rebuild(
+                NODES + data.draw(st.permutations(list(stored.values())), label="list"), config(), now
+            )
         order = data.draw(st.permutations(list(stored.values())), label="rebuild order")
         check(live, stored, order)
 
@@ -159,7 +171,7 @@ def test_a_copy_keeps_the_device_after_its_original_goes():
     nxt = live.reserve(Request("r2", gpus=1), 2.0)
     assert nxt.devices != p.devices
     live.release("r2")  # never stored: a rebuild would not know it
-    assert Ledger.rebuild(NODES[:1] + [copy], config()).snapshot() == live.snapshot()
+    assert Ledger.rebuild([*NODES[:1], copy], config()).snapshot() == live.snapshot()
 
 
 def test_a_pod_created_right_after_a_delete_gets_the_freed_gpu():
@@ -182,8 +194,8 @@ def test_the_earliest_bound_holder_owns_and_the_next_takes_over():
     live.apply_object(early, 1.0)
     assert [c[0] for c in live.conflicts()] == ["team/late"]
     assert "belongs to pod team/early" in live.conflicts()[0][2]
-    assert Ledger.rebuild(NODES[:1] + [early, late], config()).snapshot() == live.snapshot()
+    assert Ledger.rebuild([*NODES[:1], early, late], config()).snapshot() == live.snapshot()
     live.delete_object(early)  # the device stays held: the other holder owns it now
     assert live.get("r1") == p and live.conflicts() == []
     assert live.snapshot()["nodes"]["n1"]["devices"][p.devices[0]][3] == "r1"
-    assert Ledger.rebuild(NODES[:1] + [late], config()).snapshot() == live.snapshot()
+    assert Ledger.rebuild([*NODES[:1], late], config()).snapshot() == live.snapshot()

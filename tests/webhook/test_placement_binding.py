@@ -47,8 +47,9 @@ def test_a_generate_name_pod_binds_its_prefix_and_controller():
     pod = gpu_pod(1, namespace="ml")
     del pod["metadata"]["name"]
     pod["metadata"]["generateName"] = "web-"
-    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
-                                           "uid": "rs-1", "controller": True}]
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs-1", "controller": True}
+    ]
     out, _ = admitted(h, pod)
     _, binding = decode_bound(out["metadata"]["annotations"][PLACEMENT_ANNOTATION], KEY)
     assert binding == Binding("ml", generate_name="web-", owner_uid="rs-1")
