@@ -131,6 +131,8 @@ class SyncStats:
     target_errors: int = 0
     expiry_confirmed: int = 0
     expiry_released: int = 0
+    conflicts: int = 0  # placement conflicts that appeared (a pod holding a placement it does not own)
+    conflict_events: int = 0  # Events posted on such pods
     last_error: str = ""
     resync_reasons: list[str] = field(default_factory=list)
 
@@ -148,6 +150,28 @@ def slim(obj: dict, kind: str | None = None) -> dict:
     if kind and "kind" not in obj:
         obj = dict(obj, kind=kind, apiVersion="v1")
     return obj
+
+
+def conflict_event(pod: str, rid: str, why: str, now: float) -> dict:
+    """A core/v1 Warning Event on `pod` ("namespace/name") that holds reservation `rid` without owning it."""
+    namespace, _, name = pod.partition("/")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name[:200]}.gpuledger-conflict-", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
+        "reason": "PlacementConflict",
+        "type": "Warning",
+        "message": (
+            f"gpuledger: this pod carries placement {rid} but does not own it ({why}); its GPUs are "
+            "counted as foreign use on its node, never given to it"
+        )[:1024],
+        "source": {"component": "gpuledger-sync"},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
 
 
 def batches(items: list, size: int) -> Iterable[list]:
@@ -181,6 +205,7 @@ class ClusterSync:
         self._stop = threading.Event()
         self._synced = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._conflicts_seen: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ClusterSync:
@@ -303,6 +328,29 @@ class ClusterSync:
             log.info("released %d expired reservations with no stored pod", len(released))
         return confirmed, released
 
+    # ------------------------------------------------------------------ conflicts
+    def report_conflicts(self, conflicts: list) -> list[tuple[str, str, str]]:
+        """Count the placement conflicts that appeared since the last status and post a Warning Event on each
+        such pod (best effort). Returns the new ones as (pod, reservation id, why)."""
+        current = {
+            (str(c[0]), str(c[1])): str(c[2])
+            for c in conflicts
+            if isinstance(c, (list, tuple)) and len(c) >= 3
+        }
+        new = [(pod, rid, current[(pod, rid)]) for pod, rid in sorted(set(current) - self._conflicts_seen)]
+        self._conflicts_seen = set(current)
+        for pod, rid, why in new:
+            self.stats.conflicts += 1
+            log.warning("placement conflict: pod %s holds reservation %s it does not own: %s", pod, rid, why)
+            if "/" not in pod:
+                continue  # a nameless pod: nothing to attach an Event to
+            with contextlib.suppress(Exception):  # an Event is a courtesy: never let it stop the sync
+                self.core.create_namespaced_event(
+                    pod.split("/", 1)[0], conflict_event(pod, rid, why, self.clock())
+                )
+                self.stats.conflict_events += 1
+        return new
+
     # ------------------------------------------------------------------ threads
     def _backoff(self, failures: int) -> float:
         first, largest = self.config.retry_backoff_s
@@ -329,6 +377,7 @@ class ClusterSync:
                     status = self.target.status() or {}
                     if status.get("synced") is False:
                         self.request_resync("ledger restarted empty")
+                    self.report_conflicts(status.get("conflicts") or [])
                 if time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + self.config.expiry_interval_s
                     self.check_expiry(self.clock())

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from allocator import strategies  # noqa: F401  (registers the built-in strategies with the core's registry)
 from allocator.core.ledger import Ledger, LedgerConfig, LedgerStats
@@ -23,13 +24,17 @@ from allocator.core.model import (
     Explanation,
     PinnedDevices,
     Placement,
-    ReservationState,
     Request,
+    ReservationState,
     Taint,
 )
 from allocator.core.objects import (
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
+    Binding,
+    binding_mismatch,
+    binding_of,
+    decode_bound,
     decode_placement,
     encode_placement,
     iter_objects,
@@ -49,12 +54,13 @@ from allocator.sources import ExternalSource, reservation_ids, source_from_spec
 # The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
 # from a core module, so the core can be rearranged without touching them.
 __all__ = [
+    "DEFAULT_SCORING_WEIGHTS",
     "PLACEMENT_ANNOTATION",
     "RESERVATION_ID_KEY",
     "AdmitCall",
     "AnnotationError",
+    "Binding",
     "BindingMode",
-    "DEFAULT_SCORING_WEIGHTS",
     "Denial",
     "Explanation",
     "Held",
@@ -68,11 +74,14 @@ __all__ = [
     "ServiceStats",
     "Taint",
     "Unavailable",
+    "binding_mismatch",
+    "binding_of",
     "check_label_key",
     "check_leaf_limit",
     "check_scoring_weights",
     "check_strategy",
     "controller_owner",
+    "decode_bound",
     "decode_placement",
     "encode_placement",
     "iter_objects",
@@ -83,6 +92,7 @@ __all__ = [
 log = logging.getLogger("gpuledger.service")
 
 SETTINGS_HISTORY = 20  # settings changes kept (who, when, what) for get_settings()
+MAX_CONFLICTS_REPORTED = 500  # placement conflicts listed in status() (all are counted in stats())
 RECENT_RECOVERIES = 64  # rebuild durations kept for the webhook's histogram
 
 
@@ -137,9 +147,16 @@ class ServiceStats(LedgerStats):
 
 
 class LedgerService:
-    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, now: float = 0.0, *,
-                 settings: LedgerSettings | None = None, timer: Callable[[], float] = time.perf_counter,
-                 incarnation: str = ""):
+    def __init__(
+        self,
+        config: LedgerConfig,
+        source_spec: dict | None = None,
+        now: float = 0.0,
+        *,
+        settings: LedgerSettings | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+        incarnation: str = "",
+    ):
         # `settings` (when given) win over the config's default strategy, weights and label keys
         self.settings = settings or LedgerSettings.from_config(config)
         self.config = self.settings.applied_to(config)
@@ -206,8 +223,10 @@ class LedgerService:
 
     # ---------------------------------------------------------------- admission
     def _unsynced(self) -> Unavailable:
-        return Unavailable(f"the GPU ledger has not synced its inventory from {self.source!r} yet "
-                           "(it just started or restarted)")
+        return Unavailable(
+            f"the GPU ledger has not synced its inventory from {self.source!r} yet "
+            "(it just started or restarted)"
+        )
 
     def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial | Unavailable]:
         if not self.synced:
@@ -224,8 +243,11 @@ class LedgerService:
         group, s = request.group, self.settings
         if group is None or group.size <= 1 or not (s.max_nodes_per_leaf or s.max_gpus_per_leaf):
             return request
-        limited = replace(group, max_nodes_per_leaf=group.max_nodes_per_leaf or s.max_nodes_per_leaf,
-                          max_gpus_per_leaf=group.max_gpus_per_leaf or s.max_gpus_per_leaf)
+        limited = replace(
+            group,
+            max_nodes_per_leaf=group.max_nodes_per_leaf or s.max_nodes_per_leaf,
+            max_gpus_per_leaf=group.max_gpus_per_leaf or s.max_gpus_per_leaf,
+        )
         return request if limited == group else replace(request, group=limited)
 
     def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial:
@@ -248,12 +270,12 @@ class LedgerService:
             return None
         return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED, rid in self._claimed)
 
-    def lookup(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
+    def lookup(self, ids: Iterable[str]) -> list[Held | Unavailable | None]:
         if not self.synced:
             return [self._unsynced() for _ in ids]
         return [self._held(i) for i in ids]
 
-    def claim(self, ids: Iterable[str]) -> list[Held | None | Unavailable]:
+    def claim(self, ids: Iterable[str]) -> list[Held | Unavailable | None]:
         """The validating webhook's check: each reservation as it was, then marked claimed by this pod."""
         if not self.synced:
             return [self._unsynced() for _ in ids]
@@ -286,8 +308,11 @@ class LedgerService:
         if changes:
             self.changed_by, self.changed_at = who, now
             self._history.append(self._record(now, who, changes))
-            log.info("ledger settings changed by %s: %s", who,
-                     ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+            log.info(
+                "ledger settings changed by %s: %s",
+                who,
+                ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()),
+            )
         return changes
 
     def _rebuild_for_labels(self, now: float) -> None:
@@ -295,7 +320,9 @@ class LedgerService:
         turns unsynced, so the cluster sync resyncs it (admissions answer Unavailable until then)."""
         if not self.rebuild_from_source(now):
             self.synced = False
-            log.warning("leaf/spine label keys changed: the ledger waits for a full resync from the cluster sync")
+            log.warning(
+                "leaf/spine label keys changed: the ledger waits for a full resync from the cluster sync"
+            )
 
     def apply_config(self, settings: LedgerSettings, who: str, now: float) -> dict:
         """A replica's config (at its start, or reloaded): applied unless it is the config applied last, so a
@@ -308,9 +335,12 @@ class LedgerService:
         return {"applied": True, "changes": changes, "settings": self.get_settings()}
 
     def set_default_strategy(self, name: str, who: str, now: float) -> dict:
-        """The runtime switch (`gpuledger strategy NAME`): ValueError listing the accepted names if unknown."""
+        """The runtime switch (`gpuledger strategy NAME`): ValueError listing the accepted names if
+        unknown."""
         if not str(who or "").strip():
-            raise ValueError(f"who={who!r} is not accepted: expected who asks for the change (a user or component)")
+            raise ValueError(
+                f"who={who!r} is not accepted: expected who asks for the change (a user or component)"
+            )
         settings = replace(self.settings, default_strategy=check_strategy(name, "strategy"))
         self._use(settings, str(who), now)
         return self.get_settings()
@@ -364,7 +394,8 @@ class LedgerService:
         return self.ledger.expiry_candidates(now)
 
     def sweep(self, now: float) -> list[str]:
-        """For a source we can read: confirm what is stored, expire the rest. The API's sweep is the sync's."""
+        """For a source we can read: confirm what is stored, expire the rest. The API's sweep is the
+        sync's."""
         candidates = self.ledger.expiry_candidates(now)
         if not candidates:
             return []
@@ -391,6 +422,8 @@ class LedgerService:
             "default_strategy": self.settings.default_strategy,
             "settings_changed_by": self.changed_by,
             "settings_changed_at": self.changed_at,
+            # stored pods holding a placement they do not own: the sync counts new ones and posts an Event
+            "conflicts": self.ledger.conflicts()[:MAX_CONFLICTS_REPORTED],
         }
 
     def stats(self) -> ServiceStats:
@@ -398,8 +431,11 @@ class LedgerService:
         settings = self.get_settings()
         del settings["history"]
         recoveries = Recoveries(self.incarnation, self.rebuilds, tuple(self._recent_recoveries))
-        return ServiceStats(**{f.name: getattr(totals, f.name) for f in fields(LedgerStats)},
-                            settings=settings, recoveries=recoveries)
+        return ServiceStats(
+            **{f.name: getattr(totals, f.name) for f in fields(LedgerStats)},
+            settings=settings,
+            recoveries=recoveries,
+        )
 
     def snapshot(self) -> dict:
         return self.ledger.snapshot()

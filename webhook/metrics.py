@@ -30,6 +30,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_admission_duration_seconds",
     "gpuledger_admission_in_flight",
     "gpuledger_handler_failures_total",
+    "gpuledger_placement_conflicts",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -42,52 +43,100 @@ class WebhookMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.gpu_total = Gauge("agentaflow_gpu_total", "GPUs known to the ledger", registry=r)
-        self.gpu_available = Gauge("agentaflow_gpu_available", "GPUs with no allocation (whole, healthy)",
-                                   registry=r)
-        self.gpu_utilization = Gauge("agentaflow_gpu_utilization",
-                                     "allocated share of all GPUs (milli-GPU allocated / total), 0..1", registry=r)
-        self.workloads_pending = Gauge("agentaflow_workloads_pending",
-                                       "reservations made at admission whose pod is not yet seen stored", registry=r)
-        self.workloads_running = Gauge("agentaflow_workloads_running",
-                                       "confirmed placements (pods stored with a placement)", registry=r)
+        self.gpu_available = Gauge(
+            "agentaflow_gpu_available", "GPUs with no allocation (whole, healthy)", registry=r
+        )
+        self.gpu_utilization = Gauge(
+            "agentaflow_gpu_utilization",
+            "allocated share of all GPUs (milli-GPU allocated / total), 0..1",
+            registry=r,
+        )
+        self.workloads_pending = Gauge(
+            "agentaflow_workloads_pending",
+            "reservations made at admission whose pod is not yet seen stored",
+            registry=r,
+        )
+        self.workloads_running = Gauge(
+            "agentaflow_workloads_running", "confirmed placements (pods stored with a placement)", registry=r
+        )
         self.scheduling_duration = Histogram(
-            "agentaflow_scheduling_duration", "seconds one admission waited for the ledger's answer (batching included)",
-            buckets=_LATENCY_BUCKETS, registry=r)
+            "agentaflow_scheduling_duration",
+            "seconds one admission waited for the ledger's answer (batching included)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.scheduler_latency = Histogram(
             "topology_scheduler_latency_seconds",
             "seconds from a decoded AdmissionReview to a placement decision (parsing, owner lookup, ledger)",
-            ["strategy"], buckets=_LATENCY_BUCKETS, registry=r)
+            ["strategy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.placement_duration = Histogram(
             "topology_scheduler_placement_duration_seconds",
-            "seconds to decide one GPU pod's placement, from a decoded AdmissionReview to placement or denial",
-            buckets=_LATENCY_BUCKETS, registry=r)
+            "seconds to decide one GPU pod's placement, from a decoded AdmissionReview to placement or "
+            "denial",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.recovery_duration = Histogram(
             "topology_scheduler_recovery_duration_seconds",
             "seconds one ledger rebuild took (a resync, or the rebuild from its source after a restart)",
-            buckets=_RECOVERY_BUCKETS, registry=r)
+            buckets=_RECOVERY_BUCKETS,
+            registry=r,
+        )
         self._recoveries_seen: tuple[str, int] | None = None  # (ledger incarnation, rebuilds observed)
         self.placement_decisions = Counter(
-            "topology_placement_decisions", "placement decisions by strategy and result",
-            ["strategy", "result"], registry=r)
-        self.domain_utilization = Gauge("topology_domain_utilization_ratio",
-                                        "allocated share of a leaf's or spine's GPUs", ["level", "domain"], registry=r)
+            "topology_placement_decisions",
+            "placement decisions by strategy and result",
+            ["strategy", "result"],
+            registry=r,
+        )
+        self.domain_utilization = Gauge(
+            "topology_domain_utilization_ratio",
+            "allocated share of a leaf's or spine's GPUs",
+            ["level", "domain"],
+            registry=r,
+        )
         self.domain_fragmentation = Gauge(
             "topology_domain_fragmentation_ratio",
             "share of a domain's free milli-GPU outside whole free GPUs (usable by GPU shares only)",
-            ["level", "domain"], registry=r)
+            ["level", "domain"],
+            registry=r,
+        )
         self.scheduler_domain_fragmentation = Gauge(
             "topology_scheduler_domain_fragmentation_ratio",
             "the topology scheduler's name for topology_domain_fragmentation_ratio (same values)",
-            ["level", "domain"], registry=r)
-        self.gpu_allocation_ratio = Gauge("topology_gpu_allocation_ratio",
-                                          "allocated milli-GPU / total milli-GPU across the cluster", registry=r)
+            ["level", "domain"],
+            registry=r,
+        )
+        self.gpu_allocation_ratio = Gauge(
+            "topology_gpu_allocation_ratio",
+            "allocated milli-GPU / total milli-GPU across the cluster",
+            registry=r,
+        )
         self.admission_duration = Histogram(
-            "gpuledger_admission_duration_seconds", "seconds to answer one HTTP admission request",
-            ["route", "outcome"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.in_flight = Gauge("gpuledger_admission_in_flight", "admission requests being handled", registry=r)
-        self.handler_failures = Counter("gpuledger_handler_failures",
-                                        "admission requests answered with an internal error (code 500)",
-                                        ["route"], registry=r)
+            "gpuledger_admission_duration_seconds",
+            "seconds to answer one HTTP admission request",
+            ["route", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "gpuledger_admission_in_flight", "admission requests being handled", registry=r
+        )
+        self.handler_failures = Counter(
+            "gpuledger_handler_failures",
+            "admission requests answered with an internal error (code 500)",
+            ["route"],
+            registry=r,
+        )
+        self.placement_conflicts = Gauge(
+            "gpuledger_placement_conflicts",
+            "stored pods holding a placement they do not own (a copy, or a second holder of one reservation "
+            "id), counted as foreign use on their node",
+            registry=r,
+        )
 
     def observe_decision(self, strategy: str, seconds: float) -> None:
         """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
@@ -109,7 +158,8 @@ class WebhookMetrics:
         self._recoveries_seen = (recoveries.incarnation, recoveries.count)
 
     def update_from_stats(self, stats: Any) -> None:
-        """Copy the ledger's totals (an allocator.service.ServiceStats, or a bare LedgerStats) into the gauges."""
+        """Copy the ledger's totals (an allocator.service.ServiceStats, or a bare LedgerStats) into the
+        gauges."""
         self.gpu_total.set(stats.gpus_total)
         self.gpu_available.set(stats.whole_free)
         ratio = stats.milli_allocated / stats.milli_total if stats.milli_total else 0.0
@@ -117,6 +167,7 @@ class WebhookMetrics:
         self.gpu_allocation_ratio.set(ratio)
         self.workloads_pending.set(stats.reservations_pending)
         self.workloads_running.set(stats.reservations_confirmed)
+        self.placement_conflicts.set(getattr(stats, "conflicts", 0))
         for level, domains in (("leaf", stats.leaves), ("spine", stats.spines)):
             for d in domains:
                 name = (d.leaf if level == "leaf" else d.spine) or "(none)"

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from allocator.core import objects as kube
 from allocator.core.books import Books, GroupState, Reservation, slot_hid
+from allocator.core.claims import Claims, claim_of
 from allocator.core.inventory import Holding
 from allocator.core.leases import Leases
 from allocator.core.model import GroupSlot, Placement, ReservationState
@@ -21,6 +22,7 @@ class Adoption:
     def __init__(self, books: Books, leases: Leases):
         self.books = books
         self.leases = leases
+        self.claims = Claims(books, leases, self.adopt)
 
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
@@ -31,8 +33,8 @@ class Adoption:
 
     def load(self, objects: Iterable[dict], now: float) -> None:
         """Apply every object of a fresh ledger's rebuild."""
-        # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the growing
-        # heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
+        # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the
+        # growing heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
@@ -58,7 +60,9 @@ class Adoption:
                 books.problems.extend(problems)
         except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
             # one malformed object must not stop the ledger from following the cluster
-            books.problems.append(f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}")
+            books.problems.append(
+                f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}"
+            )
 
     def delete_object(self, obj: dict) -> None:
         books = self.books
@@ -76,6 +80,8 @@ class Adoption:
         hid = self.books.pods.pop(key, None)
         if hid is not None:
             self.leases.release(hid)
+        if key in self.books.claims:
+            self.claims.put(key, None, self.books.last_now)
 
     def apply_pod(self, obj: dict, now: float) -> None:
         books = self.books
@@ -83,26 +89,32 @@ class Adoption:
         usage = kube.pod_usage(obj, books.config.placement_key, problems, lazy=True)
         if problems:
             books.problems.extend(problems)
-        prev = books.pods.get(usage.key)
         if usage.terminal:
             self.forget_pod(usage.key)
             return
-        if usage.placement is not None:
-            pid = usage.placement.id
-            if prev is not None and prev != pid:
-                self.forget_pod(usage.key)
-            books.pods[usage.key] = pid
-            if pid in books.reservations:
-                self.leases.confirm(pid, now)
-                return
-            self.adopt(usage, now)
+        claim = claim_of(
+            usage.key,
+            usage.placement,
+            usage.unbound,
+            usage.placement_problem,
+            usage.node,
+            usage.created,
+            usage.uid,
+        )
+        if claim is not None:
+            self.claims.put(usage.key, claim, now)
             return
+        if usage.key in books.claims:
+            self.claims.put(usage.key, None, now)
+        prev = books.pods.get(usage.key)
         hid = "pod:" + usage.key
         if not usage.node or not (usage.cpu_milli or usage.memory_mib or usage.gpus):
             if prev is not None:
                 self.forget_pod(usage.key)
             return
-        h = Holding(hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=usage.gpus)
+        h = Holding(
+            hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=usage.gpus
+        )
         if prev == hid and books.holdings.get(hid) == h:
             return
         if prev is not None:
@@ -110,24 +122,22 @@ class Adoption:
         books.pods[usage.key] = hid
         books.hold(h)
 
-    def adopt(self, usage: kube.PodUsage, now: float) -> None:
-        """Take over a placement found on a pod (rebuild, or a pod whose reservation is gone)."""
+    def adopt(self, key: str, p: Placement, now: float) -> None:
+        """Take over the placement of a reservation's owner (rebuild, or a pod whose reservation is gone)."""
         books = self.books
-        p = usage.placement
-        assert p is not None
         if p.group is not None and p.slot is not None:
             group = books.groups.get(p.group)
             if group is None:
                 group = self.restore_group(p, now)
             who = group.claims.get(p.slot)
             if who is not None and who != p.id:
-                self.count_instead(usage, p)
+                self.count_instead(key, p)
                 return
             if p.slot in group.slots and who is None and slot_hid(p.group, p.slot) in books.holdings:
                 books.unhold(slot_hid(p.group, p.slot))
                 books.slot_of.pop(slot_hid(p.group, p.slot), None)
             if not self.make_room(p):
-                self.count_instead(usage, p)
+                self.count_instead(key, p)
                 if p.slot in group.slots and group.claims.get(p.slot) is None:
                     books.drop_slot(group, p.slot)
                 return
@@ -135,7 +145,7 @@ class Adoption:
             group.claims[p.slot] = p.id
             books.slot_of[p.id] = (p.group, p.slot)
         elif not self.make_room(p):
-            self.count_instead(usage, p)
+            self.count_instead(key, p)
             return
         books.hold(Holding(p.id, p.node, p.devices, p.shares, p.cpu_milli, p.memory_mib))
         books.reservations[p.id] = Reservation(p, ReservationState.CONFIRMED, now)
@@ -189,15 +199,15 @@ class Adoption:
                 self.leases.release(hid)
         return not node.conflicts(p.devices, p.shares)
 
-    def count_instead(self, usage: kube.PodUsage, p: Placement) -> None:
+    def count_instead(self, key: str, p: Placement) -> None:
         """A placement that collides with a confirmed one: count the pod as GPUs of unknown identity."""
         books = self.books
         books.problems.append(
-            f"pod {usage.key}: placement {p.id} on {p.node} collides with another pod; counted as "
+            f"pod {key}: placement {p.id} on {p.node} collides with another pod; counted as "
             f"{len(p.devices)} GPU(s) of unknown identity"
         )
-        hid = "pod:" + usage.key
-        books.pods[usage.key] = hid
+        hid = "pod:" + key
+        books.pods[key] = hid
         books.hold(
             Holding(
                 hid,

@@ -76,8 +76,17 @@ class Books:
         self.node_holders: dict[str, set[str]] = {}
         self.reservations: dict[str, Reservation] = {}
         self.groups: dict[str, GroupState] = {}
-        self.slot_of: dict[str, tuple[str, int]] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
-        self.pods: dict[str, str] = {}  # pod key -> holder id
+        self.slot_of: dict[
+            str, tuple[str, int]
+        ] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
+        self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
+        # pods carrying a validly signed placement (allocator.core.claims): pod key -> its claim, the holders
+        # of each reservation id, the owner chosen among them, and the other holders by the node they use
+        self.claims: dict[str, Any] = {}
+        self.holders_of: dict[str, set[str]] = {}
+        self.owner_of: dict[str, str] = {}
+        self.foreign_on: dict[str, set[str]] = {}
+        self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
         self.rr_cursor = ""
         self.last_now = float("-inf")
         # caches of what only node changes invalidate: kept here, where nodes change
@@ -133,6 +142,8 @@ class Books:
         node = self.index.nodes.get(h.node)
         if node is not None:
             self.index.change(node, lambda: node.remove(hid))
+        if self.on_freed is not None and h.node in self.foreign_on:
+            self.on_freed(h.node, hid)
         return h
 
     def drop_slot(self, group: GroupState, slot: int) -> None:
@@ -171,14 +182,26 @@ class Books:
             key: {
                 "deadline": g.deadline,
                 "slots": {
-                    s: [g.slots[s].node, list(g.slots[s].devices), [[x.device, x.milli] for x in g.slots[s].shares], g.claims.get(s)]
+                    s: [
+                        g.slots[s].node,
+                        list(g.slots[s].devices),
+                        [[x.device, x.milli] for x in g.slots[s].shares],
+                        g.claims.get(s),
+                    ]
                     for s in sorted(g.slots)
                 },
             }
             for key, g in sorted(self.groups.items())
         }
         holdings = {
-            hid: [h.node, list(h.devices), [[s.device, s.milli, s.memory_mib] for s in h.shares], h.cpu_milli, h.memory_mib, h.unknown_gpus]
+            hid: [
+                h.node,
+                list(h.devices),
+                [[s.device, s.milli, s.memory_mib] for s in h.shares],
+                h.cpu_milli,
+                h.memory_mib,
+                h.unknown_gpus,
+            ]
             for hid, h in sorted(self.holdings.items())
         }
         return {"nodes": nodes, "reservations": reservations, "groups": groups, "holdings": holdings}

@@ -8,6 +8,15 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter, OrderedDict
 
+from allocator.core.annotation_values import (
+    GPU_COUNT,
+    GPU_MEMORY,
+    GPU_MILLI,
+    GPU_PRODUCT,
+    PREFERRED_DOMAIN,
+    PRIORITY,
+    SCHEDULING_MAP,
+)
 from allocator.core.books import Books
 from allocator.core.filters import Filters, dynamic, static_signature, unplaceable_reason
 from allocator.core.inventory import NodeState
@@ -16,6 +25,22 @@ from allocator.core.plugin import ScoreContext, Strategy
 
 DIAGNOSIS_LIMIT = 16  # request shapes whose denial diagnosis is kept current
 NEAR_MISSES = 3
+
+# the annotation or pod field that asked for what a reason says no node has (a denial names it)
+ASKED_BY: dict[Reason, str] = {
+    Reason.NOT_ENOUGH_GPUS: f"the GPU count: container resources nvidia.com/gpu or annotation {GPU_COUNT}",
+    Reason.NOT_ENOUGH_GPU_SHARE: f"annotation {GPU_MILLI} / {GPU_MEMORY}",
+    Reason.NOT_ENOUGH_CPU: "container resources cpu",
+    Reason.NOT_ENOUGH_MEMORY: "container resources memory",
+    Reason.PRODUCT_MISMATCH: f"annotation {GPU_PRODUCT}",
+    Reason.GPU_MEMORY_TOO_SMALL: f"annotation {GPU_MEMORY}",
+    Reason.TAINT: "spec.tolerations",
+    Reason.SELECTOR: "spec.nodeSelector / spec.affinity / spec.nodeName",
+    Reason.LEAF_CONSTRAINT: "the gang's size and GPU count",
+    Reason.DOMAIN: f"annotation {PREFERRED_DOMAIN}",
+    Reason.PINNED: f"annotation {SCHEDULING_MAP}",
+    Reason.PRIORITY_HEADROOM: f"annotation {PRIORITY} or spec.priority",
+}
 
 
 class _Diagnosis:
@@ -74,7 +99,8 @@ class Diagnoser:
         self.diagnoses: OrderedDict[tuple, _Diagnosis] = OrderedDict()  # request shape -> diagnosis, LRU
 
     def classify(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
-        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key or None)."""
+        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key, or
+        None)."""
         if not node.placeable:
             return unplaceable_reason(node), None
         reason, _ = self.filters.static(node, req)
@@ -119,10 +145,12 @@ class Diagnoser:
         """What `diagnose_full` answers, from a per-request-shape diagnosis that re-classifies only the nodes
         touched since it was last read (a flood of pods that cannot fit costs O(changes), not O(nodes))."""
         if getattr(type(strategy), "choose_devices", None) is not Strategy.choose_devices:
-            return self.diagnose_full(req, strategy, ctx, exclude)  # a device choice that may read the cluster
+            return self.diagnose_full(
+                req, strategy, ctx, exclude
+            )  # a device choice that may read the cluster
         diag = self.diagnosis(req, strategy, ctx)
         nodes = self.books.index.nodes
-        counts = Counter({r: n for r, n in diag.counts.items()})
+        counts = Counter(dict(diag.counts.items()))
         fitting = diag.fitting
         if exclude:
             excluded = 0
@@ -177,7 +205,9 @@ class Diagnoser:
         diag.seq = base + len(log)
         return diag
 
-    def denial(self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = "") -> Denial:
+    def denial(
+        self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = ""
+    ) -> Denial:
         by_reason = tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].value)))
         parts = []
         for reason, n in by_reason:
@@ -188,6 +218,8 @@ class Diagnoser:
                     text += f" (best: {best.node} has {best.free_gpus} free)"
                 else:
                     text += f" (best: {best.node} {best.detail})"
+            if reason in ASKED_BY:
+                text += f" [asked by {ASKED_BY[reason]}]"
             parts.append(text)
         if not self.books.index.nodes:
             parts.append("the ledger knows no nodes")
@@ -206,20 +238,20 @@ def describe(req: Request) -> str:
     if req.gpus > 0:
         what = f"{req.gpus} whole GPU(s)"
         if req.gpu_memory_mib:
-            what += f" with {req.gpu_memory_mib} MiB each"
+            what += f" with {req.gpu_memory_mib} MiB each (annotation {GPU_MEMORY})"
     elif req.is_shared:
         parts = []
         if req.gpu_milli:
-            parts.append(f"{req.gpu_milli} milli-GPU")
+            parts.append(f"{req.gpu_milli} milli-GPU (annotation {GPU_MILLI})")
         if req.gpu_memory_mib:
-            parts.append(f"{req.gpu_memory_mib} MiB GPU memory")
+            parts.append(f"{req.gpu_memory_mib} MiB GPU memory (annotation {GPU_MEMORY})")
         what = "a share of " + " and ".join(parts)
     else:
         what = "a pod without GPUs"
     if req.cpu_milli or req.memory_mib:
         what += f" (+{req.cpu_milli}m cpu, {req.memory_mib} MiB memory)"
     if req.product:
-        what += f" of product {req.product!r}"
+        what += f" of product {req.product!r} (annotation {GPU_PRODUCT})"
     return what
 
 

@@ -125,7 +125,7 @@ class Ledger:
     def expire(self, now: float) -> list[str]:
         return self._leases.expire(now)
 
-    # ------------------------------------------------------------------------------------------ cluster objects
+    # ---------------------------------------------------------------------------------------- cluster objects
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
         self._adoption.apply_object(obj, now)
@@ -144,7 +144,14 @@ class Ledger:
     # ------------------------------------------------------------------------------------------ views
     def snapshot(self) -> dict:
         """Canonical state (no timestamps, no rotation cursor): equal for a live ledger and its rebuild."""
-        return self._books.snapshot()
+        snap = self._books.snapshot()
+        snap["conflicts"] = self.conflicts()
+        return snap
+
+    def conflicts(self) -> list[list[str]]:
+        """[pod, reservation id, why] for every stored pod holding a placement it does not own (a copy, or a
+        second holder of one id): counted as foreign use on its node (allocator.core.claims)."""
+        return self._adoption.claims.conflicts()
 
     def reservations(self) -> dict[str, Reservation]:
         return dict(self._books.reservations)

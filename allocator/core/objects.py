@@ -19,9 +19,14 @@ from allocator.core.model import Device, NodeInfo, Placement, Taint
 # Moved to their own modules; re-exported because callers import them from here
 # (`from allocator.core import objects as kube`; allocator.service; allocator.sources).
 from allocator.core.placement_codec import (  # noqa: F401
+    LEGACY_VERSION,
     PLACEMENT_ANNOTATION,
     PLACEMENT_VERSION,
     RESERVATION_ID_KEY,
+    Binding,
+    binding_mismatch,
+    binding_of,
+    decode_bound,
     decode_placement,
     encode_placement,
     placement_from_dict,
@@ -64,7 +69,9 @@ def iter_objects(objects: Any) -> Iterator[dict]:
         if objects.get("kind") in ("Pod", "Node"):
             yield objects
         elif isinstance(objects.get("items"), list) and (
-            str(objects.get("kind") or "").endswith("List") or "metadata" not in objects or objects.get("kind") is None
+            str(objects.get("kind") or "").endswith("List")
+            or "metadata" not in objects
+            or objects.get("kind") is None
         ):
             for item in objects["items"]:
                 yield from iter_objects(item)
@@ -125,12 +132,18 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     leaf_label = getattr(config, "leaf_label", DEFAULT_LEAF_LABEL)
 
     cpu = _lenient(lambda v: cpu_milli(v, round_up=False), alloc.get("cpu"), 0, problems, f"node {name} cpu")
-    mem = _lenient(lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems,
-                   f"node {name} memory")
+    mem = _lenient(
+        lambda v: memory_mib(v, round_up=False), alloc.get("memory"), 0, problems, f"node {name} memory"
+    )
     gpus = _lenient(_device_count, alloc.get(GPU_RESOURCE), 0, problems, f"node {name} {GPU_RESOURCE}")
     product = labels.get(PRODUCT_LABEL) or labels.get(ACCELERATOR_LABEL) or ""
-    gpu_mem = _lenient(ascii_int, labels.get(GPU_MEMORY_LABEL), 0, problems,
-                       f"node {name} label {GPU_MEMORY_LABEL} (MiB, an integer)")
+    gpu_mem = _lenient(
+        ascii_int,
+        labels.get(GPU_MEMORY_LABEL),
+        0,
+        problems,
+        f"node {name} label {GPU_MEMORY_LABEL} (MiB, an integer)",
+    )
 
     devices = None
     if DEVICES_ANNOTATION in annotations:
@@ -225,7 +238,8 @@ def _devices_from_annotation(text, product, gpu_mem, node, problems) -> tuple[De
     except (ValueError, TypeError, RecursionError) as err:  # RecursionError: "[[[[..." JSON
         if problems is not None:
             problems.append(
-                f"node {node} annotation {DEVICES_ANNOTATION}={text[:200]!r} ignored ({err}); accepted: {accepted}"
+                f"node {node} annotation {DEVICES_ANNOTATION}={text[:200]!r} ignored ({err}); "
+                f"accepted: {accepted}"
             )
         return None
 
@@ -290,8 +304,11 @@ class PodUsage:
     cpu_milli: int
     memory_mib: int
     gpus: int  # nvidia.com/gpu requested (whole GPUs of unknown identity unless placed by gpuledger)
-    placement: Placement | None  # a valid (signed) gpuledger placement
+    placement: Placement | None  # a valid (signed) gpuledger placement, issued for this pod
     placement_problem: str = ""  # why a present placement annotation was not accepted
+    unbound: Placement | None = None  # a validly signed placement issued for another pod (a copy)
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, so text order is time order)
+    uid: str = ""
 
 
 def pod_key(pod: dict) -> str:
@@ -316,16 +333,24 @@ def pod_usage(
     placement = None
     problem = ""
     text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    unbound = None
     if text is not None:
-        placement = decode_placement(str(text), key)
-        if placement is None:
+        decoded = decode_bound(str(text), key)
+        if decoded is None:
             problem = f"annotation {PLACEMENT_ANNOTATION} ignored: bad signature or malformed"
-            if problems is not None:
-                problems.append(f"pod {pod_key(pod)}: {problem}")
+        else:
+            placement, binding = decoded
+            mismatch = binding_mismatch(binding, pod)
+            if mismatch:
+                unbound, placement = placement, None
+                problem = f"annotation {PLACEMENT_ANNOTATION} was issued for another pod: {mismatch}"
+        if problem and problems is not None:
+            problems.append(f"pod {pod_key(pod)}: {problem}")
     if lazy and terminal:
         cpu = mem = gpus = 0
-    elif lazy and placement is not None:
-        cpu, mem, gpus = placement.cpu_milli, placement.memory_mib, len(placement.devices)
+    elif lazy and (placement or unbound) is not None:
+        held = placement or unbound
+        cpu, mem, gpus = held.cpu_milli, held.memory_mib, len(held.devices)
     else:
         req = pod_requests(pod, problems)
         cpu, mem, gpus = req.cpu_milli, req.memory_mib, req.gpus
@@ -338,13 +363,19 @@ def pod_usage(
         gpus=gpus,
         placement=placement,
         placement_problem=problem,
+        unbound=unbound,
+        created=str(meta.get("creationTimestamp") or ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 
 def natural_key(text: str) -> tuple:
     """Sort key that orders 'leaf-2' before 'leaf-10' (ASCII digits only: '٢' is text, not a number)."""
-    return tuple((0, int(part), "") if _DIGITS.fullmatch(part) else (1, 0, part)
-                 for part in _DIGITS.split(text) if part)
+    return tuple(
+        (0, int(part), "") if _DIGITS.fullmatch(part) else (1, 0, part)
+        for part in _DIGITS.split(text)
+        if part
+    )
 
 
 def split_objects(objects: Iterable[dict]) -> tuple[list[dict], list[dict]]:

@@ -1,7 +1,9 @@
 """The `gpuledger.io/placement` annotation: a placement as signed canonical JSON, and back.
 
 The API server is where placements are durable, so this codec is what a rebuilt ledger trusts: decoding
-never raises and never accepts a placement whose HMAC does not verify (when a key is set).
+never raises and never accepts a placement whose HMAC does not verify (when a key is set). Version 2 signs
+the placement together with its `Binding` (where it was issued), so a copy on another pod is detectable;
+version 1 (no binding) is still read, as legacy, during an upgrade.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from allocator.core.model import DeviceShare, GroupSlot, Placement, Taint
@@ -16,11 +20,88 @@ from allocator.core.quantity import ascii_float, ascii_int
 
 PLACEMENT_ANNOTATION = "gpuledger.io/placement"
 RESERVATION_ID_KEY = "gpuledger.io/reservation-id"
-PLACEMENT_VERSION = 1
+PLACEMENT_VERSION = 2  # signs the placement with its Binding
+LEGACY_VERSION = 1  # no binding: honoured on any pod (annotations written before version 2)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where a placement was issued, as known at mutating admission and fixed afterwards: the namespace, and
+    the pod's name, or (a generateName pod is nameless then) its generateName and controller owner's uid."""
+
+    namespace: str
+    name: str = ""
+    generate_name: str = ""
+    owner_uid: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        d = {"ns": self.namespace, "name": self.name, "gen": self.generate_name, "owner": self.owner_uid}
+        return {k: v for k, v in d.items() if v or k == "ns"}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Binding:
+        if not isinstance(d, dict) or not isinstance(d.get("ns"), str):
+            raise ValueError("placement binding needs a string ns")
+        return cls(str(d["ns"]), str(d.get("name", "")), str(d.get("gen", "")), str(d.get("owner", "")))
+
+
+def _meta(pod: Mapping) -> Mapping:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def controller_uid(pod: Mapping) -> str:
+    """The uid of the pod's controlling owner (any kind), "" when it has none."""
+    refs = _meta(pod).get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("uid"):
+            return str(ref["uid"])
+    return ""
+
+
+def binding_of(pod: Mapping, namespace: str = "", name: str = "") -> Binding:
+    """The binding of a pod at mutating admission (`namespace`/`name` from the AdmissionReview when given)."""
+    meta = _meta(pod)
+    name = name or str(meta.get("name") or "")
+    namespace = namespace or str(meta.get("namespace") or "") or "default"
+    if name:
+        return Binding(namespace, name)
+    return Binding(
+        namespace, generate_name=str(meta.get("generateName") or ""), owner_uid=controller_uid(pod)
+    )
+
+
+def binding_mismatch(binding: Binding | None, pod: Mapping, namespace: str = "") -> str:
+    """Why `pod` is not where the placement was issued, naming the field; "" when it is (or for a legacy
+    placement, which has no binding)."""
+    if binding is None:
+        return ""
+    meta = _meta(pod)
+    ns = namespace or str(meta.get("namespace") or "") or "default"
+    if ns != binding.namespace:
+        issued = binding.namespace
+        return f"metadata.namespace {ns!r} is not the namespace the placement was issued for ({issued!r})"
+    name = str(meta.get("name") or "")
+    if binding.name:
+        if name != binding.name:
+            return f"metadata.name {name!r} is not the pod the placement was issued for ({binding.name!r})"
+        return ""
+    if binding.generate_name and name and not name.startswith(binding.generate_name):
+        return (
+            f"metadata.name {name!r} was not generated from the generateName the placement was issued for "
+            f"({binding.generate_name!r})"
+        )
+    uid = controller_uid(pod)
+    if uid != binding.owner_uid:
+        return (
+            f"metadata.ownerReferences controller uid {uid!r} is not the owner the placement was issued for "
+            f"({binding.owner_uid!r})"
+        )
+    return ""
 
 
 def placement_to_dict(p: Placement) -> dict:
-    d: dict[str, Any] = {"v": PLACEMENT_VERSION, "id": p.id, "node": p.node}
+    d: dict[str, Any] = {"v": LEGACY_VERSION, "id": p.id, "node": p.node}
     if p.devices:
         d["devices"] = list(p.devices)
     if p.shares:
@@ -43,7 +124,13 @@ def placement_to_dict(p: Placement) -> dict:
         d["taints"] = [[t.key, t.value, t.effect] for t in p.tolerated_taints]
     if p.group_plan:
         d["plan"] = [
-            [s.slot, s.node, list(s.devices), list(s.uuids), [[x.device, x.milli, x.memory_mib] for x in s.shares]]
+            [
+                s.slot,
+                s.node,
+                list(s.devices),
+                list(s.uuids),
+                [[x.device, x.milli, x.memory_mib] for x in s.shares],
+            ]
             for s in p.group_plan
         ]
     if p.group_deadline is not None:
@@ -111,11 +198,16 @@ def _sign(text: str, key: bytes | str) -> str:
 _SIG_FIELD = ',"sig":"'
 
 
-def encode_placement(placement: Placement, key: bytes | str = b"") -> str:
-    """The `gpuledger.io/placement` annotation value: the placement as canonical JSON (sorted keys, no
-    spaces) with an HMAC-SHA256 `sig` of that canonical text appended as the last member. An empty key
-    writes an unsigned annotation (development only)."""
-    text = _canonical(placement_to_dict(placement))
+def encode_placement(placement: Placement, key: bytes | str = b"", binding: Binding | None = None) -> str:
+    """The `gpuledger.io/placement` annotation value: the placement (with its `binding` under `bind`, version
+    2; without one, a legacy version 1 value) as canonical JSON (sorted keys, no spaces) with an HMAC-SHA256
+    `sig` of that canonical text appended as the last member. An empty key writes an unsigned annotation
+    (development only)."""
+    d = placement_to_dict(placement)
+    if binding is not None:
+        d["v"] = PLACEMENT_VERSION
+        d["bind"] = binding.as_dict()
+    text = _canonical(d)
     if not key:
         return text
     return f'{text[:-1]}{_SIG_FIELD}{_sign(text, key)}"}}'
@@ -123,9 +215,17 @@ def encode_placement(placement: Placement, key: bytes | str = b"") -> str:
 
 def decode_placement(text: str, key: bytes | str = b"") -> Placement | None:
     """The placement in an annotation, or None when it is malformed or its signature does not verify
-    (the signed text is the annotation with its trailing `sig` member removed).
+    (the signed text is the annotation with its trailing `sig` member removed). Its binding is not checked:
+    see `decode_bound` and `binding_mismatch`.
 
     With an empty key signatures are not checked (development only)."""
+    decoded = decode_bound(text, key)
+    return None if decoded is None else decoded[0]
+
+
+def decode_bound(text: str, key: bytes | str = b"") -> tuple[Placement, Binding | None] | None:
+    """The placement in an annotation and the binding signed with it (None for a legacy version 1 value),
+    or None when it is malformed or its signature does not verify."""
     try:
         if not isinstance(text, str):
             return None
@@ -142,8 +242,15 @@ def decode_placement(text: str, key: bytes | str = b"") -> Placement | None:
             d = json.loads(text)
             if isinstance(d, dict):
                 d.pop("sig", None)
-        if not isinstance(d, dict) or d.get("v", PLACEMENT_VERSION) != PLACEMENT_VERSION:
+        if not isinstance(d, dict):
             return None
-        return placement_from_dict(d)
+        version = d.get("v", LEGACY_VERSION)
+        if type(version) is not int:
+            return None
+        if version == LEGACY_VERSION and "bind" not in d:
+            return placement_from_dict(d), None
+        if version == PLACEMENT_VERSION:
+            return placement_from_dict(d), Binding.from_dict(d.get("bind"))
+        return None
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):  # RecursionError: "[[[[..." JSON
         return None

@@ -50,6 +50,7 @@ class LedgerStats:
     unclaimed_slots: int
     leaves: tuple[DomainStats, ...] = ()
     spines: tuple[DomainStats, ...] = ()
+    conflicts: int = 0  # stored pods holding a placement they do not own (Ledger.conflicts)
 
     @property
     def fragmentation(self) -> float:
@@ -109,4 +110,5 @@ def ledger_stats(books: Books) -> LedgerStats:
         unclaimed_slots=sum(1 for g in books.groups.values() for who in g.claims.values() if who is None),
         leaves=tuple(leaf_stats),
         spines=spine_stats,
+        conflicts=len(books.claims) - len(books.owner_of),
     )

@@ -878,6 +878,7 @@ EXPORTED_METRICS = {
     "topology_scheduler_placement_duration_seconds",
     "topology_scheduler_recovery_duration_seconds",
     "topology_scheduler_domain_fragmentation_ratio",
+    "gpuledger_placement_conflicts",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {

@@ -9,20 +9,31 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
-from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement, encode_placement
-from allocator.service import AdmitCall, Unavailable
-from allocator.service import Denial, Placement
-from allocator.service import AnnotationError, PodRequestConfig, request_from_pod
+from allocator.service import (
+    PLACEMENT_ANNOTATION,
+    RESERVATION_ID_KEY,
+    AdmitCall,
+    AnnotationError,
+    Denial,
+    Placement,
+    PodRequestConfig,
+    Unavailable,
+    binding_mismatch,
+    binding_of,
+    decode_bound,
+    encode_placement,
+    request_from_pod,
+)
 from webhook import batcher, events
 from webhook.admission import chain, scheduler_name
+from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
+from webhook.admission.patch import LEDGER_PREFIX, apply_placement, diff, shallow_pod, strip_ledger_keys
 from webhook.admission.review import Decision, Review
 from webhook.config import WebhookConfig
 from webhook.ledger_client import LedgerClient, LedgerUnavailable
 from webhook.metrics import WebhookMetrics
-from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
-from webhook.admission.patch import LEDGER_PREFIX, apply_placement, diff, shallow_pod, strip_ledger_keys
 
 log = logging.getLogger("gpuledger.webhook")
 
@@ -47,26 +58,33 @@ def _ledger_keys(obj: dict | None) -> dict[str, object]:
 
 def _pod_name(review: Review, pod: dict) -> str:
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    name = review.name or meta.get("name") or (f"{meta.get('generateName')}<generated>"
-                                                if meta.get("generateName") else "<unnamed>")
+    name = (
+        review.name
+        or meta.get("name")
+        or (f"{meta.get('generateName')}<generated>" if meta.get("generateName") else "<unnamed>")
+    )
     return f"pod {review.namespace or meta.get('namespace') or 'default'}/{name}"
 
 
 def describe_placement(p: Placement) -> str:
-    devices = ",".join(map(str, p.devices)) if p.devices else ",".join(
-        f"{s.device}({s.milli}m)" for s in p.shares)
+    devices = (
+        ",".join(map(str, p.devices)) if p.devices else ",".join(f"{s.device}({s.milli}m)" for s in p.shares)
+    )
     group = f" group {p.group} slot {p.slot}" if p.group else ""
     return f"node {p.node} devices [{devices}] by {p.strategy or 'default'}{group}"
 
 
 def describe_event(p: Placement) -> str:
     """The GPUPlaced Event's message: node, devices, strategy, gang slot, reservation."""
-    devices = ",".join(map(str, p.devices)) if p.devices else ",".join(
-        f"{s.device}({s.milli}m)" for s in p.shares)
+    devices = (
+        ",".join(map(str, p.devices)) if p.devices else ",".join(f"{s.device}({s.milli}m)" for s in p.shares)
+    )
     uuids = f" ({','.join(p.uuids)})" if p.uuids and all(p.uuids) else ""
     group = f", gang {p.group} slot {p.slot}" if p.group else ""
-    return (f"gpuledger placed the pod on node {p.node}, GPU devices [{devices}]{uuids}, strategy "
-            f"{p.strategy or 'default'}{group}, reservation {p.id}")
+    return (
+        f"gpuledger placed the pod on node {p.node}, GPU devices [{devices}]{uuids}, strategy "
+        f"{p.strategy or 'default'}{group}, reservation {p.id}"
+    )
 
 
 class _Seen:
@@ -113,9 +131,14 @@ class AdmissionHandler:
         except Exception as exc:  # a bug must still answer: a denial with code 500, never a dropped request
             log.exception("mutating admission %s failed", review.uid)
             self.metrics.handler_failures.labels("mutate").inc()
-            decision = Decision(False, code=500, reason="InternalError", outcome="error",
-                                message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc}); "
-                                        "the pod was not placed, retry or report this")
+            decision = Decision(
+                False,
+                code=500,
+                reason="InternalError",
+                outcome="error",
+                message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc}); "
+                "the pod was not placed, retry or report this",
+            )
         self._report(review, decision, seen)
         return decision
 
@@ -130,7 +153,7 @@ class AdmissionHandler:
                 target = _event_target(review, seen.chain, namespace)
                 if target is not None:
                     self.events.emit(events.denied(target, decision.message))
-        except Exception:  # noqa: BLE001 - reporting must never change an answer
+        except Exception:
             log.exception("could not queue the event of admission %s", review.uid)
 
     async def _mutate(self, review: Review, seen: _Seen) -> Decision:
@@ -138,28 +161,44 @@ class AdmissionHandler:
             return Decision(True, outcome="allowed")
         pod = review.object
         if pod is None:
-            return Decision(False, code=400, reason="BadRequest", outcome="invalid",
-                            message="AdmissionReview request.object is missing or not an object")
+            return Decision(
+                False,
+                code=400,
+                reason="BadRequest",
+                outcome="invalid",
+                message="AdmissionReview request.object is missing or not an object",
+            )
         if not isinstance(pod.get("metadata", {}), dict):
-            return Decision(False, code=400, reason="BadRequest", outcome="invalid",
-                            message="pod metadata is not an object")
+            return Decision(
+                False,
+                code=400,
+                reason="BadRequest",
+                outcome="invalid",
+                message="pod metadata is not an object",
+            )
         who = _pod_name(review, pod)
         work = shallow_pod(pod)
         removed = strip_ledger_keys(work)
-        prior = decode_placement(str(_annotations(pod).get(PLACEMENT_ANNOTATION, "")), self.key) \
-            if PLACEMENT_ANNOTATION in _annotations(pod) and self.key else None
+        namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
+        prior = _prior_placement(pod, namespace, self.key)
         warnings = []
         if removed and prior is None:
-            warnings.append(f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*")
+            warnings.append(
+                f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*"
+            )
         choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
         if choice.verdict == scheduler_name.OTHER:  # another scheduler's pod: not ours to place
             self.metrics.placement_decisions.labels("none", "other_scheduler").inc()
-            return Decision(True, patch=diff(pod, work), warnings=[*warnings, choice.warning],
-                            outcome="other_scheduler", message=choice.warning)
+            return Decision(
+                True,
+                patch=diff(pod, work),
+                warnings=[*warnings, choice.warning],
+                outcome="other_scheduler",
+                message=choice.warning,
+            )
         if choice.verdict == scheduler_name.TAKEOVER:
             scheduler_name.take_over(work)
             warnings.append(choice.warning)
-        namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         started = time.perf_counter()
         strategy = "none"
         batch = 0
@@ -168,31 +207,46 @@ class AdmissionHandler:
                 seen.chain = await chain.walk(pod, namespace, self.owners)
                 inputs = seen.chain.inputs(pod)
                 try:
-                    request = request_from_pod(inputs.pod, inputs.owner, self.parse_config, self.new_id(),
-                                               namespace=namespace)
+                    request = request_from_pod(
+                        inputs.pod, inputs.owner, self.parse_config, self.new_id(), namespace=namespace
+                    )
                 except AnnotationError as exc:
                     self.metrics.placement_decisions.labels("none", "invalid").inc()
-                    return Decision(False, code=422, reason="Invalid", outcome="invalid",
-                                    message=f"gpuledger: {who}: {exc}{_inherited_from(exc, inputs)}")
+                    return Decision(
+                        False,
+                        code=422,
+                        reason="Invalid",
+                        outcome="invalid",
+                        message=f"gpuledger: {who}: {exc}{_inherited_from(exc, inputs)}",
+                    )
                 if request is None:
-                    return Decision(True, patch=diff(pod, work), warnings=warnings, outcome="no_gpu",
-                                    message="")
+                    return Decision(
+                        True, patch=diff(pod, work), warnings=warnings, outcome="no_gpu", message=""
+                    )
                 strategy = request.strategy or "default"
                 if self.config.visibility_mode == "device-plugin" and request.is_shared:
                     self.metrics.placement_decisions.labels(strategy, "invalid").inc()
-                    return Decision(False, code=422, reason="Invalid", outcome="invalid",
-                                    message=f"gpuledger: {who}: a shared GPU (agentaflow.gpu/milli, "
-                                            "agentaflow.gpu/memory with exclusive-access \"false\") is not "
-                                            "available in device-plugin visibility mode; accepted: whole GPUs, or "
-                                            "ask the operator for host-indices or runtime-uuids mode")
+                    return Decision(
+                        False,
+                        code=422,
+                        reason="Invalid",
+                        outcome="invalid",
+                        message=f"gpuledger: {who}: a shared GPU (agentaflow.gpu/milli, "
+                        'agentaflow.gpu/memory with exclusive-access "false") is not '
+                        "available in device-plugin visibility mode; accepted: whole GPUs, or "
+                        "ask the operator for host-indices or runtime-uuids mode",
+                    )
                 asked = time.perf_counter()
                 batcher.batch_size.set(0)
-                result = await self.ledger.admit(AdmitCall(request, review.dry_run, prior.id if prior else None))
+                result = await self.ledger.admit(
+                    AdmitCall(request, review.dry_run, prior.id if prior else None)
+                )
                 batch = batcher.batch_size.get() or 1  # an unbatched client answers one admission per call
                 self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
         except TimeoutError:
-            return self._unavailable(pod, work, warnings,
-                                     f"the GPU ledger did not answer within {self.config.deadline_s:g}s")
+            return self._unavailable(
+                pod, work, warnings, f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
+            )
         except (LedgerUnavailable, OwnerLookupError) as exc:
             return self._unavailable(pod, work, warnings, f"the GPU ledger is unavailable ({exc})")
         finally:
@@ -202,35 +256,62 @@ class AdmissionHandler:
             return self._unavailable(pod, work, warnings, result.message)
         if isinstance(result, Denial):
             self.metrics.placement_decisions.labels(strategy, "denied").inc()
-            return Decision(False, code=403, reason="Forbidden", outcome="denied", strategy=strategy,
-                            ledger_batch=batch,
-                            message=f"gpuledger: no placement for {who} ({_summary(request)}): {result.message}")
+            return Decision(
+                False,
+                code=403,
+                reason="Forbidden",
+                outcome="denied",
+                strategy=strategy,
+                ledger_batch=batch,
+                message=f"gpuledger: no placement for {who} ({_summary(request)}): {result.message}",
+            )
         if not isinstance(result, Placement):
             raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
         apply_placement(
-            work, result, encode_placement(result, self.key),
-            binding_mode=self.config.binding_mode, visibility_mode=self.config.visibility_mode,
-            affinity_key=self.config.affinity_key, gpu_resource=self.config.gpu_resource,
+            work,
+            result,
+            encode_placement(result, self.key, binding_of(pod, namespace, review.name)),
+            binding_mode=self.config.binding_mode,
+            visibility_mode=self.config.visibility_mode,
+            affinity_key=self.config.affinity_key,
+            gpu_resource=self.config.gpu_resource,
         )
         reused = prior is not None and result.id == prior.id
         outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
         self.metrics.placement_decisions.labels(strategy, outcome).inc()
         seen.placement = result
-        return Decision(True, patch=diff(pod, work), warnings=warnings, node=result.node,
-                        devices=tuple(result.devices) + tuple(s.device for s in result.shares),
-                        reservation_id=result.id, outcome=outcome, strategy=result.strategy or strategy,
-                        ledger_batch=batch,
-                        message=("dry run: nothing reserved; " if review.dry_run else "")
-                        + ("reinvocation: same placement; " if reused else "") + describe_placement(result))
+        return Decision(
+            True,
+            patch=diff(pod, work),
+            warnings=warnings,
+            node=result.node,
+            devices=tuple(result.devices) + tuple(s.device for s in result.shares),
+            reservation_id=result.id,
+            outcome=outcome,
+            strategy=result.strategy or strategy,
+            ledger_batch=batch,
+            message=("dry run: nothing reserved; " if review.dry_run else "")
+            + ("reinvocation: same placement; " if reused else "")
+            + describe_placement(result),
+        )
 
     def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision:
         self.metrics.placement_decisions.labels("none", "unavailable").inc()
         if self.config.fail_open:
-            return Decision(True, patch=diff(pod, work), outcome="unavailable",
-                            warnings=[*warnings, f"gpuledger: {why}; admitted WITHOUT a GPU placement (fail_open)"])
-        return Decision(False, code=503, reason="ServiceUnavailable", outcome="unavailable",
-                        message=f"gpuledger: {why}; the pod is denied because the webhook fails closed "
-                                "(fail_open: false). Retry in a moment.")
+            return Decision(
+                True,
+                patch=diff(pod, work),
+                outcome="unavailable",
+                warnings=[*warnings, f"gpuledger: {why}; admitted WITHOUT a GPU placement (fail_open)"],
+            )
+        return Decision(
+            False,
+            code=503,
+            reason="ServiceUnavailable",
+            outcome="unavailable",
+            message=f"gpuledger: {why}; the pod is denied because the webhook fails closed "
+            "(fail_open: false). Retry in a moment.",
+        )
 
     # ------------------------------------------------------------------ validate
     async def validate(self, review: Review) -> Decision:
@@ -245,57 +326,106 @@ class AdmissionHandler:
         except Exception as exc:
             log.exception("validating admission %s failed", review.uid)
             self.metrics.handler_failures.labels("validate").inc()
-            return Decision(False, code=500, reason="InternalError", outcome="error",
-                            message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})")
+            return Decision(
+                False,
+                code=500,
+                reason="InternalError",
+                outcome="error",
+                message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})",
+            )
 
     async def _validate_create(self, review: Review) -> Decision:
         pod = review.object
         if pod is None:
-            return Decision(False, code=400, reason="BadRequest", outcome="invalid",
-                            message="AdmissionReview request.object is missing or not an object")
+            return Decision(
+                False,
+                code=400,
+                reason="BadRequest",
+                outcome="invalid",
+                message="AdmissionReview request.object is missing or not an object",
+            )
         who = _pod_name(review, pod)
         annotations, labels = _annotations(pod), _labels(pod)
         text = annotations.get(PLACEMENT_ANNOTATION)
         label = labels.get(RESERVATION_ID_KEY)
         if text is None:
             if label is not None:
-                return _forbidden(f"{who}: label {RESERVATION_ID_KEY}={label!r} without a placement annotation; "
-                                  "only the gpuledger webhook writes gpuledger.io/* (remove it)")
+                return _forbidden(
+                    f"{who}: label {RESERVATION_ID_KEY}={label!r} without a placement annotation; "
+                    "only the gpuledger webhook writes gpuledger.io/* (remove it)"
+                )
             return Decision(True, outcome="allowed")
-        placement = decode_placement(str(text), self.key)
-        if placement is None:
-            return _forbidden(f"{who}: annotation {PLACEMENT_ANNOTATION} has a bad signature or is malformed; "
-                              "accepted: only a placement written by the gpuledger webhook (remove it)")
+        decoded = decode_bound(str(text), self.key)
+        if decoded is None:
+            return _forbidden(
+                f"{who}: annotation {PLACEMENT_ANNOTATION} has a bad signature or is malformed; "
+                "accepted: only a placement written by the gpuledger webhook (remove it)"
+            )
+        placement, binding = decoded
+        mismatch = binding_mismatch(binding, _named(pod, review.name), review.namespace)
+        if mismatch:  # checked before the claim below, which a copy must not take from its original
+            return _forbidden(
+                f"{who}: annotation {PLACEMENT_ANNOTATION} was issued for another pod: {mismatch}"
+                f"{await self._whose(placement.id)}; a copied placement annotation cannot be reused "
+                "(remove it)"
+            )
         if label != placement.id:
-            return _forbidden(f"{who}: label {RESERVATION_ID_KEY}={label!r} does not match the placement's "
-                              f"reservation id {placement.id!r}")
+            return _forbidden(
+                f"{who}: label {RESERVATION_ID_KEY}={label!r} does not match the placement's "
+                f"reservation id {placement.id!r}"
+            )
         spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
         if spec.get("nodeName") and spec.get("nodeName") != placement.node:
-            return _forbidden(f"{who}: spec.nodeName={spec.get('nodeName')!r} differs from the placement's "
-                              f"node {placement.node!r}")
+            return _forbidden(
+                f"{who}: spec.nodeName={spec.get('nodeName')!r} differs from the placement's "
+                f"node {placement.node!r}"
+            )
         if review.dry_run:
             return Decision(True, outcome="allowed")  # dry runs reserve nothing: the signature is the check
         try:
             async with asyncio.timeout(self.config.deadline_s):
                 held = await self.ledger.claim(placement.id)
         except TimeoutError:
-            return self._unavailable(pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s")
+            return self._unavailable(
+                pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
+            )
         except LedgerUnavailable as exc:
             return self._unavailable(pod, pod, [], f"the GPU ledger is unavailable ({exc})")
         if isinstance(held, Unavailable):
             return self._unavailable(pod, pod, [], held.message)
         if held is None:
-            return _forbidden(f"{who}: placement {placement.id!r} matches no live reservation "
-                              "(expired, released or never made)")
+            return _forbidden(
+                f"{who}: placement {placement.id!r} matches no live reservation "
+                "(expired, released or never made)"
+            )
         if (held.placement.node, held.placement.devices, held.placement.shares) != (
-                placement.node, placement.devices, placement.shares):
-            return _forbidden(f"{who}: placement {placement.id!r} differs from the ledger's reservation "
-                              f"({describe_placement(held.placement)})")
+            placement.node,
+            placement.devices,
+            placement.shares,
+        ):
+            return _forbidden(
+                f"{who}: placement {placement.id!r} differs from the ledger's reservation "
+                f"({describe_placement(held.placement)})"
+            )
         if held.confirmed or held.claimed:
-            return _forbidden(f"{who}: placement {placement.id!r} belongs to another pod "
-                              f"({'stored' if held.confirmed else 'already admitted'}); "
-                              "a copied placement annotation cannot be reused")
+            return _forbidden(
+                f"{who}: placement {placement.id!r} belongs to another pod "
+                f"({'stored' if held.confirmed else 'already admitted'}); "
+                "a copied placement annotation cannot be reused"
+            )
         return Decision(True, outcome="allowed")
+
+    async def _whose(self, rid: str) -> str:
+        """Words on who holds `rid` for a copy's denial (best effort: "" when the ledger cannot say)."""
+        try:
+            async with asyncio.timeout(self.config.deadline_s):
+                held = await self.ledger.lookup(rid)
+        except (TimeoutError, LedgerUnavailable):
+            return ""
+        if held is None or isinstance(held, Unavailable):
+            return ""
+        state = "stored" if held.confirmed else "already admitted" if held.claimed else "reserved"
+        return f"; placement {rid!r} belongs to another pod ({state})"
 
     def _validate_update(self, review: Review) -> Decision:
         before, after = _ledger_keys(review.old_object), _ledger_keys(review.object)
@@ -303,9 +433,30 @@ class AdmissionHandler:
             return Decision(True, outcome="allowed")
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         who = _pod_name(review, review.object or review.old_object or {})
-        return _forbidden(f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
-                          "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
-                          f"({', '.join(self.config.privileged_usernames) or 'no user configured'})")
+        return _forbidden(
+            f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
+            "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
+            f"({', '.join(self.config.privileged_usernames) or 'no user configured'})"
+        )
+
+
+def _prior_placement(pod: dict, namespace: str, key: bytes) -> Placement | None:
+    """The validly signed placement a pod already carries for itself (a reinvocation), else None."""
+    text = _annotations(pod).get(PLACEMENT_ANNOTATION)
+    if text is None or not key:
+        return None
+    decoded = decode_bound(str(text), key)
+    if decoded is None or binding_mismatch(decoded[1], pod, namespace):
+        return None
+    return decoded[0]
+
+
+def _named(pod: dict, name: str) -> dict:
+    """The pod with the AdmissionReview's name filled in where its metadata has none yet."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    if not name or meta.get("name"):
+        return pod
+    return {**pod, "metadata": {**meta, "name": name}}
 
 
 def _inherited_from(exc: AnnotationError, inputs: chain.Inputs) -> str:
@@ -322,8 +473,9 @@ def _event_target(review: Review, owners: chain.OwnerChain, namespace: str) -> e
         kind = str(top.get("kind") or "")
         known = WORKLOAD_KINDS[kind].api_version if kind in WORKLOAD_KINDS else ""
         api_version = str(top.get("apiVersion") or known)
-        return events.ObjectRef(api_version, kind, namespace, str(meta.get("name") or ""),
-                                str(meta.get("uid") or ""))
+        return events.ObjectRef(
+            api_version, kind, namespace, str(meta.get("name") or ""), str(meta.get("uid") or "")
+        )
     meta = (review.object or {}).get("metadata") or {}
     name = review.name or meta.get("name")
     if not name:
@@ -337,11 +489,16 @@ def _forbidden(message: str) -> Decision:
 
 def _summary(request) -> str:
     if request.is_shared:
-        what = f"shared GPU {request.gpu_milli}m" + (f" {request.gpu_memory_mib}MiB" if request.gpu_memory_mib else "")
+        what = f"shared GPU {request.gpu_milli}m" + (
+            f" {request.gpu_memory_mib}MiB" if request.gpu_memory_mib else ""
+        )
     else:
         what = f"{request.gpus} GPU" + ("s" if request.gpus != 1 else "")
     if request.group:
         what += f" in group {request.group.key} of {request.group.size}"
     if request.pinned:
-        what += f" pinned to {request.pinned.node}:{','.join(map(str, request.pinned.devices))}"
+        what += (
+            f" pinned to {request.pinned.node}:{','.join(map(str, request.pinned.devices))} "
+            "(annotation gpu-scheduling-map)"
+        )
     return f"{what}, strategy {request.strategy or 'default'}"

@@ -1,0 +1,221 @@
+"""Who holds a reservation id. Every stored pod carrying a validly signed placement claims its id; one rule
+picks the owner among the claims whose binding matches their pod, and every other holder is a conflict,
+counted as foreign use on its node. Owners and foreign use are pure functions of the set of holders (never of
+the order they arrived in), so a live ledger and its rebuild agree; nothing here places a pod.
+
+The rule: the owner of a reservation id is its bound holder with the earliest creationTimestamp, ties broken
+by the smallest uid, then by namespace/name. A foreign holder (a copy issued for another pod, or a bound
+holder that is not the owner) holds the devices its placement names by identity where no other holding on
+the node has them, in the same order, and counts as GPUs of unknown identity where they are held already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from allocator.core.books import Books
+from allocator.core.inventory import Holding
+from allocator.core.leases import Leases
+from allocator.core.model import Placement
+
+FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
+_NO_TIME = "~"  # sorts after every RFC 3339 timestamp: a pod without creationTimestamp comes last
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One stored pod's claim on the reservation id its placement carries."""
+
+    key: str  # the pod's namespace/name
+    placement: Placement
+    bound: bool  # the placement was issued for this pod (or is a legacy one, bound to nothing)
+    why: str  # why it was not issued for this pod ("" when bound)
+    node: str  # where its use counts: spec.nodeName, else the placement's node
+    order: tuple[str, str, str]  # (creationTimestamp, uid, key): the smallest bound claim owns the id
+
+    @property
+    def rid(self) -> str:
+        return self.placement.id
+
+
+def claim_of(
+    key: str,
+    placement: Placement | None,
+    unbound: Placement | None,
+    problem: str,
+    node: str,
+    created: str,
+    uid: str,
+) -> Claim | None:
+    """The claim of a pod (its PodUsage's fields), or None when it carries no valid placement."""
+    p = placement or unbound
+    if p is None:
+        return None
+    return Claim(
+        key,
+        p,
+        placement is not None,
+        "" if placement is not None else problem,
+        node or p.node,
+        (created or _NO_TIME, uid, key),
+    )
+
+
+class Claims:
+    """Keeps `books.owner_of` and the foreign holdings true to `books.claims` after every change.
+
+    `adopt(key, placement)` takes over an owner's placement (the adoption module's), `count(key)` is the
+    holder id a colliding owner was counted under instead (dropped when it stops being the owner)."""
+
+    def __init__(self, books: Books, leases: Leases, adopt: Callable[[str, Placement, float], None]):
+        self.books = books
+        self.leases = leases
+        self.adopt = adopt
+        self._settling = False
+        self._freed: set[str] = set()
+        books.on_freed = self._on_freed
+
+    def _on_freed(self, node: str, hid: str) -> None:
+        if hid.startswith(FOREIGN):
+            return
+        if self._settling:
+            self._freed.add(node)
+        else:
+            self.refresh(node)
+
+    # ------------------------------------------------------------------------------------------ changes
+    def put(self, key: str, claim: Claim | None, now: float) -> None:
+        """The pod `key` now carries `claim` (None: it carries none, or is gone)."""
+        books = self.books
+        old = books.claims.pop(key, None)
+        if old is None and claim is not None:
+            counted = books.pods.pop(key, None)  # it was counted by its requests until now
+            if counted is not None:
+                self.leases.release(counted)
+        nodes: set[str] = set()
+        rids: list[str] = []
+        if old is not None:
+            holders = books.holders_of.get(old.rid, set())
+            holders.discard(key)
+            if not holders:
+                books.holders_of.pop(old.rid, None)
+            self._unforeign(old)
+            nodes |= {old.node, old.placement.node}
+            rids.append(old.rid)
+        if claim is not None:
+            books.claims[key] = claim
+            books.holders_of.setdefault(claim.rid, set()).add(key)
+            if claim.rid not in rids:
+                rids.append(claim.rid)
+        for rid in rids:
+            self.settle(rid, now, nodes)
+
+    def settle(self, rid: str, now: float, nodes: set[str] = frozenset()) -> None:
+        """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
+        books = self.books
+        holders = sorted((books.claims[k] for k in books.holders_of.get(rid, ())), key=lambda c: c.order)
+        owner = next((c for c in holders if c.bound), None)
+        nodes = set(nodes) | {c.node for c in holders} | {c.placement.node for c in holders}
+        old = books.owner_of.get(rid)
+        if old is not None:
+            nodes.add(old.placement.node)
+        self._settling = True
+        try:
+            for node in sorted(nodes):
+                self._clear(node)
+            if old is not None and (
+                owner is None or owner.key != old.key or owner.placement != old.placement
+            ):
+                del books.owner_of[rid]
+                counted = books.pods.pop(old.key, None)
+                if counted is not None:
+                    self.leases.release(counted)
+                if owner is None or owner.placement != old.placement:
+                    self.leases.release(rid)
+            if owner is not None:
+                books.owner_of[rid] = owner
+                if rid in books.reservations:
+                    self.leases.confirm(rid, now)
+                elif owner.key not in books.pods:
+                    self.adopt(owner.key, owner.placement, now)
+            for c in holders:
+                if owner is not None and c.key == owner.key:
+                    self._unforeign(c)
+                else:
+                    books.foreign_on.setdefault(c.node, set()).add(c.key)
+        finally:
+            self._settling = False
+        nodes |= self._freed
+        self._freed = set()
+        for node in sorted(nodes):
+            self.refresh(node)
+
+    def _unforeign(self, c: Claim) -> None:
+        books = self.books
+        keys = books.foreign_on.get(c.node)
+        if keys is not None and c.key in keys:
+            books.unhold(FOREIGN + c.key)
+            keys.discard(c.key)
+            if not keys:
+                del books.foreign_on[c.node]
+
+    def _clear(self, node: str) -> None:
+        for key in sorted(self.books.foreign_on.get(node, ())):
+            self.books.unhold(FOREIGN + key)
+
+    def refresh(self, node: str) -> None:
+        """Recount the foreign holders on `node` from scratch, in claim order, around what else is held."""
+        books = self.books
+        self._clear(node)
+        keys = books.foreign_on.get(node)
+        if not keys:
+            books.foreign_on.pop(node, None)
+            return
+        taken: set[int] = set()
+        for hid in books.node_holders.get(node, ()):
+            h = books.holdings[hid]
+            taken.update(h.devices)
+            taken.update(s.device for s in h.shares)
+        for c in sorted((books.claims[k] for k in keys), key=lambda c: c.order):
+            p = c.placement
+            devices: list[int] = []
+            shares = ()
+            unknown = 0
+            if c.node == p.node:
+                for d in p.devices:
+                    if d in taken:
+                        unknown += 1
+                    else:
+                        devices.append(d)
+                        taken.add(d)
+                if p.shares:
+                    if any(s.device in taken for s in p.shares):
+                        unknown += 1
+                    else:
+                        shares = p.shares
+                        taken.update(s.device for s in p.shares)
+            else:  # running somewhere its placement does not name: which GPUs it uses is unknown
+                unknown = len(p.devices) + (1 if p.shares else 0)
+            books.hold(
+                Holding(FOREIGN + c.key, node, tuple(devices), shares, p.cpu_milli, p.memory_mib, unknown)
+            )
+
+    # ------------------------------------------------------------------------------------------ views
+    def conflicts(self) -> list[list[str]]:
+        """[pod, reservation id, why] for every holder that is not its id's owner, sorted."""
+        books = self.books
+        out = []
+        for rid, keys in books.holders_of.items():
+            owner = books.owner_of.get(rid)
+            for key in keys:
+                if owner is not None and owner.key == key:
+                    continue
+                c = books.claims[key]
+                why = c.why or (
+                    f"reservation {rid} belongs to pod {owner.key}, its earliest created holder"
+                    if owner is not None
+                    else "no holder was issued this placement"
+                )
+                out.append([key, rid, why])
+        return sorted(out)
