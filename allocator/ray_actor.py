@@ -19,9 +19,7 @@ from typing import Any
 
 import ray
 
-from allocator.service import LedgerConfig, LedgerSettings
-from allocator.service import AdmitCall, LedgerService
-from allocator.service import Request
+from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings, Request
 
 ACTOR_NAME = "gpu-ledger"
 RAY_NAMESPACE = "gpuledger"
@@ -31,13 +29,19 @@ log = logging.getLogger("gpuledger.actor")
 
 
 class LedgerActor:
-    def __init__(self, config: LedgerConfig, source_spec: dict | None = None, sweep_interval_s: float = 1.0,
-                 settings: LedgerSettings | None = None):
+    def __init__(
+        self,
+        config: LedgerConfig,
+        source_spec: dict | None = None,
+        sweep_interval_s: float = 1.0,
+        settings: LedgerSettings | None = None,
+    ):
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self.sweep_interval_s = sweep_interval_s
-        self.service = LedgerService(config, source_spec, now=self.started_at, settings=settings,
-                                     incarnation=self.incarnation)
+        self.service = LedgerService(
+            config, source_spec, now=self.started_at, settings=settings, incarnation=self.incarnation
+        )
         # the inventory lives for the actor's life: keep full collections from walking it (latency spikes)
         gc.collect()
         gc.freeze()
@@ -48,7 +52,11 @@ class LedgerActor:
     def _tick(self, n: int = 1) -> None:
         self.calls += 1
         self.items += n
-        if self._sweeper is None and self.sweep_interval_s > 0 and not self.service.status()["external_source"]:
+        if (
+            self._sweeper is None
+            and self.sweep_interval_s > 0
+            and not self.service.status()["external_source"]
+        ):
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
 
     async def _sweep_loop(self) -> None:
@@ -58,7 +66,7 @@ class LedgerActor:
                 expired = self.service.sweep(time.time())
                 if expired:
                     log.info("expired %d unconfirmed reservation(s)", len(expired))
-            except Exception:  # noqa: BLE001 - a bad sweep must not end the sweeper
+            except Exception:
                 log.exception("sweep failed")
 
     # ------------------------------------------------------------ admission (the webhook)
@@ -103,7 +111,7 @@ class LedgerActor:
         self._tick()
         return self.service.sweep(time.time() if now is None else now)
 
-    # ------------------------------------------------------------ settings (webhook replicas, `gpuledger strategy`)
+    # ----------------------------------------------- settings (webhook replicas, `gpuledger strategy`)
     async def apply_config(self, settings: LedgerSettings, who: str, now: float | None = None) -> dict:
         self._tick()
         return self.service.apply_config(settings, who, time.time() if now is None else now)
@@ -119,8 +127,13 @@ class LedgerActor:
     # ------------------------------------------------------------ reading
     async def status(self) -> dict[str, Any]:
         self._tick()
-        return {**self.service.status(), "incarnation": self.incarnation, "started_at": self.started_at,
-                "calls": self.calls, "items": self.items}
+        return {
+            **self.service.status(),
+            "incarnation": self.incarnation,
+            "started_at": self.started_at,
+            "calls": self.calls,
+            "items": self.items,
+        }
 
     async def stats(self):
         self._tick()

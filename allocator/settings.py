@@ -9,8 +9,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from allocator.core.ledger import LedgerConfig
 from allocator.core.plugin import DEFAULT_BALANCED_WEIGHTS
@@ -30,7 +31,9 @@ __all__ = [
 DEFAULT_SCORING_WEIGHTS: Mapping[str, float] = dict(DEFAULT_BALANCED_WEIGHTS)
 MAX_LEAF_LIMIT = 100_000
 # a Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of up to 63 characters
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 
 def _norm(key: Any) -> str:
@@ -44,9 +47,11 @@ def check_strategy(name: Any, key: str = "default_strategy") -> str:
             raise ValueError(name)
         return canonical_name(name)
     except ValueError:
-        raise ValueError(f"{key}={name!r} is not accepted: expected one of {', '.join(strategy_names())} "
-                         "(or an alias such as bestFit, leastLoaded, roundRobin, binpack, spread; case, '-' "
-                         "and '_' are ignored)") from None
+        raise ValueError(
+            f"{key}={name!r} is not accepted: expected one of {', '.join(strategy_names())} "
+            "(or an alias such as bestFit, leastLoaded, roundRobin, binpack, spread; case, '-' "
+            "and '_' are ignored)"
+        ) from None
 
 
 def check_scoring_weights(weights: Any, key: str = "scoring_weights") -> dict[str, float]:
@@ -54,44 +59,57 @@ def check_scoring_weights(weights: Any, key: str = "scoring_weights") -> dict[st
     names = {_norm(n): n for n in DEFAULT_SCORING_WEIGHTS}
     accepted = ", ".join(DEFAULT_SCORING_WEIGHTS)
     if not isinstance(weights, Mapping):
-        raise ValueError(f"{key}={weights!r} is not accepted: expected a mapping of {accepted} to numbers >= 0")
+        raise ValueError(
+            f"{key}={weights!r} is not accepted: expected a mapping of {accepted} to numbers >= 0"
+        )
     out = dict.fromkeys(DEFAULT_SCORING_WEIGHTS, 0.0)
     for raw, value in weights.items():
         name = names.get(_norm(raw))
         if name is None:
-            raise ValueError(f"{key}.{raw}={value!r} is not accepted: {raw!r} is no scoring weight; "
-                             f"expected one of {accepted}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"{key}.{raw}={value!r} is not accepted: {raw!r} is no scoring weight; "
+                f"expected one of {accepted}"
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
             raise ValueError(f"{key}.{raw}={value!r} is not accepted: expected a number >= 0")
         out[name] = float(value)
     if not any(out.values()):
-        raise ValueError(f"{key}={dict(weights)!r} is not accepted: expected at least one weight above 0 "
-                         f"(of {accepted})")
+        raise ValueError(
+            f"{key}={dict(weights)!r} is not accepted: expected at least one weight above 0 (of {accepted})"
+        )
     return out
 
 
 def check_leaf_limit(value: Any, key: str) -> int:
     """A per-leaf gang limit: an integer from 0 (no limit) up; ValueError naming `key` and the value."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LEAF_LIMIT:
-        raise ValueError(f"{key}={value!r} is not accepted: expected an integer from 0 (no limit) to "
-                         f"{MAX_LEAF_LIMIT}")
+        raise ValueError(
+            f"{key}={value!r} is not accepted: expected an integer from 0 (no limit) to {MAX_LEAF_LIMIT}"
+        )
     return value
 
 
 def check_label_key(value: Any, key: str) -> str:
     """A Node label key (leaf_label, spine_label); ValueError naming `key` and the value otherwise."""
     if not isinstance(value, str) or not _LABEL_KEY.match(value):
-        raise ValueError(f"{key}={value!r} is not accepted: expected a Kubernetes label key such as "
-                         "topology.scheduler/leaf (an optional DNS prefix and '/', then a name of up to 63 "
-                         "letters, digits, '-', '_' or '.')")
+        raise ValueError(
+            f"{key}={value!r} is not accepted: expected a Kubernetes label key such as "
+            "topology.scheduler/leaf (an optional DNS prefix and '/', then a name of up to 63 "
+            "letters, digits, '-', '_' or '.')"
+        )
     return value
 
 
 @dataclass(frozen=True)
 class LedgerSettings:
-    """What may change on a running ledger: the default strategy, the `balanced` strategy's scoring weights
-    and the per-leaf limits a gang gets when its request sets none (0 = no limit) apply from the next decision;
-    the leaf/spine label keys need a rebuild (the nodes are filed under them)."""
+    """What may change on a running ledger: the default strategy, the `balanced` strategy's scoring
+    weights and the per-leaf limits a gang gets when its request sets none (0 = no limit) apply from the
+    next decision; the leaf/spine label keys need a rebuild (the nodes are filed under them)."""
 
     default_strategy: str = "best_fit"
     scoring_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
@@ -108,8 +126,10 @@ class LedgerSettings:
         for key in ("leaf_label", "spine_label"):
             check_label_key(getattr(self, key), key)
         if self.leaf_label == self.spine_label:
-            raise ValueError(f"leaf_label={self.leaf_label!r} is not accepted: expected a label key other than "
-                             f"spine_label ({self.spine_label!r})")
+            raise ValueError(
+                f"leaf_label={self.leaf_label!r} is not accepted: expected a label key other than "
+                f"spine_label ({self.spine_label!r})"
+            )
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -119,15 +139,25 @@ class LedgerSettings:
         return {**asdict(self), "scoring_weights": dict(self.scoring_weights)}
 
     def fingerprint(self) -> str:
-        """Equal settings, equal fingerprint: a replica re-pushing the config it pushed before changes nothing."""
+        """Equal settings, equal fingerprint: a replica re-pushing the config it pushed before changes
+        nothing."""
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
-    def from_config(cls, config: LedgerConfig) -> "LedgerSettings":
-        return cls(default_strategy=config.default_strategy, scoring_weights=dict(config.balanced_weights),
-                   leaf_label=config.leaf_label, spine_label=config.spine_label)
+    def from_config(cls, config: LedgerConfig) -> LedgerSettings:
+        return cls(
+            default_strategy=config.default_strategy,
+            scoring_weights=dict(config.balanced_weights),
+            leaf_label=config.leaf_label,
+            spine_label=config.spine_label,
+        )
 
     def applied_to(self, config: LedgerConfig) -> LedgerConfig:
         """`config` with these settings in it (what the ledger reads them from)."""
-        return replace(config, default_strategy=self.default_strategy, balanced_weights=dict(self.scoring_weights),
-                       leaf_label=self.leaf_label, spine_label=self.spine_label)
+        return replace(
+            config,
+            default_strategy=self.default_strategy,
+            balanced_weights=dict(self.scoring_weights),
+            leaf_label=self.leaf_label,
+            spine_label=self.spine_label,
+        )

@@ -16,10 +16,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "certs": ("certs.cli", "generate or rotate the webhook's CA and serving certificate"),
     "demo": ("devcluster.demo", "start a local control plane + webhook and place sample workloads"),
-    "status": ("gpuledger.cli.status", "cluster GPU totals, allocation and fragmentation per leaf, the queue"),
+    "status": (
+        "gpuledger.cli.status",
+        "cluster GPU totals, allocation and fragmentation per leaf, the queue",
+    ),
     "nodes": ("gpuledger.cli.nodes", "per node and device: health, utilization, who holds what"),
     "workloads": ("gpuledger.cli.workloads", "GPUWorkloads and gpuledger-placed pods: phase, node, devices"),
-    "submit": ("gpuledger.cli.submit", "create GPUWorkloads, or apply Job/Pod manifests into an opted-in namespace"),
+    "submit": (
+        "gpuledger.cli.submit",
+        "create GPUWorkloads, or apply Job/Pod manifests into an opted-in namespace",
+    ),
     "strategy": ("gpuledger.cli.strategy", "show or change the live default strategy"),
     "watch": ("gpuledger.cli.watch", "a refreshing view of status, queue and workloads until Ctrl-C"),
     "health": ("gpuledger.cli.health", "unhealthy or stale devices, nodes whose agent went quiet (exit 5)"),

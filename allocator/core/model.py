@@ -73,7 +73,9 @@ class NodeInfo:
     product: str = ""  # nvidia.com/gpu.product or accelerator label
     cheap: bool = False  # gpu-orchestrator/cheap-node
     gpu_schedulable: bool = True  # agentaflow.gpu/schedulable
-    utilization_at: float | None = None  # agentaflow.gpu/last-update, epoch seconds: when utilization was read
+    utilization_at: float | None = (
+        None  # agentaflow.gpu/last-update, epoch seconds: when utilization was read
+    )
 
     def label(self, key: str, default: str | None = None) -> str | None:
         for k, v in self.labels:
@@ -120,7 +122,9 @@ class Request:
     gpu_memory_mib: int = 0  # memory needed on each GPU (whole) or on the shared GPU
     cpu_milli: int = 0
     memory_mib: int = 0
-    product: str | None = None  # GPU product or accelerator the pod insists on (substring match, case-insensitive)
+    product: str | None = (
+        None  # GPU product or accelerator the pod insists on (substring match, case-insensitive)
+    )
     node_selector: tuple[tuple[str, str], ...] = ()
     # required node affinity: OR of terms, each an AND of requirements
     affinity_terms: tuple[tuple[SelectorRequirement, ...], ...] = ()
@@ -135,7 +139,9 @@ class Request:
     seed: int = 0
     namespace: str = ""
     name: str = ""  # pod name if known (may be empty at admission)
-    network_bandwidth_gbps: float | None = None  # a bandwidth annotation in Gbit/s ("100Gb", "400Gbps", "25G")
+    network_bandwidth_gbps: float | None = (
+        None  # a bandwidth annotation in Gbit/s ("100Gb", "400Gbps", "25G")
+    )
 
     @property
     def is_shared(self) -> bool:

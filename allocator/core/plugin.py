@@ -1,12 +1,13 @@
-"""The strategy interface the ledger calls: what a strategy sees (ScoreContext), what it returns (Fit), the base
-class, and the device checks every strategy shares. Pure: the strategies themselves live in allocator.strategies
-and register with allocator.core.registry; nothing here knows any strategy by name.
+"""The strategy interface the ledger calls: what a strategy sees (ScoreContext), what it returns (Fit), the
+base class, and the device checks every strategy shares. Pure: the strategies themselves live in
+allocator.strategies and register with allocator.core.registry; nothing here knows any strategy by name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from allocator.core.model import MILLI_PER_GPU, DeviceShare, Reason, Request
 
@@ -33,7 +34,7 @@ class Fit:
 class ScoreContext:
     """What a strategy may know beyond one node. Read-only for strategies."""
 
-    index: "ClusterIndex"  # every node's NodeState (index.nodes), buckets and per-leaf totals
+    index: ClusterIndex  # every node's NodeState (index.nodes), buckets and per-leaf totals
     seed: int = 0
     request_id: str = ""
     rr_cursor: str = ""  # round_robin: the node the previous round-robin placement went to
@@ -44,7 +45,7 @@ class ScoreContext:
     now: float = float("-inf")  # the latest time the ledger was given (epoch seconds in production)
     utilization_max_age_s: float = 120.0  # published utilization older than this is stale (least_utilized)
 
-    def leaf_utilization(self, leaf: "LeafKey") -> float:
+    def leaf_utilization(self, leaf: LeafKey) -> float:
         b = self.index.leaves.get(leaf)
         if b is None or not b.total_milli:
             return 1.0
@@ -71,7 +72,7 @@ def product_matches(wanted: str | None, *offered: str) -> bool:
     return any(o and p in o.lower() for p in map(str.strip, w.split("|")) if p for o in offered)
 
 
-def device_ok(node: "NodeState", p: int, request: Request) -> bool:
+def device_ok(node: NodeState, p: int, request: Request) -> bool:
     """Static suitability of device position p for the request (health, product, memory size)."""
     if not node.dev_healthy[p]:
         return False
@@ -79,25 +80,29 @@ def device_ok(node: "NodeState", p: int, request: Request) -> bool:
         dev_product = node.info.devices[p].product if p < len(node.info.devices) else ""
         if dev_product and not product_matches(request.product, dev_product):
             return False
-    if request.gpu_memory_mib and node.dev_mem_total[p] and node.dev_mem_total[p] < request.gpu_memory_mib:
-        return False
-    return True
+    return not (
+        request.gpu_memory_mib and node.dev_mem_total[p] and node.dev_mem_total[p] < request.gpu_memory_mib
+    )
 
 
-def choose_whole_devices(node: "NodeState", request: Request) -> tuple[int, ...] | None:
+def choose_whole_devices(node: NodeState, request: Request) -> tuple[int, ...] | None:
     """`request.gpus` free devices: the shortest contiguous run of free indices that holds them (fewest
     NVLink neighbours broken), else the lowest free indices."""
     n = request.gpus
     if node.whole_free < n:
         return None
-    free = [node.dev_index[p] for p in range(len(node.dev_index)) if node.is_fully_free(p) and device_ok(node, p, request)]
+    free = [
+        node.dev_index[p]
+        for p in range(len(node.dev_index))
+        if node.is_fully_free(p) and device_ok(node, p, request)
+    ]
     if len(free) < n:
         return None
     if n == 1:
         return (free[0],)
     best: list[int] | None = None
     run: list[int] = []
-    for idx in free + [None]:  # type: ignore[list-item]
+    for idx in [*free, None]:
         if run and idx is not None and idx == run[-1] + 1:
             run.append(idx)
             continue
@@ -107,7 +112,7 @@ def choose_whole_devices(node: "NodeState", request: Request) -> tuple[int, ...]
     return tuple((best or free)[:n])
 
 
-def choose_share_device(node: "NodeState", request: Request) -> DeviceShare | None:
+def choose_share_device(node: NodeState, request: Request) -> DeviceShare | None:
     """The device with the least free milli-GPU that still holds the share (best fit); a device nobody
     uses is taken only when the node has a whole GPU to spare; ties go to the lowest index."""
     milli = request.gpu_milli
@@ -133,7 +138,7 @@ def choose_share_device(node: "NodeState", request: Request) -> DeviceShare | No
     return DeviceShare(device=node.dev_index[best_p], milli=milli, memory_mib=mem)
 
 
-def default_choose_devices(node: "NodeState", request: Request) -> Fit | None:
+def default_choose_devices(node: NodeState, request: Request) -> Fit | None:
     if request.gpus > 0:
         devices = choose_whole_devices(node, request)
         return None if devices is None else Fit(devices=devices)
@@ -143,7 +148,7 @@ def default_choose_devices(node: "NodeState", request: Request) -> Fit | None:
     return Fit()
 
 
-def _chosen_free(node: "NodeState", fit: Fit) -> int:
+def _chosen_free(node: NodeState, fit: Fit) -> int:
     if not fit.shares:
         return 0
     return node.dev_free_milli[node.pos[fit.shares[0].device]]
@@ -158,18 +163,18 @@ class Strategy:
 
     name = "base"
 
-    def choose_devices(self, node: "NodeState", request: Request, ctx: ScoreContext) -> Fit | None:
+    def choose_devices(self, node: NodeState, request: Request, ctx: ScoreContext) -> Fit | None:
         return default_choose_devices(node, request)
 
-    def score(self, node: "NodeState", request: Request, fit: Fit, ctx: ScoreContext) -> float:
+    def score(self, node: NodeState, request: Request, fit: Fit, ctx: ScoreContext) -> float:
         return 0.0
 
     def admit(self, request: Request, ctx: ScoreContext) -> Reason | None:
         return None
 
     def candidates(
-        self, request: Request, ctx: ScoreContext, leaves: list["LeafKey"] | None
-    ) -> Iterable["NodeState"] | None:
+        self, request: Request, ctx: ScoreContext, leaves: list[LeafKey] | None
+    ) -> Iterable[NodeState] | None:
         """Nodes in non-increasing score order, ties by name, covering every node that could fit; or None
         to let the ledger scan every node."""
         return None

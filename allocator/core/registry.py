@@ -4,10 +4,9 @@ Pure and empty on its own: allocator.strategies registers the built-ins (importi
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from allocator.core.plugin import Strategy
-
 
 _FACTORIES: dict[str, Callable[[], Strategy]] = {}
 _ALIASES: dict[str, str] = {}  # normalised alias -> canonical name

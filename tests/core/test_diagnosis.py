@@ -1,5 +1,6 @@
-"""Denials answered from the per-request-shape diagnosis equal the full walk over every node, whatever happened
-to the nodes in between (placements, releases, foreign pods, node updates, cordons, removals, returns)."""
+"""Denials answered from the per-request-shape diagnosis equal the full walk over every node, whatever
+happened to the nodes in between (placements, releases, foreign pods, node updates, cordons, removals,
+returns)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ PROBES = [
 ]
 
 change = st.one_of(
-    st.tuples(st.just("place"), st.integers(1, 4), st.sampled_from(["best_fit", "distributed", "least_utilized"])),
+    st.tuples(
+        st.just("place"), st.integers(1, 4), st.sampled_from(["best_fit", "distributed", "least_utilized"])
+    ),
     st.tuples(st.just("share"), st.integers(1, 19), st.just("")),
     st.tuples(st.just("release"), st.integers(0, 99), st.just("")),
     st.tuples(st.just("foreign"), st.integers(0, 99), st.sampled_from(["0", "1", "4"])),
@@ -52,7 +55,9 @@ def uncached_answer(led: Ledger, req: Request):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(node_spec, min_size=1, max_size=7), st.lists(change, min_size=1, max_size=40), st.integers(0, 5))
+@given(
+    st.lists(node_spec, min_size=1, max_size=7), st.lists(change, min_size=1, max_size=40), st.integers(0, 5)
+)
 def test_cached_diagnosis_equals_full_walk_across_changes(specs, changes, exclude_mod):
     objs = node_objects(specs)
     led = Ledger(LedgerConfig(placement_key=b"k"))
@@ -98,7 +103,12 @@ def test_cached_diagnosis_equals_full_walk_across_changes(specs, changes, exclud
 def test_flood_of_denials_is_answered_from_the_diagnosis_and_follows_changes():
     led = Ledger()
     for i in range(4):
-        led.apply_object(node(f"n{i}", 2, cpu="8", taints=[{"key": "dedicated", "effect": "NoSchedule"}] if i == 3 else []), 0.0)
+        led.apply_object(
+            node(
+                f"n{i}", 2, cpu="8", taints=[{"key": "dedicated", "effect": "NoSchedule"}] if i == 3 else []
+            ),
+            0.0,
+        )
     for i in range(6):
         assert isinstance(led.reserve(Request(id=f"w{i}", gpus=1), 0.0), Placement)
     first = led.reserve(Request(id="d0", gpus=2, cpu_milli=1000), 0.0)
@@ -130,7 +140,9 @@ def test_group_and_claim_denials_match_the_full_walk():
     assert denied == uncached_answer(led, gang)
     small = Request(id="g1", gpus=2, group=GroupSpec(key="job/y", size=2))
     assert isinstance(led.reserve(small, 0.0), Placement)
-    assert isinstance(led.reserve(Request(id="g2", gpus=2, group=GroupSpec(key="job/y", size=2)), 0.0), Placement)
+    assert isinstance(
+        led.reserve(Request(id="g2", gpus=2, group=GroupSpec(key="job/y", size=2)), 0.0), Placement
+    )
     led.apply_object(node("n2", 2, leaf="l2", taints=[{"key": "dedicated", "effect": "NoSchedule"}]), 0.0)
     third = Request(id="g3", gpus=2, group=GroupSpec(key="job/y", size=3))  # a pod beyond the plan: new slot
     claim = led.reserve(third, 0.0)

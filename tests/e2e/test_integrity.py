@@ -33,11 +33,20 @@ def test_annotation_tampering_update_is_denied(workloads):
     workloads.apply(gpu_pod_yaml("victim", gpus=1))
     ns = workloads.namespace
     tamper = workloads.cp.kubectl(
-        "annotate", "pod", "victim", "-n", ns, "--overwrite", f"gpuledger.io/placement={FORGED}",
-        as_user="alice", check=False,
+        "annotate",
+        "pod",
+        "victim",
+        "-n",
+        ns,
+        "--overwrite",
+        f"gpuledger.io/placement={FORGED}",
+        as_user="alice",
+        check=False,
     )
     assert tamper.returncode != 0
-    assert "validate.gpuledger.io" in tamper.stderr and "gpuledger.io/placement" in tamper.stderr, tamper.stderr
+    assert "validate.gpuledger.io" in tamper.stderr and "gpuledger.io/placement" in tamper.stderr, (
+        tamper.stderr
+    )
     unlabel = workloads.cp.kubectl(
         "label", "pod", "victim", "-n", ns, "gpuledger.io/reservation-id-", as_user="alice", check=False
     )
@@ -49,8 +58,8 @@ def test_annotation_tampering_update_is_denied(workloads):
 
 @pytest.fixture
 def mutating_bypassed(apiserver, stack):
-    """Only the validating registration: as if another path (an operator's mistake, a removed webhook) let a pod
-    reach validation with whatever gpuledger.io/* it was created with."""
+    """Only the validating registration: as if another path (an operator's mistake, a removed webhook) let a
+    pod reach validation with whatever gpuledger.io/* it was created with."""
     apiserver.kubectl("delete", "mutatingwebhookconfiguration", webhooks.MUTATING)
     try:
         yield

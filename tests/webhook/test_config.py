@@ -358,8 +358,12 @@ def test_configured_gang_limits_spread_a_gang_through_the_handler():
         job = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": "train", "namespace": "default", "uid": "job-uid",
-                         "annotations": {"topology.scheduler/gang": "true"}},  # a gang only when asked
+            "metadata": {
+                "name": "train",
+                "namespace": "default",
+                "uid": "job-uid",
+                "annotations": {"topology.scheduler/gang": "true"},
+            },  # a gang only when asked
             "spec": {"parallelism": 4, "completions": 4},
         }
         handler = AdmissionHandler(cfg, InProcessLedgerClient(service, Clock(NOW)), StaticOwners([job]))

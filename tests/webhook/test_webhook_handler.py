@@ -1,4 +1,5 @@
-"""The admission decisions, driven directly (no HTTP): patches, modes, idempotency, dryRun, forgery, failures."""
+"""The admission decisions, driven directly (no HTTP): patches, modes, idempotency, dryRun, forgery,
+failures."""
 
 from __future__ import annotations
 
@@ -7,12 +8,26 @@ import json
 
 import pytest
 
-from allocator.core.objects import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement, encode_placement
 from allocator.core.model import BindingMode, Placement
-from tests.webhook.webhook_support import HMAC_KEY, Clock, apply_patch, cluster, config, gpu_pod, handler, review
+from allocator.core.objects import (
+    PLACEMENT_ANNOTATION,
+    RESERVATION_ID_KEY,
+    decode_placement,
+    encode_placement,
+)
+from tests.webhook.webhook_support import (
+    HMAC_KEY,
+    Clock,
+    apply_patch,
+    cluster,
+    config,
+    gpu_pod,
+    handler,
+    review,
+)
 from webhook.admission.handler import AdmissionHandler
-from webhook.ledger_client import LedgerUnavailable
 from webhook.admission.owners import StaticOwners
+from webhook.ledger_client import LedgerUnavailable
 
 KEY = HMAC_KEY.encode()
 
@@ -37,12 +52,15 @@ def test_placement_patch_keeps_unknown_fields_and_signs():
     assert placement is not None and placement.node == d.node and placement.devices == d.devices
     assert out["metadata"]["labels"][RESERVATION_ID_KEY] == placement.id == d.reservation_id
     terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": [d.node]}]}]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [d.node]}]}
+    ]
     assert "nodeName" not in out["spec"]
     env = env_of(out)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(placement.uuids) and placement.uuids[0].startswith("GPU-")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(placement.uuids) and placement.uuids[0].startswith(
+        "GPU-"
+    )
     assert svc.stats().reservations_pending == 1
     assert all(op["op"] in ("add", "replace", "remove") for op in d.patch)
 
@@ -51,16 +69,31 @@ def test_placement_patch_keeps_unknown_fields_and_signs():
 def test_binding_modes(mode):
     h, _ = handler(cluster(1, 8), config(binding_mode=mode))
     pod = gpu_pod(1)
-    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In",
-                                                     "values": ["linux"]}]}, {}]}}}
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}
+                        ]
+                    },
+                    {},
+                ]
+            }
+        }
+    }
     d = run(h.mutate(review(pod)))
     out = apply_patch(pod, d.patch)
     assert (out["spec"].get("nodeName") == d.node) == (mode in ("nodeName", "both"))
     terms = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
-    pinned = all({"key": "kubernetes.io/hostname", "operator": "In", "values": [d.node]} in t.get(
-        "matchExpressions", []) for t in terms)
+        "nodeSelectorTerms"
+    ]
+    pinned = all(
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [d.node]}
+        in t.get("matchExpressions", [])
+        for t in terms
+    )
     assert pinned == (mode in ("affinity", "both"))
     assert len(terms) == 2  # every OR term is ANDed with the node, none dropped
 
@@ -70,7 +103,8 @@ def test_affinity_on_metadata_name_uses_match_fields():
     pod = gpu_pod(1)
     out = apply_patch(pod, run(h.mutate(review(pod))).patch)
     term = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"][0]
+        "nodeSelectorTerms"
+    ][0]
     assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["node-0000"]}]
 
 
@@ -81,12 +115,15 @@ def test_tolerations_for_gpu_taints():
     assert d.allowed, d.message
     out = apply_patch(pod, d.patch)
     assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in out[
-        "spec"]["tolerations"]
+        "spec"
+    ]["tolerations"]
 
 
 def test_visibility_modes_overwrite_user_values():
-    for mode, expect in [("host-indices", {"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0,1,2"}),
-                         ("device-plugin", {})]:
+    for mode, expect in [
+        ("host-indices", {"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0,1,2"}),
+        ("device-plugin", {}),
+    ]:
         h, _ = handler(cluster(1, 8), config(visibility_mode=mode))
         pod = gpu_pod(3, containers=2)
         for c in pod["spec"]["containers"]:
@@ -138,7 +175,9 @@ def test_pod_without_gpu_is_allowed_unchanged_without_ledger_call():
 def test_user_supplied_ledger_keys_are_removed_first():
     h = AdmissionHandler(config(), ExplodingLedger())
     pod = gpu_pod(None, labels={RESERVATION_ID_KEY: "mine", "app": "x"})
-    pod["metadata"]["annotations"].update({PLACEMENT_ANNOTATION: "{}", "gpuledger.io/anything": "x", "keep": "1"})
+    pod["metadata"]["annotations"].update(
+        {PLACEMENT_ANNOTATION: "{}", "gpuledger.io/anything": "x", "keep": "1"}
+    )
     d = run(h.mutate(review(pod)))
     out = apply_patch(pod, d.patch)
     assert out["metadata"]["annotations"] == {"keep": "1"}
@@ -177,7 +216,11 @@ def test_reinvocation_is_idempotent():
     mutated = apply_patch(pod, first.patch)
     again = run(h.mutate(review(mutated)))  # a new uid, as on reinvocation
     assert again.allowed and again.outcome == "reused"
-    assert (again.node, again.devices, again.reservation_id) == (first.node, first.devices, first.reservation_id)
+    assert (again.node, again.devices, again.reservation_id) == (
+        first.node,
+        first.devices,
+        first.reservation_id,
+    )
     assert again.patch == []
     assert svc.stats().reservations_pending == 1
     assert run(h.validate(review(mutated))).allowed
@@ -221,7 +264,8 @@ def test_validate_create_denies_forged_unknown_and_mismatched():
 
     bad_sig = json.loads(json.dumps(good))
     bad_sig["metadata"]["annotations"][PLACEMENT_ANNOTATION] = encode_placement(
-        Placement(id="x", node="node-0000", devices=(5,)), b"not the key")
+        Placement(id="x", node="node-0000", devices=(5,)), b"not the key"
+    )
     v = run(h.validate(review(bad_sig)))
     assert not v.allowed and v.code == 403 and "bad signature" in v.message
 
@@ -235,7 +279,8 @@ def test_validate_create_denies_forged_unknown_and_mismatched():
     rid = good["metadata"]["labels"][RESERVATION_ID_KEY]
     mismatch = json.loads(json.dumps(good))
     mismatch["metadata"]["annotations"][PLACEMENT_ANNOTATION] = encode_placement(
-        Placement(id=rid, node="node-0000", devices=(7,)), KEY)
+        Placement(id=rid, node="node-0000", devices=(7,)), KEY
+    )
     v = run(h.validate(review(mismatch)))
     assert not v.allowed and "differs" in v.message
 
@@ -257,8 +302,16 @@ def test_validate_update_protects_ledger_keys():
     changed["metadata"]["labels"][RESERVATION_ID_KEY] = "stolen"
     v = run(h.validate(review(changed, operation="UPDATE", old=placed, username="alice")))
     assert not v.allowed and "alice" in v.message and RESERVATION_ID_KEY in v.message
-    v = run(h.validate(review(changed, operation="UPDATE", old=placed,
-                              username="system:serviceaccount:gpuledger-system:gpuledger-webhook")))
+    v = run(
+        h.validate(
+            review(
+                changed,
+                operation="UPDATE",
+                old=placed,
+                username="system:serviceaccount:gpuledger-system:gpuledger-webhook",
+            )
+        )
+    )
     assert v.allowed
     other = json.loads(json.dumps(placed))
     other["metadata"]["labels"]["team"] = "a"  # other changes are not the webhook's business
@@ -281,11 +334,19 @@ def test_malformed_annotation_denial():
 
 
 def test_job_gang_from_owner_annotations():
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "train", "namespace": "default",
-                        "annotations": {"topology.scheduler/gpu-count": "16",
-                                        "topology.scheduler/placement-strategy": "consolidated"}},
-           "spec": {"parallelism": 4}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "train",
+            "namespace": "default",
+            "annotations": {
+                "topology.scheduler/gpu-count": "16",
+                "topology.scheduler/placement-strategy": "consolidated",
+            },
+        },
+        "spec": {"parallelism": 4},
+    }
     h, svc = handler(cluster(4, 8), owners=StaticOwners([job]))
     ref = [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "controller": True}]
     results = [run(h.mutate(review(gpu_pod(None, ownerReferences=ref)))) for _ in range(4)]
@@ -299,9 +360,15 @@ def test_job_gang_from_owner_annotations():
 
 
 def test_gang_is_all_or_nothing():
-    job = {"kind": "Job", "metadata": {"name": "big", "namespace": "default",
-                                       "annotations": {"topology.scheduler/gpu-count": "40"}},
-           "spec": {"parallelism": 5}}
+    job = {
+        "kind": "Job",
+        "metadata": {
+            "name": "big",
+            "namespace": "default",
+            "annotations": {"topology.scheduler/gpu-count": "40"},
+        },
+        "spec": {"parallelism": 5},
+    }
     h, svc = handler(cluster(4, 8), owners=StaticOwners([job]))
     ref = [{"kind": "Job", "name": "big", "controller": True}]
     d = run(h.mutate(review(gpu_pod(None, ownerReferences=ref))))
