@@ -346,7 +346,8 @@ class ClusterSync:
                 continue  # a nameless pod: nothing to attach an Event to
             with contextlib.suppress(Exception):  # an Event is a courtesy: never let it stop the sync
                 self.core.create_namespaced_event(
-                    pod.split("/", 1)[0], conflict_event(pod, rid, why, self.clock())
+                    pod.split("/", 1)[0],
+                    conflict_event(pod, rid, why, self.clock()),  # type: ignore[arg-type]  # a plain dict body is sent as is
                 )
                 self.stats.conflict_events += 1
         return new

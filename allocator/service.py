@@ -279,7 +279,7 @@ class LedgerService:
         """The validating webhook's check: each reservation as it was, then marked claimed by this pod."""
         if not self.synced:
             return [self._unsynced() for _ in ids]
-        out = []
+        out: list[Held | Unavailable | None] = []
         for rid in ids:
             held = self._held(rid)
             if held is not None and not held.confirmed:

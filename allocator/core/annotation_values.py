@@ -92,7 +92,7 @@ class AnnotationError(ValueError):
     def __init__(self, annotation: str, value: Any, accepted: str):
         self.annotation, self.value, self.accepted = annotation, value, accepted
         shown = value if isinstance(value, str) else repr(value)
-        if isinstance(shown, str) and len(shown) > 200:
+        if len(shown) > 200:
             shown = shown[:200] + "..."
         super().__init__(f"{annotation}={shown!r} is not accepted: expected {accepted}")
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.core import objects as kube
 from allocator.core.inventory import ClusterIndex, Holding, NodeState
 from allocator.core.model import GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
 from allocator.core.plugin import DEFAULT_BALANCED_WEIGHTS
 from allocator.core.topology import Topology
+
+if TYPE_CHECKING:  # claims.py builds on the books: the type only, no import cycle at run time
+    from allocator.core.claims import Claim
 
 
 @dataclass
@@ -82,9 +85,9 @@ class Books:
         self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
         # pods carrying a validly signed placement (allocator.core.claims): pod key -> its claim, the holders
         # of each reservation id, the owner chosen among them, and the other holders by the node they use
-        self.claims: dict[str, Any] = {}
+        self.claims: dict[str, Claim] = {}
         self.holders_of: dict[str, set[str]] = {}
-        self.owner_of: dict[str, str] = {}
+        self.owner_of: dict[str, Claim] = {}
         self.foreign_on: dict[str, set[str]] = {}
         self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
         self.rr_cursor = ""

@@ -11,13 +11,13 @@ the node has them, in the same order, and counts as GPUs of unknown identity whe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from allocator.core.books import Books
 from allocator.core.inventory import Holding
 from allocator.core.leases import Leases
-from allocator.core.model import Placement
+from allocator.core.model import DeviceShare, Placement
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
 _NO_TIME = "~"  # sorts after every RFC 3339 timestamp: a pod without creationTimestamp comes last
@@ -111,7 +111,7 @@ class Claims:
         for rid in rids:
             self.settle(rid, now, nodes)
 
-    def settle(self, rid: str, now: float, nodes: set[str] = frozenset()) -> None:
+    def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
         """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
         books = self.books
         holders = sorted((books.claims[k] for k in books.holders_of.get(rid, ())), key=lambda c: c.order)
@@ -180,7 +180,7 @@ class Claims:
         for c in sorted((books.claims[k] for k in keys), key=lambda c: c.order):
             p = c.placement
             devices: list[int] = []
-            shares = ()
+            shares: tuple[DeviceShare, ...] = ()
             unknown = 0
             if c.node == p.node:
                 for d in p.devices:

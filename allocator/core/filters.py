@@ -64,7 +64,7 @@ class Filters:
         if req.product and not product_matches(
             req.product,
             info.product,
-            info.label(kube.ACCELERATOR_LABEL, ""),
+            info.label(kube.ACCELERATOR_LABEL, "") or "",
             *(d.product for d in info.devices),
         ):
             return Reason.PRODUCT_MISMATCH, ()

@@ -202,16 +202,19 @@ class NodeState:
             p = self.pos.get(d)
             if p is None:
                 continue
-            if self.dev_owner[p] is not None:
-                out.add(self.dev_owner[p])
-            if self.dev_shares[p]:
-                out.update(self.dev_shares[p])
+            owner = self.dev_owner[p]
+            if owner is not None:
+                out.add(owner)
+            shared = self.dev_shares[p]
+            if shared:
+                out.update(shared)
         for s in shares:
             p = self.pos.get(s.device)
             if p is None:
                 continue
-            if self.dev_owner[p] is not None:
-                out.add(self.dev_owner[p])
+            owner = self.dev_owner[p]
+            if owner is not None:
+                out.add(owner)
             elif self.dev_free_milli[p] < s.milli or (
                 self.dev_mem_total[p] and self.dev_free_mem[p] < s.memory_mib
             ):
@@ -376,11 +379,11 @@ class ClusterIndex:
                 continue
             entry = (-top, b.by_free[top][0], key)
             self._head_of[key] = (b.total_whole, entry)
-            entries = heads.get(b.total_whole)
-            if entries is None:
+            group = heads.get(b.total_whole)
+            if group is None:
                 heads[b.total_whole] = [entry]
             else:
-                insort(entries, entry)
+                insort(group, entry)
         self._stale_heads.clear()
 
     def leaf(self, key: LeafKey) -> _Buckets:
@@ -492,11 +495,11 @@ class ClusterIndex:
                 entries = self._by_fit[k_old]
                 del entries[bisect_left(entries, (key_old, name))]
                 self._fit_key[name] = key
-                entries = self._by_fit.get(k_new)
-                if entries is None:
+                new_entries = self._by_fit.get(k_new)
+                if new_entries is None:
                     self._by_fit[k_new] = [(key, name)]
                 else:
-                    insort(entries, (key, name))
+                    insort(new_entries, (key, name))
         leaf = self.leaves[node.leaf_key]
         if k_new != k_old:
             self._leaf_total(node.leaf_key, leaf, k_new - k_old)

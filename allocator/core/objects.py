@@ -348,8 +348,7 @@ def pod_usage(
             problems.append(f"pod {pod_key(pod)}: {problem}")
     if lazy and terminal:
         cpu = mem = gpus = 0
-    elif lazy and (placement or unbound) is not None:
-        held = placement or unbound
+    elif lazy and (held := placement or unbound) is not None:
         cpu, mem, gpus = held.cpu_milli, held.memory_mib, len(held.devices)
     else:
         req = pod_requests(pod, problems)

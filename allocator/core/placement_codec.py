@@ -45,7 +45,7 @@ class Binding:
         return cls(str(d["ns"]), str(d.get("name", "")), str(d.get("gen", "")), str(d.get("owner", "")))
 
 
-def _meta(pod: Mapping) -> Mapping:
+def _meta(pod: object) -> Mapping:
     meta = pod.get("metadata") if isinstance(pod, Mapping) else None
     return meta if isinstance(meta, Mapping) else {}
 

@@ -185,7 +185,9 @@ def _container_resources(pod: Mapping) -> tuple[int, int]:
             },
         }
 
-    shaped = {kind: [sane(c) for c in as_list(spec.get(kind))] for kind in ("containers", "initContainers")}
+    shaped: dict[str, Any] = {
+        kind: [sane(c) for c in as_list(spec.get(kind))] for kind in ("containers", "initContainers")
+    }
     shaped["overhead"] = mapping(spec.get("overhead"))
     problems: list[str] = []
     counted = kube.pod_requests(
@@ -309,10 +311,11 @@ def request_from_pod(
     elif GPU_COUNT in owner_ann:
         total = read_int(GPU_COUNT, owner_ann[GPU_COUNT], 0, MAX_GPUS_PER_POD * max(group_size, 1))
         if group_size > 1 and total % group_size:
+            kind = (owner or {}).get("kind", "owner")
             raise AnnotationError(
                 GPU_COUNT,
                 owner_ann[GPU_COUNT],
-                f"a multiple of the {owner['kind']}'s {group_size} pods when set on the {owner['kind']} "
+                f"a multiple of the {kind}'s {group_size} pods when set on the {kind} "
                 f"(it is the group's total, split evenly), or set it per pod in the pod template",
             )
         count = total // max(group_size, 1)

@@ -29,7 +29,14 @@ from allocator.service import (
 from webhook import batcher, events
 from webhook.admission import chain, scheduler_name
 from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
-from webhook.admission.patch import LEDGER_PREFIX, apply_placement, diff, shallow_pod, strip_ledger_keys
+from webhook.admission.patch import (
+    LEDGER_PREFIX,
+    _dict_at,
+    apply_placement,
+    diff,
+    shallow_pod,
+    strip_ledger_keys,
+)
 from webhook.admission.review import Decision, Review
 from webhook.config import WebhookConfig
 from webhook.ledger_client import LedgerClient, LedgerUnavailable
@@ -57,7 +64,7 @@ def _ledger_keys(obj: dict | None) -> dict[str, object]:
 
 
 def _pod_name(review: Review, pod: dict) -> str:
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta = _dict_at(pod, "metadata")
     name = (
         review.name
         or meta.get("name")
@@ -374,7 +381,7 @@ class AdmissionHandler:
                 f"{who}: label {RESERVATION_ID_KEY}={label!r} does not match the placement's "
                 f"reservation id {placement.id!r}"
             )
-        spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+        spec = _dict_at(pod, "spec")
         if spec.get("nodeName") and spec.get("nodeName") != placement.node:
             return _forbidden(
                 f"{who}: spec.nodeName={spec.get('nodeName')!r} differs from the placement's "
@@ -453,7 +460,7 @@ def _prior_placement(pod: dict, namespace: str, key: bytes) -> Placement | None:
 
 def _named(pod: dict, name: str) -> dict:
     """The pod with the AdmissionReview's name filled in where its metadata has none yet."""
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta = _dict_at(pod, "metadata")
     if not name or meta.get("name"):
         return pod
     return {**pod, "metadata": {**meta, "name": name}}
