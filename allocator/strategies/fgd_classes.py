@@ -1,0 +1,118 @@
+"""Nodes grouped into classes by everything an FGD evaluation reads (GPU model, devices, health and free
+state): every node of a class scores the same for every request, so a request costs one evaluation per class
+and a merge of name-sorted lists, not a pass over every node. It must never order nodes differently from
+scoring each one (tests/strategies/test_fgd_classes.py checks it against the full scan).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
+
+
+class StateClasses:
+    """Per ledger index: node name -> its class key; class key -> the names in it, sorted.
+
+    Kept current from `ClusterIndex.touched` (the names whose state or presence changed since the last read),
+    so keeping it costs O(changes) per request. `results` memoises each class key's evaluation per request
+    shape while the meter (the target workload) stays the same, also while no node is in that state.
+    """
+
+    __slots__ = ("index", "seen", "key_of", "members", "results", "meter")
+
+    def __init__(self, index) -> None:
+        self.index = index
+        self.seen = -1  # position in the index's whole touched history this is current up to
+        self.key_of: dict[str, tuple] = {}
+        self.members: dict[tuple, list[str]] = {}
+        self.results: dict[tuple, dict] = {}
+        self.meter = None
+
+    def sync(self, class_key: Callable[[object], tuple | None], meter) -> None:
+        """Re-file the nodes touched since the last call (every node, the first time or after the log was
+        trimmed past our position); drop memoised results when the meter changed."""
+        if meter is not self.meter:
+            self.results.clear()
+            self.meter = meter
+        index = self.index
+        log, base = index.touched, index.touched_base
+        if self.seen < base:
+            self.key_of.clear()
+            self.members.clear()
+            self.results.clear()
+            names = index.nodes.keys()
+        else:
+            start = self.seen - base
+            names = dict.fromkeys(log[start:]) if len(log) - start > 1 else log[start:]
+        nodes = index.nodes
+        for name in names:
+            node = nodes.get(name)
+            self._refile(name, None if node is None else class_key(node))
+        self.seen = base + len(log)
+
+    def _refile(self, name: str, key: tuple | None) -> None:
+        old = self.key_of.get(name)
+        if old == key:
+            return
+        if old is not None:
+            names = self.members[old]
+            del names[bisect_left(names, name)]
+            if not names:
+                del self.members[old]  # its results stay: nodes come back to the same states
+            del self.key_of[name]
+        if key is not None:
+            self.key_of[name] = key
+            names = self.members.get(key)
+            if names is None:
+                self.members[key] = [name]
+            else:
+                insort(names, name)
+
+    def ranked(
+        self, fits: Callable[[object], bool], evaluate: Callable[[object], tuple | None], shape: tuple
+    ) -> list[tuple[float, str, list[str]]]:
+        """(increase, first name, names) of every class whose nodes can hold the request, best first."""
+        nodes, results = self.index.nodes, self.results
+        out = []
+        for key, names in self.members.items():
+            sample = nodes[names[0]]
+            if not fits(sample):
+                continue
+            memo = results.get(key)
+            if memo is None:
+                if len(results) > 100_000:
+                    results.clear()
+                memo = results[key] = {}
+            if shape in memo:
+                result = memo[shape]
+            else:
+                result = memo[shape] = evaluate(sample)
+            if result is not None:
+                out.append((result[0], names[0], names))
+        out.sort(key=_first_two)
+        return out
+
+    def walk(self, ranked: list[tuple[float, str, list[str]]]) -> Iterator:
+        """Nodes by (increase, name): classes of equal increase are merged by name, lazily."""
+        nodes = self.index.nodes
+        i, count = 0, len(ranked)
+        while i < count:
+            j = i + 1
+            while j < count and ranked[j][0] == ranked[i][0]:
+                j += 1
+            if j == i + 1:
+                for name in ranked[i][2]:  # the ledger mutates nothing while it walks
+                    yield nodes[name]
+            else:  # the first node is usually taken: find it without building the merge (names are unique)
+                tied = [item[2] for item in ranked[i:j]]
+                first = min(item[1] for item in ranked[i:j])
+                yield nodes[first]
+                for name in heapq.merge(*tied):
+                    if name != first:
+                        yield nodes[name]
+            i = j
+
+
+def _first_two(item):
+    return item[0], item[1]
