@@ -250,8 +250,8 @@ class FragmentationGradientDescent(Strategy):
         return classes.walk(ranked)
 
     def _class_key(self, node) -> tuple | None:
-        """What decides every evaluation of this node: its kind and free state; None = not placeable. A node
-        whose memory-only shares make its device free milli ambiguous (see `_shared`) is a class of its own."""
+        """What decides every evaluation of this node: its kind and free state; None = not placeable.
+        A node whose memory-only shares make its free milli ambiguous (`_shared`) is a class of its own."""
         if not node.placeable:
             return None
         free = tuple(node.dev_free_milli)
