@@ -247,7 +247,16 @@ class FragmentationGradientDescent(Strategy):
 
         key = (cpu, memory, gpus, milli, request.product)
         ranked = classes.ranked(fits, lambda node: compute(node, request, meter), key)
-        return classes.walk(ranked)
+        return self._hinted(classes.walk(ranked), request, ctx)
+
+    def _hinted(self, walk, request, ctx):
+        """The walk's nodes, each leaving its class's result for the ledger's asks that follow (the Fit is
+        the same on every node of a class: same devices, same free state)."""
+        index = ctx.index
+        moved = index.touched_base + len(index.touched)
+        for node, result in walk:
+            self._last_evaluation = (node, request, ctx, moved, result)
+            yield node
 
     def _class_key(self, node) -> tuple | None:
         """What decides every evaluation of this node: its kind and free state; None = not placeable.
@@ -256,7 +265,7 @@ class FragmentationGradientDescent(Strategy):
             return None
         free = tuple(node.dev_free_milli)
         state = (node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free, free)
-        if node.fully_free != sum(1 for milli in free if milli >= MILLI_PER_GPU):
+        if node.fully_free != free.count(MILLI_PER_GPU):  # free milli never exceeds one GPU
             return node.name, state
         held = self._kinds.get(id(node.info))
         if held is None or held[0] is not node.info:

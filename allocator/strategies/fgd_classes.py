@@ -71,8 +71,8 @@ class StateClasses:
 
     def ranked(
         self, fits: Callable[[object], bool], evaluate: Callable[[object], tuple | None], shape: tuple
-    ) -> list[tuple[float, str, list[str]]]:
-        """(increase, first name, names) of every class whose nodes can hold the request, best first."""
+    ) -> list[tuple]:
+        """(increase, first name, names, result) of each class whose nodes hold the request, best first."""
         nodes, results = self.index.nodes, self.results
         out = []
         for key, names in self.members.items():
@@ -89,12 +89,12 @@ class StateClasses:
             else:
                 result = memo[shape] = evaluate(sample)
             if result is not None:
-                out.append((result[0], names[0], names))
+                out.append((result[0], names[0], names, result))
         out.sort(key=_first_two)
         return out
 
-    def walk(self, ranked: list[tuple[float, str, list[str]]]) -> Iterator:
-        """Nodes by (increase, name): classes of equal increase are merged by name, lazily."""
+    def walk(self, ranked: list[tuple]) -> Iterator[tuple]:
+        """(node, its class result) by (increase, name); classes of equal increase merged by name, lazily."""
         nodes = self.index.nodes
         i, count = 0, len(ranked)
         while i < count:
@@ -102,16 +102,31 @@ class StateClasses:
             while j < count and ranked[j][0] == ranked[i][0]:
                 j += 1
             if j == i + 1:
+                result = ranked[i][3]
                 for name in ranked[i][2]:  # the ledger mutates nothing while it walks
-                    yield nodes[name]
+                    yield nodes[name], result
             else:  # the first node is usually taken: find it without building the merge (names are unique)
-                tied = [item[2] for item in ranked[i:j]]
-                first = min(item[1] for item in ranked[i:j])
-                yield nodes[first]
-                for name in heapq.merge(*tied):
-                    if name != first:
-                        yield nodes[name]
+                tied = ranked[i:j]
+                first = min(tied, key=_first_name)
+                yield nodes[first[1]], first[3]
+                merged = heapq.merge(*(_tagged(item[2], item[3]) for item in tied), key=_first_name_of_pair)
+                for name, result in merged:
+                    if name != first[1]:
+                        yield nodes[name], result
             i = j
+
+
+def _tagged(names: list[str], result) -> Iterator[tuple[str, object]]:
+    for name in names:
+        yield name, result
+
+
+def _first_name(item):
+    return item[1]
+
+
+def _first_name_of_pair(pair):
+    return pair[0]
 
 
 def _first_two(item):

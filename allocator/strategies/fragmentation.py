@@ -256,9 +256,15 @@ class WorkloadTracker:
     gpu_milli: int = 0
     _workload: TargetWorkload | None = None
     _meter: FragmentationMeter | None = None
+    _shapes: dict = field(default_factory=dict, repr=False)  # request fields -> PodShape, built once
 
     def observe(self, request: Request) -> None:
-        shape = PodShape.of(request)
+        key = (request.cpu_milli, request.gpus, request.gpu_milli, request.product)
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) > 100_000:
+                self._shapes.clear()
+            shape = self._shapes[key] = PodShape.of(request)
         self.counts[shape] += 1
         self.seen += 1
         if shape.total_milli:
