@@ -59,6 +59,9 @@ class FragmentationGradientDescent(Strategy):
     """
 
     name = "fgd"
+    # a node is refused exactly when the default device choice refuses it (only *which* devices differs), so
+    # the ledger's denial diagnosis may classify nodes with the default choice, kept current per shape
+    refuses_as_default = True
 
     def __init__(self) -> None:
         self._meters: dict[int, tuple[TargetWorkload, FragmentationMeter]] = {}

@@ -162,3 +162,24 @@ def led_strategy(name: str):
     from allocator.core import registry
 
     return registry.get_strategy(name)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fgd_denials_from_the_kept_diagnosis_equal_the_full_walk(seed):
+    """fgd refuses a node exactly when the default device choice does, so the ledger answers its denials from
+    the per-shape diagnosis (O(changes)); the answer is the full walk's, with the fgd strategy itself."""
+    from allocator.core import registry
+
+    rng = random.Random(seed)
+    nodes = make_nodes(rng, 12)
+    requests = [make_request(rng, i) for i in range(120)]
+    led = ledger("fgd_host", nodes, TargetWorkload.from_requests(requests))
+    strategy = registry.get_strategy("fgd_host")
+    denials = 0
+    for request in requests:
+        ctx = led._filters.context(request)
+        kept = led._diagnoser.diagnose(request, strategy, ctx)
+        full = led._diagnoser.diagnose_full(request, strategy, ctx)
+        assert kept == full
+        denials += isinstance(led.reserve(request, 0.0), Placement) is False
+    assert denials > 10
