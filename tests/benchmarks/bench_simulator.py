@@ -4,6 +4,7 @@ process, with ratios to `best_fit` measured in the same run.
     .venv/bin/python tests/benchmarks/bench_simulator.py [--workload default] [--limit-nodes N] [--seed 42]
         [--strategies best_fit,fgd,fgd_host,fgd_naive]
 
+`--workload` also takes the generated variants (gpuspec33, cpu100, ...; docs/simulator.md).
 `fgd_naive` is FGD without its fast path (no candidate walk, no per-node memo: the ledger filters and
 scores every node and every evaluation recomputes the node's fragmentation from the memoised meter), to show
 what the walk and the memo buy. Wall time includes the ledger's denial diagnosis of the pods that do not fit;
@@ -23,11 +24,11 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from allocator import strategies  # noqa: E402
-from allocator.strategies.fgd import FragmentationGradientDescent  # noqa: E402
-from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload  # noqa: E402
 from allocator.core.ledger import Ledger, LedgerConfig  # noqa: E402
 from allocator.core.model import Denial  # noqa: E402
 from allocator.sim.simulator import DEFAULT_TRACE, build_arrivals, gpu_capacity_milli, replay  # noqa: E402
+from allocator.strategies.fgd import FragmentationGradientDescent  # noqa: E402
+from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload  # noqa: E402
 
 
 class TimedLedger(Ledger):
@@ -41,7 +42,10 @@ class TimedLedger(Ledger):
         if isinstance(result, Denial):
             self.denied_seconds += time.perf_counter() - started
         return result
-from allocator.sim.traces import limit_nodes, load_openb  # noqa: E402
+
+
+from allocator.sim.traces import limit_nodes  # noqa: E402
+from allocator.sim.variants import load_variant  # noqa: E402
 
 
 class NaiveFGD(FragmentationGradientDescent):
@@ -67,16 +71,20 @@ def main() -> int:
     args = parser.parse_args()
 
     strategies.register("fgd_naive", NaiveFGD)
-    nodes, trace_pods = load_openb(args.trace, args.workload, args.node_list)
+    nodes, trace_pods = load_variant(args.trace, args.workload, args.node_list)
     if args.limit_nodes:
         nodes = limit_nodes(nodes, args.limit_nodes)
     pods = [p.to_request() for p in trace_pods]
     arrivals = build_arrivals(pods, gpu_capacity_milli(nodes), 1.3, args.seed)
     workload = TargetWorkload.from_requests(pods)
-    print(f"openb {args.workload} ({args.node_list} nodes): {len(nodes)} nodes, {len(arrivals)} arrivals, "
-          f"seed {args.seed}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'strategy':<12} {'seconds':>8} {'pods/s':>8} {'x best_fit':>10} {'failed':>7} {'in denials':>11} "
-          f"{'unalloc@100':>12}")
+    print(
+        f"openb {args.workload} ({args.node_list} nodes): {len(nodes)} nodes, {len(arrivals)} arrivals, "
+        f"seed {args.seed}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'strategy':<12} {'seconds':>8} {'pods/s':>8} {'x best_fit':>10} {'failed':>7} {'in denials':>11} "
+        f"{'unalloc@100':>12}"
+    )
     baseline = None
     for name in args.strategies.split(","):
         ledgers: list[TimedLedger] = []
@@ -92,8 +100,11 @@ def main() -> int:
         seconds = time.perf_counter() - started
         if baseline is None:
             baseline = seconds
-        print(f"{name:<12} {seconds:>8.1f} {len(arrivals) / seconds:>8.0f} {seconds / baseline:>10.2f} "
-              f"{run.failed:>7} {ledgers[0].denied_seconds:>10.1f}s {run.unallocated_at_100:>11.2f}%", flush=True)
+        print(
+            f"{name:<12} {seconds:>8.1f} {len(arrivals) / seconds:>8.0f} {seconds / baseline:>10.2f} "
+            f"{run.failed:>7} {ledgers[0].denied_seconds:>10.1f}s {run.unallocated_at_100:>11.2f}%",
+            flush=True,
+        )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss:.0f} MiB")
     return 0
