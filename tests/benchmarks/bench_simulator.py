@@ -89,7 +89,7 @@ def main() -> int:
     for name in args.strategies.split(","):
         ledgers: list[TimedLedger] = []
 
-        def factory(strategy, target):
+        def factory(strategy, target, ledgers=ledgers):
             ledger = TimedLedger(LedgerConfig(default_strategy=strategy))
             ledger.context_extra[WORKLOAD_KEY] = target
             ledgers.append(ledger)
