@@ -24,10 +24,12 @@ class _NodeCache:
     valid while the node's state is unchanged; `shared`: (request shape, node kind, state) -> the same, so
     that identical nodes in identical states are evaluated once."""
 
-    __slots__ = ("meter", "nodes", "shared", "kinds")
+    __slots__ = ("meter", "nodes", "shared", "kinds", "version", "pressure")
 
-    def __init__(self, meter: FragmentationMeter):
+    def __init__(self, meter: FragmentationMeter, version: int = 0):
         self.meter = meter
+        self.version = version  # the model capacity it was made for (strategies that read it)
+        self.pressure: dict[str, float] = {}
         self.nodes: dict[str, tuple] = {}
         self.shared: dict[tuple, object] = {}
         self.kinds: dict[int, tuple] = {}
@@ -72,6 +74,8 @@ class FragmentationGradientDescent(Strategy):
         self._classes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._kinds: dict[int, tuple] = {}
         self._last_evaluation: tuple | None = None
+        self._last_classes: StateClasses | None = None
+        self._pressure: dict[str, float] = {}  # this request's demand pressure per GPU model (fgd_host)
 
     # ------------------------------------------------------------------ inputs
     def meter(self, ctx: ScoreContext) -> FragmentationMeter:
@@ -96,15 +100,30 @@ class FragmentationGradientDescent(Strategy):
             tracker.observe(request)
         return None
 
+    uses_capacity = False  # whether the cluster's GPU capacity per model enters the evaluation
+
     def _cache(self, ctx: ScoreContext) -> _NodeCache:
+        """The per-ledger memo for this request's meter (and model capacity), the node classes kept current."""
         if ctx is self._last_ctx:  # the ledger asks once per node with the same per-request context
             return self._last_cache
         meter = self.meter(ctx)
+        classes = self._classes.get(ctx.index)
+        if classes is None:
+            classes = self._classes[ctx.index] = StateClasses(ctx.index)
+        classes.sync(self._class_key)
+        version = classes.capacity_version if self.uses_capacity else 0
         cache = self._caches.get(ctx.index)
-        if cache is None or cache.meter is not meter:
-            cache = self._caches[ctx.index] = _NodeCache(meter)
-        self._last_ctx, self._last_cache = ctx, cache
+        if cache is None or cache.meter is not meter or cache.version != version:
+            cache = self._caches[ctx.index] = _NodeCache(meter, version)
+            cache.pressure = self.pressure_of(meter, classes.capacity) if self.uses_capacity else {}
+        classes.use(cache)
+        self._pressure = cache.pressure
+        self._last_ctx, self._last_cache, self._last_classes = ctx, cache, classes
         return cache
+
+    def pressure_of(self, meter: FragmentationMeter, capacity: dict[str, int]) -> dict[str, float]:
+        """Per GPU model, what the evaluation needs of the cluster's capacity (fgd uses none)."""
+        return {}
 
     # ------------------------------------------------------------------ evaluation
     def extra_cost(self, meter: FragmentationMeter, node, request: Request, taken_milli: int) -> float:
@@ -233,11 +252,7 @@ class FragmentationGradientDescent(Strategy):
         if leaves is not None or request.gpu_memory_mib:
             return self.scan_candidates(request, ctx, leaves)
         cache = self._cache(ctx)
-        meter, compute = cache.meter, self._compute
-        classes = self._classes.get(ctx.index)
-        if classes is None:
-            classes = self._classes[ctx.index] = StateClasses(ctx.index)
-        classes.sync(self._class_key, meter)
+        meter, compute, classes = cache.meter, self._compute, self._last_classes
         cpu, memory, gpus, milli = request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli
 
         def fits(node) -> bool:

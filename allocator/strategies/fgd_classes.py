@@ -16,10 +16,21 @@ class StateClasses:
 
     Kept current from `ClusterIndex.touched` (the names whose state or presence changed since the last read),
     so keeping it costs O(changes) per request. `results` memoises each class key's evaluation per request
-    shape while the meter (the target workload) stays the same, also while no node is in that state.
+    shape while the meter (the target workload) and the model capacity stay the same, also while no node is
+    in that state. `capacity` (healthy GPU milli per model over placeable nodes) is kept the same way.
     """
 
-    __slots__ = ("index", "seen", "key_of", "members", "results", "meter")
+    __slots__ = (
+        "index",
+        "seen",
+        "key_of",
+        "members",
+        "results",
+        "meter",
+        "capacity",
+        "capacity_version",
+        "_held",
+    )
 
     def __init__(self, index) -> None:
         self.index = index
@@ -28,28 +39,61 @@ class StateClasses:
         self.members: dict[tuple, list[str]] = {}
         self.results: dict[tuple, dict] = {}
         self.meter = None
+        # healthy GPU milli of the placeable nodes per GPU model; the version moves whenever it changes
+        self.capacity: dict[str, int] = {}
+        self.capacity_version = 0
+        self._held: dict[str, tuple[str, int]] = {}  # node -> (model, milli) it adds to `capacity`
 
-    def sync(self, class_key: Callable[[object], tuple | None], meter) -> None:
+    def sync(self, class_key: Callable[[object], tuple | None]) -> None:
         """Re-file the nodes touched since the last call (every node, the first time or after the log was
-        trimmed past our position); drop memoised results when the meter changed."""
-        if meter is not self.meter:
-            self.results.clear()
-            self.meter = meter
+        trimmed past our position), and keep the capacity per GPU model."""
         index = self.index
         log, base = index.touched, index.touched_base
         if self.seen < base:
             self.key_of.clear()
             self.members.clear()
             self.results.clear()
+            self.capacity.clear()
+            self._held.clear()
+            self.capacity_version += 1
             names = index.nodes.keys()
         else:
             start = self.seen - base
+            if start == len(log):
+                return
             names = dict.fromkeys(log[start:]) if len(log) - start > 1 else log[start:]
         nodes = index.nodes
         for name in names:
             node = nodes.get(name)
             self._refile(name, None if node is None else class_key(node))
+            self._count(name, node)
         self.seen = base + len(log)
+
+    def use(self, token) -> None:
+        """Drop memoised results when what they were computed for (meter, model capacity) changed."""
+        if token is not self.meter:
+            self.results.clear()
+            self.meter = token
+
+    def _count(self, name: str, node) -> None:
+        held = None
+        if node is not None and node.placeable and node.total_milli and node.info.product:
+            held = (node.info.product, node.total_milli)
+        old = self._held.get(name)
+        if old == held:
+            return
+        capacity = self.capacity
+        if old is not None:
+            left = capacity[old[0]] - old[1]
+            if left:
+                capacity[old[0]] = left
+            else:
+                del capacity[old[0]]
+            del self._held[name]
+        if held is not None:
+            capacity[held[0]] = capacity.get(held[0], 0) + held[1]
+            self._held[name] = held
+        self.capacity_version += 1
 
     def _refile(self, name: str, key: tuple | None) -> None:
         old = self.key_of.get(name)
