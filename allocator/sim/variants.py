@@ -19,12 +19,12 @@ from allocator.sim.traces import TraceError, TracePod, load_openb
 VARIANT_SEED = 1  # one generated trace per variant, as the artifact ships one file per variant
 # the names the issue and docs use; any integer percentage in these patterns is accepted
 VARIANT_EXAMPLES = (
-    "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33",
+    "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "gpuspec33-cap",
     "cpu50", "cpu100", "cpu150", "cpu200", "cpu250",
     "share40", "share60", "share80", "share100",
     "multigpu20", "multigpu30", "multigpu40", "multigpu50",
 )  # fmt: skip
-_PATTERN = re.compile(r"^(gpuspec|cpu|share|gpushare|multigpu)(\d{1,3})$")
+_PATTERN = re.compile(r"^(gpuspec|cpu|share|gpushare|multigpu)(\d{1,3})(-cap)?$")
 
 
 def _is_share(pod: TracePod) -> bool:
@@ -42,12 +42,17 @@ def _fraction(pods: Sequence[TracePod], kind: Callable[[TracePod], bool]) -> flo
 
 
 def gpu_spec_variant(
-    pods: Sequence[TracePod], nodes: Sequence[NodeInfo], percent: int, seed: int = VARIANT_SEED
+    pods: Sequence[TracePod],
+    nodes: Sequence[NodeInfo],
+    percent: int,
+    seed: int = VARIANT_SEED,
+    by_capacity: bool = False,
 ) -> list[TracePod]:
     """`percent`% of the GPU pods (by count, drawn at random) pinned to one GPU model.
 
-    The model is drawn in proportion to the cluster's GPUs of that model, among the models with a node that
-    could hold the pod on its own (enough GPUs, CPU and memory), so that the pinned demand follows supply.
+    The model is drawn among the models with a node that could hold the pod on its own (enough GPUs, CPU and
+    memory): uniformly (`gpuspecN`: demand out of proportion to supply, scarce models over-asked), or in
+    proportion to the cluster's GPUs of each model (`gpuspecN-cap`: pinned demand follows supply).
     """
     rng = random.Random(seed)
     out = list(pods)
@@ -68,7 +73,10 @@ def gpu_spec_variant(
         )
         if not models:
             continue
-        model = rng.choices(models, weights=[supply[m] for m in models])[0]
+        if by_capacity:
+            model = rng.choices(models, weights=[supply[m] for m in models])[0]
+        else:
+            model = rng.choice(models)
         out[i] = replace(pod, gpu_spec=(model,))
     return out
 
@@ -159,18 +167,20 @@ GENERATORS: dict[str, Callable[..., list[TracePod]]] = {
 }
 
 
-def parse_variant(name: str) -> tuple[str, int] | None:
-    """`gpuspec33` -> ("gpuspec", 33); None for a name that is no generated variant."""
+def parse_variant(name: str) -> tuple[str, int, bool] | None:
+    """`gpuspec33` -> ("gpuspec", 33, False); `gpuspec33-cap` -> (..., True); None for another name."""
     match = _PATTERN.match(name)
     if match is None:
         return None
-    kind, percent = match.group(1), int(match.group(2))
+    kind, percent, cap = match.group(1), int(match.group(2)), bool(match.group(3))
     limit = 1000 if kind == "cpu" else 100
     if not 0 < percent <= limit:
         raise TraceError(
             f"--workload {name!r}: the percentage must be 1..{limit}; e.g. {kind}{min(limit, 50)}"
         )
-    return kind, percent
+    if cap and kind != "gpuspec":
+        raise TraceError(f"--workload {name!r}: '-cap' applies to gpuspecN only (e.g. gpuspec33-cap)")
+    return kind, percent, cap
 
 
 def make_variant(
@@ -180,10 +190,13 @@ def make_variant(
     parsed = parse_variant(name)
     if parsed is None:
         raise TraceError(
-            f"--workload {name!r} is not a generated variant; accepted: gpuspecN, cpuN, shareN, multigpuN "
+            f"--workload {name!r} is not a generated variant; accepted: gpuspecN[-cap], cpuN, shareN, "
+            f"multigpuN "
             f"(e.g. {', '.join(VARIANT_EXAMPLES[::4])})"
         )
-    kind, percent = parsed
+    kind, percent, cap = parsed
+    if kind == "gpuspec":
+        return gpu_spec_variant(pods, nodes, percent, seed, by_capacity=cap)
     return GENERATORS[kind](pods, nodes, percent, seed)
 
 

@@ -103,7 +103,7 @@ class FragmentationGradientDescent(Strategy):
     uses_capacity = False  # whether the cluster's GPU capacity per model enters the evaluation
 
     def _cache(self, ctx: ScoreContext) -> _NodeCache:
-        """The per-ledger memo for this request's meter (and model capacity), the node classes kept current."""
+        """The per-ledger memo for this request's meter (and model capacity); node classes kept current."""
         if ctx is self._last_ctx:  # the ledger asks once per node with the same per-request context
             return self._last_cache
         meter = self.meter(ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,12 @@ def pods() -> list[TracePod]:
 
 
 def test_names_parse_and_bad_ones_are_clear():
-    assert parse_variant("gpuspec33") == ("gpuspec", 33)
-    assert parse_variant("cpu250") == ("cpu", 250)
-    assert parse_variant("default") is None and parse_variant("gpushare40") == ("gpushare", 40)
+    assert parse_variant("gpuspec33") == ("gpuspec", 33, False)
+    assert parse_variant("gpuspec33-cap") == ("gpuspec", 33, True)
+    assert parse_variant("cpu250") == ("cpu", 250, False)
+    assert parse_variant("default") is None and parse_variant("gpushare40") == ("gpushare", 40, False)
+    with pytest.raises(TraceError, match="applies to gpuspecN only"):
+        parse_variant("cpu50-cap")
     for name in VARIANT_EXAMPLES:
         assert parse_variant(name) is not None
     with pytest.raises(TraceError, match=r"percentage must be 1\.\.100"):
@@ -59,8 +63,9 @@ def test_names_parse_and_bad_ones_are_clear():
         make_variant("weird7", pods(), NODES)
 
 
-def test_gpu_spec_pins_that_share_of_gpu_pods_to_a_model_that_can_hold_them():
-    out = gpu_spec_variant(pods(), NODES, 50, seed=3)
+@pytest.mark.parametrize("by_capacity", [False, True])
+def test_gpu_spec_pins_that_share_of_gpu_pods_to_a_model_that_can_hold_them(by_capacity):
+    out = gpu_spec_variant(pods(), NODES, 50, seed=3, by_capacity=by_capacity)
     gpu = [p for p in out if p.num_gpu]
     pinned = [p for p in gpu if p.gpu_spec]
     assert len(pinned) == round(len(gpu) * 0.5)
@@ -71,8 +76,16 @@ def test_gpu_spec_pins_that_share_of_gpu_pods_to_a_model_that_can_hold_them():
     assert [(p.name, p.cpu_milli, p.num_gpu, p.gpu_milli) for p in out] == [
         (p.name, p.cpu_milli, p.num_gpu, p.gpu_milli) for p in pods()
     ]
-    assert gpu_spec_variant(pods(), NODES, 50, seed=3) == out
-    assert gpu_spec_variant(pods(), NODES, 50, seed=4) != out
+    assert gpu_spec_variant(pods(), NODES, 50, seed=3, by_capacity=by_capacity) == out
+    assert gpu_spec_variant(pods(), NODES, 50, seed=4, by_capacity=by_capacity) != out
+
+
+def test_gpu_spec_models_uniform_or_by_capacity():
+    many = [TracePod(f"w{i}", 1000, 1024, 1, 1000) for i in range(3000)]
+    uniform = Counter(p.gpu_spec for p in gpu_spec_variant(many, NODES, 100))
+    by_capacity = Counter(p.gpu_spec for p in gpu_spec_variant(many, NODES, 100, by_capacity=True))
+    assert 0.4 < uniform[("T4",)] / 3000 < 0.6  # two models, either with equal chance
+    assert 0.05 < by_capacity[("T4",)] / 3000 < 0.2  # 2 T4 GPUs of 18
 
 
 def test_cpu_variant_raises_cpu_only_pods_and_caps_at_the_largest_node():
