@@ -4,6 +4,7 @@ the full walk, gang latency, rebuild time and resident memory.
     .venv/bin/python tests/benchmarks/bench_allocator.py [--nodes 10000] [--gpus 8] [--leaves-per-spine 16]
     .venv/bin/python tests/benchmarks/bench_allocator.py --denials-only --denial-nodes 1000 10000
     .venv/bin/python tests/benchmarks/bench_allocator.py --scale  # 65,000 nodes, 500,000 pods, vs targets
+    .venv/bin/python tests/benchmarks/bench_allocator.py --placements-only --strategies best_fit,fgd_host
 
 The naive baseline is the same ledger with its strategies' candidate walks switched off, so every
 placement filters and scores every node (what a scheduler without an index does). The denial baseline is
@@ -314,6 +315,10 @@ def main(argv=None) -> int:
         help="65,000 nodes and 500,000 pods (the largest clusters): inventory load, best_fit and "
         "fgd_host placements, 16-node gang, rebuild and peak memory against the targets",
     )
+    ap.add_argument(
+        "--strategies", help="comma-separated placement strategies to measure (default: all rows)"
+    )
+    ap.add_argument("--placements-only", action="store_true", help="only the placement rows")
     ap.add_argument("--memory-child", metavar="JSONL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.scale:
@@ -346,6 +351,8 @@ def main(argv=None) -> int:
         if args.scale
         else ("best_fit", "least_utilized", "consolidated", "distributed", "fgd_host")
     )
+    if args.strategies:
+        strategies = tuple(args.strategies.split(","))
     for strategy in strategies:
         led = fresh(nodes, strategy)
         indexed, indexed_cpu = rates(led, args.placements, strategy, "r-")
@@ -368,6 +375,8 @@ def main(argv=None) -> int:
             f"{indexed_cpu:.0f}/s vs {naive_cpu:.0f}/s)"
         )
 
+    if args.placements_only:
+        return 0
     if not args.scale:
         report_denials(
             args.denial_nodes,
