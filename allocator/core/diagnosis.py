@@ -23,6 +23,7 @@ from allocator.core.inventory import NodeState
 from allocator.core.model import Denial, NearMiss, Reason, Request
 from allocator.core.plugin import ScoreContext, Strategy
 
+_DEFAULT_CHOICE = Strategy()  # classifies for strategies whose device choice refuses as the default's does
 DIAGNOSIS_LIMIT = 16  # request shapes whose denial diagnosis is kept current
 NEAR_MISSES = 3
 
@@ -145,9 +146,9 @@ class Diagnoser:
         """What `diagnose_full` answers, from a per-request-shape diagnosis that re-classifies only the nodes
         touched since it was last read (a flood of pods that cannot fit costs O(changes), not O(nodes))."""
         if getattr(type(strategy), "choose_devices", None) is not Strategy.choose_devices:
-            return self.diagnose_full(
-                req, strategy, ctx, exclude
-            )  # a device choice that may read the cluster
+            if not getattr(strategy, "refuses_as_default", False):
+                return self.diagnose_full(req, strategy, ctx, exclude)  # its choice may read the cluster
+            strategy = _DEFAULT_CHOICE  # it refuses a node exactly when the default device choice does
         diag = self.diagnosis(req, strategy, ctx)
         nodes = self.books.index.nodes
         counts = Counter(dict(diag.counts.items()))

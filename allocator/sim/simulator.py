@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from allocator.core.model import MILLI_PER_GPU, NodeInfo, Placement, Request
-from allocator.sim.traces import WORKLOADS, TraceError, limit_nodes, load_openb, load_yaml
+from allocator.sim.traces import WORKLOADS, TraceError, limit_nodes, load_yaml
+from allocator.sim.variants import VARIANT_SEED, load_variant
 from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload
 
 if TYPE_CHECKING:
@@ -321,7 +322,16 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--workload",
         default="default",
-        help=f"openb pod list: {' | '.join(WORKLOADS)} (any openb_pod_list_NAME.csv in DIR)",
+        help=f"openb pod list: {' | '.join(WORKLOADS)} (any openb_pod_list_NAME.csv in DIR), or a variant "
+        "generated from the default trace: gpuspecN (N%% of GPU pods pinned to a GPU model), cpuN (CPU-only "
+        "pods ask N%% more CPU), shareN (shares hold N%% of the GPU request), multigpuN (multi-GPU pods hold "
+        "N%%); see docs/simulator.md",
+    )
+    src.add_argument(
+        "--variant-seed",
+        type=int,
+        default=VARIANT_SEED,
+        help=f"seed of a generated variant (default {VARIANT_SEED}: one trace per variant, as the paper's)",
     )
     src.add_argument(
         "--node-list",
@@ -395,7 +405,7 @@ def load_workload(args) -> tuple[list[NodeInfo], list[Request], str]:
         label = f"{Path(args.pods).name} on {Path(args.cluster).name}"
     else:
         trace_dir = Path(args.trace) if args.trace else DEFAULT_TRACE
-        nodes, trace_pods = load_openb(trace_dir, args.workload, args.node_list)
+        nodes, trace_pods = load_variant(trace_dir, args.workload, args.node_list, args.variant_seed)
         pods = [p.to_request() for p in trace_pods]
         label = f"openb {args.workload} ({args.node_list} nodes)"
     if args.limit_nodes:

@@ -9,6 +9,7 @@ import weakref
 
 from allocator.core.model import MILLI_PER_GPU, DeviceShare, Request
 from allocator.core.plugin import Fit, ScoreContext, Strategy, choose_whole_devices, device_ok
+from allocator.strategies.fgd_classes import StateClasses
 from allocator.strategies.fragmentation import (
     WORKLOAD_KEY,
     FragmentationMeter,
@@ -23,10 +24,12 @@ class _NodeCache:
     valid while the node's state is unchanged; `shared`: (request shape, node kind, state) -> the same, so
     that identical nodes in identical states are evaluated once."""
 
-    __slots__ = ("meter", "nodes", "shared", "kinds")
+    __slots__ = ("meter", "nodes", "shared", "kinds", "version", "pressure")
 
-    def __init__(self, meter: FragmentationMeter):
+    def __init__(self, meter: FragmentationMeter, version: int = 0):
         self.meter = meter
+        self.version = version  # the model capacity it was made for (strategies that read it)
+        self.pressure: dict[str, float] = {}
         self.nodes: dict[str, tuple] = {}
         self.shared: dict[tuple, object] = {}
         self.kinds: dict[int, tuple] = {}
@@ -36,8 +39,12 @@ class _NodeCache:
         held = self.kinds.get(id(node.info))
         if held is None or held[0] is not node.info:
             info = node.info
-            kind = (info.product, tuple(node.dev_index), tuple(node.dev_healthy),
-                    tuple(d.product for d in info.devices))
+            kind = (
+                info.product,
+                tuple(node.dev_index),
+                tuple(node.dev_healthy),
+                tuple(d.product for d in info.devices),
+            )
             held = self.kinds[id(info)] = (info, kind)
         return held[1]
 
@@ -54,13 +61,21 @@ class FragmentationGradientDescent(Strategy):
     """
 
     name = "fgd"
+    # a node is refused exactly when the default device choice refuses it (only *which* devices differs), so
+    # the ledger's denial diagnosis may classify nodes with the default choice, kept current per shape
+    refuses_as_default = True
 
     def __init__(self) -> None:
         self._meters: dict[int, tuple[TargetWorkload, FragmentationMeter]] = {}
-        self._trackers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        self._caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._trackers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._last_ctx: ScoreContext | None = None
         self._last_cache: _NodeCache | None = None
+        self._classes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._kinds: dict[int, tuple] = {}
+        self._last_evaluation: tuple | None = None
+        self._last_classes: StateClasses | None = None
+        self._pressure: dict[str, float] = {}  # this request's demand pressure per GPU model (fgd_host)
 
     # ------------------------------------------------------------------ inputs
     def meter(self, ctx: ScoreContext) -> FragmentationMeter:
@@ -85,15 +100,30 @@ class FragmentationGradientDescent(Strategy):
             tracker.observe(request)
         return None
 
+    uses_capacity = False  # whether the cluster's GPU capacity per model enters the evaluation
+
     def _cache(self, ctx: ScoreContext) -> _NodeCache:
+        """The per-ledger memo for this request's meter (and model capacity); node classes kept current."""
         if ctx is self._last_ctx:  # the ledger asks once per node with the same per-request context
             return self._last_cache
         meter = self.meter(ctx)
+        classes = self._classes.get(ctx.index)
+        if classes is None:
+            classes = self._classes[ctx.index] = StateClasses(ctx.index)
+        classes.sync(self._class_key)
+        version = classes.capacity_version if self.uses_capacity else 0
         cache = self._caches.get(ctx.index)
-        if cache is None or cache.meter is not meter:
-            cache = self._caches[ctx.index] = _NodeCache(meter)
-        self._last_ctx, self._last_cache = ctx, cache
+        if cache is None or cache.meter is not meter or cache.version != version:
+            cache = self._caches[ctx.index] = _NodeCache(meter, version)
+            cache.pressure = self.pressure_of(meter, classes.capacity) if self.uses_capacity else {}
+        classes.use(cache)
+        self._pressure = cache.pressure
+        self._last_ctx, self._last_cache, self._last_classes = ctx, cache, classes
         return cache
+
+    def pressure_of(self, meter: FragmentationMeter, capacity: dict[str, int]) -> dict[str, float]:
+        """Per GPU model, what the evaluation needs of the cluster's capacity (fgd uses none)."""
+        return {}
 
     # ------------------------------------------------------------------ evaluation
     def extra_cost(self, meter: FragmentationMeter, node, request: Request, taken_milli: int) -> float:
@@ -106,8 +136,13 @@ class FragmentationGradientDescent(Strategy):
         """The node's free state as far as an evaluation can tell (`fully_free` catches a device held only by
         memory shares, whose free milli still reads 1000)."""
         if self.uses_memory:
-            return (node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free,
-                    tuple(node.dev_free_milli))
+            return (
+                node.cpu_free,
+                node.mem_free,
+                node.unknown_gpus,
+                node.fully_free,
+                tuple(node.dev_free_milli),
+            )
         return node.cpu_free, node.unknown_gpus, node.fully_free, tuple(node.dev_free_milli)
 
     def _evaluate(self, node, request: Request, cache: _NodeCache):
@@ -180,20 +215,92 @@ class FragmentationGradientDescent(Strategy):
         return round(increase + self.extra_cost(meter, node, request, taken), 6), fit
 
     # ------------------------------------------------------------------ the Strategy interface
-    def choose_devices(self, node, request, ctx):
+    def _evaluate_for(self, node, request, ctx):
+        """`_evaluate`, where the ledger's second ask for a node (devices, then score, nothing changed in
+        between: the index's change log has not moved) is answered from the first."""
+        index = ctx.index
+        moved = index.touched_base + len(index.touched)
+        last = self._last_evaluation
+        if (
+            last is not None
+            and last[0] is node
+            and last[1] is request
+            and last[2] is ctx
+            and last[3] == moved
+        ):
+            return last[4]
         result = self._evaluate(node, request, self._cache(ctx))
+        self._last_evaluation = (node, request, ctx, moved, result)
+        return result
+
+    def choose_devices(self, node, request, ctx):
+        result = self._evaluate_for(node, request, ctx)
         return None if result is None else result[1]
 
     def score(self, node, request, fit, ctx):
-        result = self._evaluate(node, request, self._cache(ctx))
+        result = self._evaluate_for(node, request, ctx)
         return 0.0 if result is None else -result[0]
 
     def candidates(self, request, ctx, leaves):
         """Every node that could hold the request, by fragmentation increase then name (the ledger's order).
 
-        The hot loop of a simulation: per node it costs one signature and one dict lookup unless the node's
-        state changed since a request of the same shape last looked at it.
+        The hot loop of a simulation and of admission: nodes in the same class (model, devices, free state)
+        score alike, so one evaluation per class (memoised while the workload stays) and a lazy merge of the
+        classes' name lists give the exact order of scoring every node. Topology-restricted walks and
+        per-device memory asks take the per-node scan (`scan_candidates`).
         """
+        if leaves is not None or request.gpu_memory_mib:
+            return self.scan_candidates(request, ctx, leaves)
+        cache = self._cache(ctx)
+        meter, compute, classes = cache.meter, self._compute, self._last_classes
+        cpu, memory, gpus, milli = request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli
+
+        def fits(node) -> bool:
+            return (
+                node.cpu_free >= cpu
+                and node.mem_free >= memory
+                and node.whole_free >= gpus
+                and (not milli or node.free_milli >= milli)
+            )
+
+        key = (cpu, memory, gpus, milli, request.product)
+        ranked = classes.ranked(fits, lambda node: compute(node, request, meter), key)
+        return self._hinted(classes.walk(ranked), request, ctx)
+
+    def _hinted(self, walk, request, ctx):
+        """The walk's nodes, each leaving its class's result for the ledger's asks that follow (the Fit is
+        the same on every node of a class: same devices, same free state)."""
+        index = ctx.index
+        moved = index.touched_base + len(index.touched)
+        for node, result in walk:
+            self._last_evaluation = (node, request, ctx, moved, result)
+            yield node
+
+    def _class_key(self, node) -> tuple | None:
+        """What decides every evaluation of this node: its kind and free state; None = not placeable.
+        A node whose memory-only shares make its free milli ambiguous (`_shared`) is a class of its own."""
+        if not node.placeable:
+            return None
+        free = tuple(node.dev_free_milli)
+        state = (node.cpu_free, node.mem_free, node.unknown_gpus, node.fully_free, free)
+        if node.fully_free != free.count(MILLI_PER_GPU):  # free milli never exceeds one GPU
+            return node.name, state
+        held = self._kinds.get(id(node.info))
+        if held is None or held[0] is not node.info:
+            if len(self._kinds) > 1_000_000:
+                self._kinds.clear()
+            info = node.info
+            kind = (
+                info.product,
+                tuple(node.dev_index),
+                tuple(node.dev_healthy),
+                tuple(d.product for d in info.devices),
+            )
+            held = self._kinds[id(info)] = (info, kind)
+        return held[1], state
+
+    def scan_candidates(self, request, ctx, leaves):
+        """The per-node walk: every node evaluated (from the per-node memo), sorted by increase then name."""
         cache = self._cache(ctx)
         meter, memo = cache.meter, cache.nodes
         key = (request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli, request.product)
@@ -233,7 +340,6 @@ class FragmentationGradientDescent(Strategy):
 
 def _rank_key(item):
     return item[0], item[1]
-
 
 
 def _free_vector(node) -> tuple[int, ...]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from allocator.core.model import MILLI_PER_GPU, Request
 
@@ -47,7 +47,7 @@ class PodShape:
     products: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, request: Request) -> "PodShape":
+    def of(cls, request: Request) -> PodShape:
         products = split_products(request.product)
         if request.gpus > 0:
             return cls(request.cpu_milli, request.gpus, MILLI_PER_GPU, products)
@@ -70,10 +70,17 @@ class TargetWorkload:
     memory_per_gpu_milli: float = 0.0
 
     @classmethod
-    def from_shapes(cls, shapes: Iterable[PodShape], popularity: float = 0.95,
-                    memory_per_gpu_milli: float = 0.0) -> "TargetWorkload":
+    def from_shapes(
+        cls, shapes: Iterable[PodShape], popularity: float = 0.95, memory_per_gpu_milli: float = 0.0
+    ) -> TargetWorkload:
         """The most frequent shapes covering `popularity` of the pods, renormalised (the paper keeps 95%)."""
-        counts = Counter(shapes)
+        return cls.from_counts(Counter(shapes), popularity, memory_per_gpu_milli)
+
+    @classmethod
+    def from_counts(
+        cls, counts: Counter, popularity: float = 0.95, memory_per_gpu_milli: float = 0.0
+    ) -> TargetWorkload:
+        """As `from_shapes`, from shape -> number of pods."""
         total = sum(counts.values())
         if not total:
             return cls(())
@@ -86,11 +93,14 @@ class TargetWorkload:
             covered += count
         gpu_milli = sum(count * shape.total_milli for shape, count in counts.items())
         cpu = sum(count * shape.cpu_milli for shape, count in counts.items() if shape.total_milli)
-        return cls(tuple((shape, count / covered) for shape, count in kept),
-                   cpu / gpu_milli if gpu_milli else 0.0, memory_per_gpu_milli)
+        return cls(
+            tuple((shape, count / covered) for shape, count in kept),
+            cpu / gpu_milli if gpu_milli else 0.0,
+            memory_per_gpu_milli,
+        )
 
     @classmethod
-    def from_requests(cls, requests: Iterable[Request], popularity: float = 0.95) -> "TargetWorkload":
+    def from_requests(cls, requests: Iterable[Request], popularity: float = 0.95) -> TargetWorkload:
         requests = list(requests)
         gpu = [r for r in requests if r.needs_gpu]
         gpu_milli = sum(r.gpus * MILLI_PER_GPU + (0 if r.gpus else r.gpu_milli) for r in gpu)
@@ -101,8 +111,9 @@ class TargetWorkload:
         return len(self.shapes)
 
 
-def node_fragmentation(cpu_free: int, gpu_free: Sequence[int], product: str,
-                       workload: TargetWorkload) -> float:
+def node_fragmentation(
+    cpu_free: int, gpu_free: Sequence[int], product: str, workload: TargetWorkload
+) -> float:
     """Expected free GPU milli on the node that a pod drawn from `workload` could not use."""
     total = sum(gpu_free)
     if total <= 0:
@@ -191,8 +202,9 @@ class FragmentationMeter:
                 frag += mass * total
         return frag
 
-    def best_choice(self, cpu_free: int, gpu_free: Sequence[int], product: str,
-                    shape: PodShape) -> Choice | None:
+    def best_choice(
+        self, cpu_free: int, gpu_free: Sequence[int], product: str, shape: PodShape
+    ) -> Choice | None:
         """The device choice on this node that raises fragmentation least; None if the pod does not fit.
 
         A share goes on the fitting device whose choice leaves the least fragmentation (ties: the fullest
@@ -229,8 +241,11 @@ class FragmentationMeter:
 class WorkloadTracker:
     """The target workload learnt from the requests seen so far (for live admission, where no trace exists).
 
-    The workload is re-derived every `refresh_every` requests so that the meter's memo stays useful; the
-    result depends only on the sequence of requests, so it is deterministic.
+    The workload is re-derived after each of the first `refresh_every` requests, then after every
+    `refresh_every`-th, at the moment the request is observed: it depends only on the sequence of requests,
+    not on when (or whether) a strategy asks for it, so a walk that asks on every request and a scan that
+    asks only when some node passes the filters see the same workload. An unchanged workload keeps its
+    meter (and the meter's memo).
     """
 
     popularity: float = 0.95
@@ -239,26 +254,33 @@ class WorkloadTracker:
     seen: int = 0
     memory_mib: int = 0  # of the GPU requests seen, for the memory-per-GPU ratio
     gpu_milli: int = 0
-    _seen_at_refresh: int = 0
+    _workload: TargetWorkload | None = None
     _meter: FragmentationMeter | None = None
+    _shapes: dict = field(default_factory=dict, repr=False)  # request fields -> PodShape, built once
 
     def observe(self, request: Request) -> None:
-        shape = PodShape.of(request)
+        key = (request.cpu_milli, request.gpus, request.gpu_milli, request.product)
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) > 100_000:
+                self._shapes.clear()
+            shape = self._shapes[key] = PodShape.of(request)
         self.counts[shape] += 1
         self.seen += 1
         if shape.total_milli:
             self.memory_mib += request.memory_mib
             self.gpu_milli += shape.total_milli
+        if self.seen <= self.refresh_every or self.seen % self.refresh_every == 0:
+            memory = self.memory_mib / self.gpu_milli if self.gpu_milli else 0.0
+            workload = TargetWorkload.from_counts(self.counts, self.popularity, memory)
+            if workload != self._workload:
+                self._workload = workload
 
     def meter(self) -> FragmentationMeter:
-        seen = self.seen
-        if self._meter is None or seen - self._seen_at_refresh >= self.refresh_every:
-            memory = self.memory_mib / self.gpu_milli if self.gpu_milli else 0.0
-            workload = TargetWorkload.from_shapes(self.counts.elements(), self.popularity, memory)
+        workload = self._workload if self._workload is not None else TargetWorkload(())
+        if self._meter is None or self._meter.workload is not workload:
             self._meter = FragmentationMeter(workload)
-            self._seen_at_refresh = seen
         return self._meter
-
 
 
 WORKLOAD_KEY = "fgd_workload"  # the `ScoreContext.extra` key carrying a TargetWorkload to fgd and fgd_host

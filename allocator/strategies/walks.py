@@ -5,7 +5,8 @@ A walk only orders and skips what cannot fit; it must never mutate the index or 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from allocator.core.model import MILLI_PER_GPU, Request
 
@@ -14,8 +15,8 @@ if TYPE_CHECKING:
 
 
 def bucket_walk(
-    index: "ClusterIndex", leaves: list["LeafKey"] | None, need: int, descending: bool
-) -> Iterator["NodeState"]:
+    index: ClusterIndex, leaves: list[LeafKey] | None, need: int, descending: bool
+) -> Iterator[NodeState]:
     """Placeable nodes with at least `need` whole-free GPUs, by whole-free count then name."""
     nodes = index.nodes
     if leaves is None:
@@ -43,12 +44,12 @@ def bucket_walk(
 
 
 def leaf_walk(
-    index: "ClusterIndex",
-    leaves: list["LeafKey"] | None,
+    index: ClusterIndex,
+    leaves: list[LeafKey] | None,
     need: int,
     leaf_descending: bool,
     node_descending: bool,
-) -> Iterator["NodeState"]:
+) -> Iterator[NodeState]:
     """Leaves ordered by their whole-free total (equal totals merged by node name), nodes by bucket.
     A leaf whose total is below `need` cannot hold a node with `need` free, so it is skipped unseen."""
     wanted = None if leaves is None else set(leaves)
@@ -75,7 +76,7 @@ def _taken_milli(request: Request) -> int:
     return request.gpus * MILLI_PER_GPU if request.gpus > 0 else request.gpu_milli
 
 
-def best_fit_cost(node: "NodeState", request: Request, index: "ClusterIndex") -> int:
+def best_fit_cost(node: NodeState, request: Request, index: ClusterIndex) -> int:
     """best fit's node cost as an exact integer: `fit_key` after placement (lower is a tighter fit)."""
     return (node.cpu_free - request.cpu_milli) * index.max_gpu_milli + (
         node.free_milli - _taken_milli(request)
@@ -83,8 +84,8 @@ def best_fit_cost(node: "NodeState", request: Request, index: "ClusterIndex") ->
 
 
 def best_fit_walk(
-    index: "ClusterIndex", leaves: list["LeafKey"] | None, request: Request
-) -> Iterator["NodeState"]:
+    index: ClusterIndex, leaves: list[LeafKey] | None, request: Request
+) -> Iterator[NodeState]:
     """Placeable nodes by best-fit cost, then name, skipping nodes that cannot hold the request's CPU, memory
     or GPU amount. The cost is `fit_key` less a constant, so each whole-free bucket is already in cost order:
     merging the buckets with `need` or more free GPUs is exact, and the first node that fits is the best."""
@@ -92,7 +93,7 @@ def best_fit_walk(
     cpu, mem, taken = request.cpu_milli, request.memory_mib, _taken_milli(request)
     nodes = index.nodes
 
-    def fits(node: "NodeState") -> bool:
+    def fits(node: NodeState) -> bool:
         return node.cpu_free >= cpu and node.mem_free >= mem and node.free_milli_raw >= taken  # all must hold
 
     if leaves is not None:  # a few leaves: sort their nodes outright

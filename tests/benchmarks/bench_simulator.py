@@ -4,6 +4,7 @@ process, with ratios to `best_fit` measured in the same run.
     .venv/bin/python tests/benchmarks/bench_simulator.py [--workload default] [--limit-nodes N] [--seed 42]
         [--strategies best_fit,fgd,fgd_host,fgd_naive]
 
+`--workload` also takes the generated variants (gpuspec33, cpu100, ...; docs/simulator.md).
 `fgd_naive` is FGD without its fast path (no candidate walk, no per-node memo: the ledger filters and
 scores every node and every evaluation recomputes the node's fragmentation from the memoised meter), to show
 what the walk and the memo buy. Wall time includes the ledger's denial diagnosis of the pods that do not fit;
@@ -43,7 +44,8 @@ class TimedLedger(Ledger):
         return result
 
 
-from allocator.sim.traces import limit_nodes, load_openb  # noqa: E402
+from allocator.sim.traces import limit_nodes  # noqa: E402
+from allocator.sim.variants import load_variant  # noqa: E402
 
 
 class NaiveFGD(FragmentationGradientDescent):
@@ -69,7 +71,7 @@ def main() -> int:
     args = parser.parse_args()
 
     strategies.register("fgd_naive", NaiveFGD)
-    nodes, trace_pods = load_openb(args.trace, args.workload, args.node_list)
+    nodes, trace_pods = load_variant(args.trace, args.workload, args.node_list)
     if args.limit_nodes:
         nodes = limit_nodes(nodes, args.limit_nodes)
     pods = [p.to_request() for p in trace_pods]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.model import Request
+from allocator.core.model import NodeInfo, Request
 from allocator.strategies.fragmentation import PodShape, TargetWorkload
 from tests.strategies.support import ledger, node_info
 
@@ -19,3 +19,34 @@ def test_host_aware_variant_keeps_cpu_pods_off_gpu_nodes_that_need_their_cpu():
     assert ledger("fgd", nodes, workload).reserve(cpu_pod, 0.0).node == "a"
     # fgd_host sees 2000 - 22000/12 = 167 GPU milli that a's CPU could no longer feed
     assert ledger("fgd_host", nodes, workload).reserve(cpu_pod, 0.0).node == "b"
+
+
+def test_model_pressure_is_pinned_demand_share_over_capacity_share():
+    from allocator.strategies.fgd_host import model_pressure
+
+    pinned_to_v100 = PodShape(0, 1, 1000, ("V100",))
+    free = PodShape(0, 1, 1000)
+    workload = TargetWorkload.from_shapes([pinned_to_v100] * 3 + [free] * 7)
+    # V100: 30% of the demand is pinned to it, it has 10% of the capacity -> 3.0; T4: nothing pinned -> 0
+    assert model_pressure(workload, {"V100": 1000, "T4": 9000}) == {"V100": pytest.approx(3.0), "T4": 0.0}
+    assert model_pressure(TargetWorkload.from_shapes([free]), {"V100": 1000, "T4": 9000}) == {}
+    either = PodShape(0, 1, 1000, ("V100", "T4"))  # an OR-list counts evenly on each model it allows
+    split = model_pressure(TargetWorkload.from_shapes([either]), {"V100": 5000, "T4": 5000})
+    assert split == {"V100": pytest.approx(1.0), "T4": pytest.approx(1.0)}
+
+
+def test_unpinned_pods_leave_the_model_pinned_pods_need():
+    # a quarter of the pods pinned to each model: FGD's fragments are alike on both nodes and the lowest name
+    # wins, the V100 node; but V100 is a third of the capacity for half the pinned demand (pressure 0.75
+    # against T4's 0.375), so fgd_host sends the unpinned pod to the T4 node
+    v100, t4, free = PodShape(0, 1, 1000, ("V100",)), PodShape(0, 1, 1000, ("T4",)), PodShape(0, 1, 1000)
+    workload = TargetWorkload.from_shapes([v100, t4, free, free])
+    nodes = [node_info("a-v100", 2, product="V100"), node_info("b-t4", 4, product="T4")]
+    assert ledger("fgd", nodes, workload).reserve(Request("free", gpus=1), 0.0).node == "a-v100"
+    led = ledger("fgd_host", nodes, workload)
+    assert led.reserve(Request("free", gpus=1), 0.0).node == "b-t4"
+    assert led.reserve(Request("pinned", gpus=1, product="V100"), 0.0).node == "a-v100"
+    # capacity follows the nodes: with the T4 node cordoned, the V100 node is all there is
+    cordoned = NodeInfo("b-t4", 64_000, 256_000, nodes[1].devices, product="T4", unschedulable=True)
+    led.upsert_node(cordoned)
+    assert led.reserve(Request("free2", gpus=1), 0.0).node == "a-v100"
