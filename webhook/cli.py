@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "node-agent": ("allocator.node_agent.agent", "publish this node's GPUs (NVML) as agentaflow.gpu/* labels and annotations"),
     "certs": ("certs.cli", "generate or rotate the webhook's CA and serving certificate"),
     "demo": ("devcluster.demo", "start a local control plane + webhook and place sample workloads"),
+    "controller": ("gpucontroller.main", "run the GPUWorkload/GPUNode controller (queue, retries, leader election)"),
 }
 
 
