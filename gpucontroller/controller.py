@@ -36,6 +36,9 @@ class EngineSettings:
     placing_timeout_s: float = lifecycle.DEFAULT_PLACING_TIMEOUT_S
     gpunode_interval_s: float = 5.0  # at most one GPUNode refresh per this many seconds of events
     free_wait_s: float = 10.0  # how long a freed reservation is watched for its release by the sync
+    # while workloads wait: look again this often, for capacity freed with no API event (a reservation made
+    # for a pod that was never stored expires after the ledger's TTL). Events still wake the queue at once.
+    requeue_interval_s: float = 15.0
     gpunodes: bool = True
 
 
@@ -330,6 +333,8 @@ class Engine:
             deadline = (obj.get("spec") or {}).get("activeDeadlineSeconds")
             if phase not in TERMINAL and isinstance(deadline, int):
                 moments.append(parse_time(obj["metadata"].get("creationTimestamp")) + deadline)
+            if phase == "Queued" and self.settings.requeue_interval_s > 0:
+                moments.append(now + self.settings.requeue_interval_s)
         future = [m for m in moments if m > now - 1]
         if future:
             self._wake_in(min(future) - now + 0.05)

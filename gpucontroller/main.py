@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for a started workload's pods to be placed before the attempt is retried")
     p.add_argument("--gpunode-interval", type=float, default=EngineSettings.gpunode_interval_s,
                    help="at most one GPUNode refresh per this many seconds")
+    p.add_argument("--requeue-interval", type=float, default=EngineSettings.requeue_interval_s,
+                   help="while workloads wait, look again this often for capacity freed without an API event "
+                        "(an expired reservation); freed pods wake the queue at once regardless (0: never)")
     p.add_argument("--no-gpunodes", action="store_true", help="do not write GPUNode objects")
     p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8080, help="/metrics (0: no metrics server)")
@@ -68,9 +71,16 @@ def _ledger_handle(args: argparse.Namespace, timeout_s: float = 120.0) -> Any:
     """The ledger actor `gpuledger serve` created; waited for, never created here (its config is the webhook's)."""
     import ray
 
-    ray.init(address=args.ray_address or os.environ.get("RAY_ADDRESS") or "auto", namespace=args.ray_namespace,
-             log_to_driver=False, logging_level=logging.WARNING)
     deadline = time.monotonic() + timeout_s
+    while True:  # beside the webhook, its Ray may still be starting
+        try:
+            ray.init(address=args.ray_address or os.environ.get("RAY_ADDRESS") or "auto",
+                     namespace=args.ray_namespace, log_to_driver=False, logging_level=logging.WARNING)
+            break
+        except ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
     while True:
         try:
             return ray.get_actor(args.actor_name, namespace=args.ray_namespace)
@@ -125,7 +135,8 @@ async def run(args: argparse.Namespace, api_client: Any, ledger_view: Any, stop:
 
     writer = KubeWriter(api_client)
     settings = EngineSettings(backfill_window_s=args.backfill_window, placing_timeout_s=args.placing_timeout,
-                              gpunode_interval_s=args.gpunode_interval, gpunodes=not args.no_gpunodes)
+                              gpunode_interval_s=args.gpunode_interval, gpunodes=not args.no_gpunodes,
+                              requeue_interval_s=args.requeue_interval)
     engine = Engine(writer, ledger_view, metrics, settings)
     await asyncio.to_thread(_seed, engine, writer)
     tasks = [asyncio.create_task(renew()), asyncio.create_task(engine.run(stop))]
@@ -146,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("kopf").setLevel(logging.WARNING)
+    for noisy in ("kopf", "urllib3", "kubernetes", "aiohttp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)  # what kopf's login reads
     from gpucontroller.ledger import RayLedger

@@ -152,10 +152,13 @@ class Queue:
         selector = f"{LABEL_UID}={uid}"
 
         def gone():
-            # until the garbage collector has deleted the Job (whose controller may replace a pod meanwhile)
-            self.cp.force_delete("pods", namespace=self.namespace, selector=selector)
-            return not self.cp.get_json("jobs", "-n", self.namespace, "-l", selector)["items"] and \
-                not self.cp.pods(self.namespace, selector)
+            # the garbage collector deletes the Job, then its pods (gracefully); the kubelet would confirm each
+            # pod's deletion once its containers stopped: only then, and only those, are force-deleted here
+            pods = self.cp.pods(self.namespace, selector)
+            terminating = [p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp")]
+            if terminating:
+                self.cp.force_delete("pods", *terminating, namespace=self.namespace)
+            return not self.cp.get_json("jobs", "-n", self.namespace, "-l", selector)["items"] and not pods
 
         self.cp.wait_for(gone, timeout=30, interval=0.3, what=f"{name}'s Job and pods gone")
 
@@ -181,7 +184,7 @@ def test_more_than_fit_run_in_priority_order_as_earlier_ones_are_deleted(apiserv
     q.submit("mid", 4, priority=5)
     q.submit("top", 4, priority=10, group="warp")
     q.submit("least", 4, priority=-100, group="warp")
-    ctl = controllers("c1")
+    ctl = controllers("c1", "--requeue-interval", "0")  # freed GPUs must wake the queue by their events alone
     objs = q.wait_phases({"top": "Running", "mid": "Running", "low-a": "Queued", "low-b": "Queued",
                           "least": "Queued"}, timeout=90)
     def positions():
