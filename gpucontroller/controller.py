@@ -314,8 +314,9 @@ class Engine:
     def _wake_in(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
         when = loop.time() + max(0.0, delay)
-        if self._timer is not None and not self._timer.cancelled() and self._timer.when() <= when:
-            return
+        pending = self._timer is not None and not self._timer.cancelled() and self._timer.when() > loop.time()
+        if pending and self._timer is not None and self._timer.when() <= when:
+            return  # an earlier wake is already set
         if self._timer is not None:
             self._timer.cancel()
         self._timer = loop.call_at(when, self.wake)

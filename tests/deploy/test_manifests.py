@@ -439,7 +439,7 @@ def test_dockerignore_keeps_secrets_and_the_venv_out():
     lines = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and l[0] != "#"]
     assert lines[0] == "*"  # deny by default, then allow only the package sources
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed <= {"pyproject.toml", "README.md", "allocator", "webhook", "certs"}
+    assert allowed <= {"pyproject.toml", "README.md", "allocator", "webhook", "certs", "gpucontroller"}
     copied = {arg.split()[0] for ins, arg in dockerfile() if ins == "COPY" and not arg.startswith("--from")}
     assert copied <= allowed
 

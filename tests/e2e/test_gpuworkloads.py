@@ -147,8 +147,14 @@ class Queue:
 
     def delete(self, name: str, resource: str = "gpuworkloads.agentaflow.io") -> None:
         """Delete the workload and, as the kubelet would once its containers stopped, its pods."""
+        self.confirm_deleted(self.request_delete(name, resource), name)
+
+    def request_delete(self, name: str, resource: str = "gpuworkloads.agentaflow.io") -> str:
         uid = self.all()[name]["metadata"]["uid"]
         self.cp.kubectl("delete", resource, name, "-n", self.namespace, "--wait=false")
+        return uid
+
+    def confirm_deleted(self, uid: str, name: str) -> None:
         selector = f"{LABEL_UID}={uid}"
 
         def gone():
@@ -240,13 +246,13 @@ def test_killed_controller_loses_no_workload_and_starts_none_twice(apiserver, st
         q.submit(name, 4, priority=10 - i)  # w0 first
     first = controllers("c1")
     q.wait_phases({"w0": "Running", "w1": "Running", "w2": "Queued", "w3": "Queued", "w4": "Queued"}, timeout=90)
-    # free a GPU and kill the controller mid-queue: it may be anywhere in starting w2
-    q.delete("w0")
-    time.sleep(0.3)
+    # free GPUs and kill the controller mid-queue: it may be anywhere in starting w2 when it dies
+    uid = q.request_delete("w0")
     first.kill()
+    q.confirm_deleted(uid, "w0")
     second = controllers("c2")
+    apiserver.wait_for(second.is_leader, timeout=90, what="the second controller to take the Lease")
     q.wait_phases({"w1": "Running", "w2": "Running", "w3": "Queued", "w4": "Queued"}, timeout=90)
-    assert second.is_leader()
     q.delete("w1")
     q.delete("w2")
     objs = q.wait_phases({"w3": "Running", "w4": "Running"}, timeout=60)
