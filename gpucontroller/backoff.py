@@ -18,12 +18,15 @@ def nominal_delay(retry: int, base_s: float = DEFAULT_BASE_S, cap_s: float = DEF
     return min(cap_s, base_s * 2 ** min(retry - 1, 62))
 
 
-def retry_delay(retry: int, draw: float, base_s: float = DEFAULT_BASE_S, cap_s: float = DEFAULT_CAP_S) -> float:
+def retry_delay(
+    retry: int, draw: float, base_s: float = DEFAULT_BASE_S, cap_s: float = DEFAULT_CAP_S
+) -> float:
     if not 0.0 <= draw < 1.0:
         raise ValueError(f"draw={draw!r} is not accepted: expected a number in [0, 1)")
     return nominal_delay(retry, base_s, cap_s) * (0.5 + 0.5 * draw)
 
 
-def next_retry_time(now: float, retry: int, draw: float, base_s: float = DEFAULT_BASE_S,
-                    cap_s: float = DEFAULT_CAP_S) -> float:
+def next_retry_time(
+    now: float, retry: int, draw: float, base_s: float = DEFAULT_BASE_S, cap_s: float = DEFAULT_CAP_S
+) -> float:
     return now + retry_delay(retry, draw, base_s, cap_s)

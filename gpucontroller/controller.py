@@ -12,15 +12,22 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from gpucontroller import gpunodes, lifecycle
 from gpucontroller.kube import Conflict, KubeWriter
 from gpucontroller.ledger import INVALID, LedgerView
-from gpucontroller.lifecycle import Observed, TERMINAL
-from gpucontroller.mapping import (LABEL_UID, SpecError, WorkloadKey, WorkloadRequest, from_object, job_manifest,
-                                   parse_time)
+from gpucontroller.lifecycle import TERMINAL, Observed
+from gpucontroller.mapping import (
+    LABEL_UID,
+    SpecError,
+    WorkloadKey,
+    WorkloadRequest,
+    from_object,
+    job_manifest,
+    parse_time,
+)
 from gpucontroller.metrics import ControllerMetrics, priority_band
 from gpucontroller.queue import DEFAULT_BACKFILL_WINDOW_S, Entry, Verdict, plan
 
@@ -51,13 +58,21 @@ def _rv(obj: Mapping) -> int:
 
 def workload_key(obj: Mapping) -> WorkloadKey:
     meta = obj.get("metadata") or {}
-    return WorkloadKey(str(obj.get("apiVersion", "")).partition("/")[0], meta.get("namespace", ""), meta["name"])
+    return WorkloadKey(
+        str(obj.get("apiVersion", "")).partition("/")[0], meta.get("namespace", ""), meta["name"]
+    )
 
 
 class Engine:
-    def __init__(self, writer: KubeWriter, ledger: LedgerView, metrics: ControllerMetrics | None = None,
-                 settings: EngineSettings = EngineSettings(), clock: Callable[[], float] = time.time,
-                 draw: Callable[[], float] = random.random):
+    def __init__(
+        self,
+        writer: KubeWriter,
+        ledger: LedgerView,
+        metrics: ControllerMetrics | None = None,
+        settings: EngineSettings = EngineSettings(),
+        clock: Callable[[], float] = time.time,
+        draw: Callable[[], float] = random.random,
+    ):
         self.writer, self.ledger, self.settings = writer, ledger, settings
         self.metrics = metrics or ControllerMetrics()
         self.clock, self.draw = clock, draw
@@ -142,7 +157,7 @@ class Engine:
             self._wake.clear()
             try:
                 await self.pass_once()
-            except Exception:  # noqa: BLE001 - one bad pass must not end the controller
+            except Exception:
                 log.exception("reconcile pass failed; again in 1s")
                 self._wake_in(1.0)
 
@@ -194,8 +209,8 @@ class Engine:
     async def _namespace_enabled(self, name: str) -> bool:
         if name not in self.namespaces:
             ns = await asyncio.to_thread(self.writer.read_namespace, name)
-            self.namespaces[name] = bool(ns) and (ns["metadata"].get("labels") or {}).get(ADMISSION_LABEL) == \
-                "enabled"
+            labels = ((ns or {}).get("metadata") or {}).get("labels") or {}
+            self.namespaces[name] = labels.get(ADMISSION_LABEL) == "enabled"
         return self.namespaces[name]
 
     async def _lost_nodes(self, names: list[str]) -> frozenset[str]:
@@ -206,8 +221,11 @@ class Engine:
         return frozenset(lost)
 
     def _pods_of(self, namespace: str, job: str | None) -> list[dict]:
-        return [p for (ns, _), p in self.pods.items()
-                if ns == namespace and (p["metadata"].get("labels") or {}).get("job-name") == job]
+        return [
+            p
+            for (ns, _), p in self.pods.items()
+            if ns == namespace and (p["metadata"].get("labels") or {}).get("job-name") == job
+        ]
 
     async def _reconcile(self, obj: dict, now: float) -> None:
         status = dict(obj.get("status") or {})
@@ -221,9 +239,12 @@ class Engine:
         ns = req.key.namespace
         job = await self._job(ns, status.get("jobName")) if status.get("phase") not in TERMINAL else None
         pods = self._pods_of(ns, status.get("jobName"))
-        placed_nodes = {p["node"] for p in lifecycle.placements(pods)} | set(status.get("assignedNodes") or [])
-        seen = Observed(job, pods, await self._lost_nodes(sorted(placed_nodes)),
-                        await self._namespace_enabled(ns))
+        placed_nodes = {p["node"] for p in lifecycle.placements(pods)} | set(
+            status.get("assignedNodes") or []
+        )
+        seen = Observed(
+            job, pods, await self._lost_nodes(sorted(placed_nodes)), await self._namespace_enabled(ns)
+        )
         step = lifecycle.step(req, status, seen, now, self.draw(), self.settings.placing_timeout_s)
         if step.delete_job:
             await asyncio.to_thread(self.writer.delete_job, ns, step.delete_job)
@@ -235,11 +256,16 @@ class Engine:
         self.metrics.count(step.events)
 
     async def _create_job(self, req: WorkloadRequest, status: Mapping, now: float) -> None:
-        left = None if req.deadline_s is None else req.created + req.deadline_s - now
+        left = None if req.deadline_s is None else int(req.created + req.deadline_s - now)
         job = job_manifest(req, int(status.get("attempts") or 1), left)
         created = await asyncio.to_thread(self.writer.create_job, job)
-        log.info("%s Job %s/%s for %s", "created" if created else "found existing", req.key.namespace,
-                 job["metadata"]["name"], req.key)
+        log.info(
+            "%s Job %s/%s for %s",
+            "created" if created else "found existing",
+            req.key.namespace,
+            job["metadata"]["name"],
+            req.key,
+        )
 
     # ---------------------------------------------------------------- the queue
     async def _queue_pass(self, now: float) -> None:
@@ -258,15 +284,22 @@ class Engine:
             return
         entries = [Entry(req.key, req.priority, req.created, req.total_gpus) for _, req in queued]
         if placing:
-            # one workload is placed at a time: a dry run now would count GPUs the placing one is about to take
+            # one workload is placed at a time: a dry run now would count GPUs the placing one will take
             verdicts = {req.key: _previous(obj) for obj, req in queued}
         else:
-            jobs = [job_manifest(req, int((obj.get("status") or {}).get("attempts") or 0) + 1) for obj, req in queued]
+            jobs = [
+                job_manifest(req, int((obj.get("status") or {}).get("attempts") or 0) + 1)
+                for obj, req in queued
+            ]
             answers = await asyncio.to_thread(self.ledger.dry_run, jobs)
-            verdicts = {req.key: v for (_, req), v in zip(queued, answers)}
+            verdicts = {req.key: v for (_, req), v in zip(queued, answers, strict=True)}
         decided = plan(entries, verdicts, now, self.settings.backfill_window_s)
-        log.debug("queue pass: placing=%s verdicts=%s start=%s", placing,
-                  {str(k): (v.fits, v.reason) for k, v in verdicts.items()}, decided.start)
+        log.debug(
+            "queue pass: placing=%s verdicts=%s start=%s",
+            placing,
+            {str(k): (v.fits, v.reason) for k, v in verdicts.items()},
+            decided.start,
+        )
         by_key = {req.key: (obj, req) for obj, req in queued}
         if decided.start is not None:
             obj, req = by_key[decided.start]
@@ -279,7 +312,9 @@ class Engine:
                 return
             await self._create_job(req, status, now)
             queued_at = parse_time((obj.get("status") or {}).get("queuedTime")) or req.created
-            self.metrics.queue_wait.labels(priority=priority_band(req.priority)).observe(max(0.0, now - queued_at))
+            self.metrics.queue_wait.labels(priority=priority_band(req.priority)).observe(
+                max(0.0, now - queued_at)
+            )
         for key, verdict in decided.waiting.items():
             obj, req = by_key[key]
             status = obj.get("status") or {}
@@ -287,8 +322,13 @@ class Engine:
                 await self._write(obj, lifecycle.with_phase(status, "Failed", INVALID, verdict.message, now))
                 self.metrics.count([f"failed:{INVALID}"])
                 continue
-            new = lifecycle.queued(status, decided.positions[key], verdict.reason or status.get("reason", "Queued"),
-                                   verdict.message or status.get("message", ""), now)
+            new = lifecycle.queued(
+                status,
+                decided.positions[key],
+                verdict.reason or status.get("reason", "Queued"),
+                verdict.message or status.get("message", ""),
+                now,
+            )
             if new != status:
                 try:
                     await self._write(obj, new)
@@ -305,7 +345,7 @@ class Engine:
         ids = list(self.freeing)
         held = await asyncio.to_thread(self.ledger.held, ids)
         log.debug("freeing %s: held %s", ids, held)
-        for rid, still in zip(ids, held):
+        for rid, still in zip(ids, held, strict=True):
             if not still:
                 self.freeing.pop(rid, None)
         if self.freeing:

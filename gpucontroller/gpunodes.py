@@ -1,13 +1,14 @@
 """GPUNode statuses from the ledger's snapshot and the Node objects (the node agent's annotations). Pure.
 
 The ledger says who holds each device and what is free; the Node says product, UUID, health, utilization,
-leaf and spine. This module only merges the two into one status per node; gpucontroller.controller writes them.
+leaf and spine. This module only merges the two into one status per node; the controller writes them.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gpucontroller.mapping import format_time
 
@@ -31,8 +32,9 @@ def _agent_devices(node: Mapping[str, Any]) -> dict[int, dict]:
     return out
 
 
-def _holder(hid: str, pods_by_reservation: Mapping[str, str], confirmed: Mapping[str, bool], milli: int,
-            memory: int) -> dict[str, Any]:
+def _holder(
+    hid: str, pods_by_reservation: Mapping[str, str], confirmed: Mapping[str, bool], milli: int, memory: int
+) -> dict[str, Any]:
     pod = pods_by_reservation.get(hid) or (hid[4:] if hid.startswith("pod:") else "")
     out: dict[str, Any] = {"reservationId": hid, "milli": milli}
     if pod:
@@ -44,9 +46,16 @@ def _holder(hid: str, pods_by_reservation: Mapping[str, str], confirmed: Mapping
     return out
 
 
-def node_status(name: str, ledger_node: Mapping[str, Any], node: Mapping[str, Any] | None,
-                pods_by_reservation: Mapping[str, str], confirmed: Mapping[str, bool], now: float,
-                leaf_label: str = LEAF_LABEL, spine_label: str = SPINE_LABEL) -> dict[str, Any]:
+def node_status(
+    name: str,
+    ledger_node: Mapping[str, Any],
+    node: Mapping[str, Any] | None,
+    pods_by_reservation: Mapping[str, str],
+    confirmed: Mapping[str, bool],
+    now: float,
+    leaf_label: str = LEAF_LABEL,
+    spine_label: str = SPINE_LABEL,
+) -> dict[str, Any]:
     labels = ((node or {}).get("metadata") or {}).get("labels") or {}
     annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
     agent = _agent_devices(node or {})
@@ -62,8 +71,12 @@ def node_status(name: str, ledger_node: Mapping[str, Any], node: Mapping[str, An
         if owner is None and shares:
             shared += 1
         healthy = a.get("healthy", True)
-        entry: dict[str, Any] = {"index": index, "health": "Healthy" if healthy in (True, "true") else "Unhealthy",
-                                 "allocatedMilli": MILLI - dev_free_milli, "holders": holders}
+        entry: dict[str, Any] = {
+            "index": index,
+            "health": "Healthy" if healthy in (True, "true") else "Unhealthy",
+            "allocatedMilli": MILLI - dev_free_milli,
+            "holders": holders,
+        }
         for key, out_key in (("uuid", "uuid"), ("product", "product")):
             if a.get(key):
                 entry[out_key] = str(a[key])
@@ -79,10 +92,16 @@ def node_status(name: str, ledger_node: Mapping[str, Any], node: Mapping[str, An
     total = len(devices)
     status: dict[str, Any] = {
         "devices": devices,
-        "allocation": {"totalGPUs": total, "allocatedGPUs": allocated, "sharedGPUs": shared,
-                       "freeGPUs": whole_free, "allocatedMilli": sum(d["allocatedMilli"] for d in devices),
-                       "percent": round(100.0 * sum(d["allocatedMilli"] for d in devices) / (total * MILLI), 2)
-                       if total else 0.0},
+        "allocation": {
+            "totalGPUs": total,
+            "allocatedGPUs": allocated,
+            "sharedGPUs": shared,
+            "freeGPUs": whole_free,
+            "allocatedMilli": sum(d["allocatedMilli"] for d in devices),
+            "percent": round(100.0 * sum(d["allocatedMilli"] for d in devices) / (total * MILLI), 2)
+            if total
+            else 0.0,
+        },
         # the ledger's measure (allocator stats): free GPU capacity not in whole free GPUs, as a share of it
         "fragmentation": round(max(0.0, 1.0 - whole_free * MILLI / free_milli), 4) if free_milli else 0.0,
         "schedulable": labels.get(SCHEDULABLE_LABEL, "true") != "false" and node is not None,
@@ -97,10 +116,16 @@ def node_status(name: str, ledger_node: Mapping[str, Any], node: Mapping[str, An
     return status
 
 
-def statuses(snapshot: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]],
-             pods_by_reservation: Mapping[str, str], now: float) -> dict[str, dict[str, Any]]:
+def statuses(
+    snapshot: Mapping[str, Any],
+    nodes: Mapping[str, Mapping[str, Any]],
+    pods_by_reservation: Mapping[str, str],
+    now: float,
+) -> dict[str, dict[str, Any]]:
     """Node name -> GPUNode status, for every node the ledger knows with at least one GPU."""
-    confirmed = {rid: state == "confirmed" for rid, (state, _) in (snapshot.get("reservations") or {}).items()}
+    confirmed = {
+        rid: state == "confirmed" for rid, (state, _) in (snapshot.get("reservations") or {}).items()
+    }
     out = {}
     for name, ledger_node in (snapshot.get("nodes") or {}).items():
         if ledger_node.get("devices"):

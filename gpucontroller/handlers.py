@@ -37,24 +37,25 @@ def make_registry(engine: Engine, kubeconfig: str | None = None) -> kopf.Operato
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     for group, version in ((AGENTAFLOW_GROUP, AGENTAFLOW_VERSION), (WARP_GROUP, WARP_VERSION)):
+
         @kopf.on.event(group, version, PLURAL, registry=registry)
-        def workload(event: dict, **_: Any) -> None:
+        def workload(event: kopf.RawEvent, **_: Any) -> None:
             engine.observe_workload(event.get("type"), dict(event["object"]))
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_UID: kopf.PRESENT}, registry=registry)
-    def job(event: dict, **_: Any) -> None:
+    def job(event: kopf.RawEvent, **_: Any) -> None:
         engine.observe_job(event.get("type"), dict(event["object"]))
 
     @kopf.on.event("", "v1", "pods", registry=registry)
-    def pod(event: dict, **_: Any) -> None:
+    def pod(event: kopf.RawEvent, **_: Any) -> None:
         engine.observe_pod(event.get("type"), dict(event["object"]))
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node(event: dict, **_: Any) -> None:
+    def node(event: kopf.RawEvent, **_: Any) -> None:
         engine.observe_node(event.get("type"), dict(event["object"]))
 
     @kopf.on.event("", "v1", "namespaces", registry=registry)
-    def namespace(event: dict, **_: Any) -> None:
+    def namespace(event: kopf.RawEvent, **_: Any) -> None:
         engine.observe_namespace(event.get("type"), dict(event["object"]))
 
     return registry

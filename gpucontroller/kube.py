@@ -1,13 +1,15 @@
 """The controller's writes to the Kubernetes API: GPUWorkload status, Jobs, GPUNodes. Blocking calls.
 
 Status writes carry the resourceVersion the controller last read, so a write decided on a stale object (a
-replica that lost its Lease, a watch that lags) fails with a conflict instead of acting twice. Decides nothing.
+replica that lost its Lease, a watch that lags) fails with a conflict instead of acting twice.
+Decides nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -42,11 +44,15 @@ class KubeWriter:
         """Replace the status, conditional on the resourceVersion of `obj`; the stored object back."""
         group, _, version = obj["apiVersion"].partition("/")
         meta = obj["metadata"]
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                "status": merge_patch(obj.get("status") or {}, status)}
+        body = {
+            "metadata": {"resourceVersion": meta["resourceVersion"]},
+            "status": merge_patch(obj.get("status") or {}, status),
+        }
         try:
-            return self.custom.patch_namespaced_custom_object_status(
-                group, version, meta["namespace"], PLURAL, meta["name"], body, field_manager=FIELD_MANAGER)
+            stored = self.custom.patch_namespaced_custom_object_status(
+                group, version, meta["namespace"], PLURAL, meta["name"], body, field_manager=FIELD_MANAGER
+            )
+            return cast(dict[str, Any], stored)
         except ApiException as err:
             if err.status in (404, 409):
                 raise Conflict(f"{meta['namespace']}/{meta['name']}: {err.reason}") from err
@@ -56,7 +62,10 @@ class KubeWriter:
         group, _, version = obj["apiVersion"].partition("/")
         meta = obj["metadata"]
         try:
-            return self.custom.get_namespaced_custom_object(group, version, meta["namespace"], PLURAL, meta["name"])
+            stored = self.custom.get_namespaced_custom_object(
+                group, version, meta["namespace"], PLURAL, meta["name"]
+            )
+            return cast(dict[str, Any], stored)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -64,9 +73,10 @@ class KubeWriter:
 
     # ---------------------------------------------------------------- Jobs
     def create_job(self, job: Mapping[str, Any]) -> bool:
-        """True when created, False when a Job of that name already exists (this attempt's: created before)."""
+        """True when created, False when a Job of that name exists already (this attempt's, made before)."""
         try:
-            self.batch.create_namespaced_job(job["metadata"]["namespace"], job, field_manager=FIELD_MANAGER)
+            body = cast(Any, job)  # the client sends a dict as it is
+            self.batch.create_namespaced_job(job["metadata"]["namespace"], body, field_manager=FIELD_MANAGER)
             return True
         except ApiException as err:
             if err.status == 409:
@@ -103,15 +113,21 @@ class KubeWriter:
     def write_gpunode(self, name: str, status: Mapping[str, Any], old: Mapping[str, Any] | None) -> None:
         """Create the GPUNode when this controller has not written it yet, then set its status."""
         if old is None:
-            body = {"apiVersion": f"{AGENTAFLOW_GROUP}/v1", "kind": "GPUNode",
-                    "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER}}}
+            body = {
+                "apiVersion": f"{AGENTAFLOW_GROUP}/v1",
+                "kind": "GPUNode",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER}},
+            }
             try:
                 self.custom.create_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, body)
             except ApiException as err:
                 if err.status != 409:
                     raise
-            old = (self.custom.get_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, name)
-                   .get("status") or {})
+            stored = cast(
+                dict[str, Any],
+                self.custom.get_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, name),
+            )
+            old = stored.get("status") or {}
         patch = {"status": merge_patch(old, status)}
         self.custom.patch_cluster_custom_object_status(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, name, patch)
 

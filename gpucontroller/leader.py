@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any, cast
 
 log = logging.getLogger("gpuledger.controller.leader")
 
@@ -41,23 +42,31 @@ def decide(lease: LeaseView | None, me: str, now: float) -> str:
 
 
 def _micro(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _epoch(value: Any) -> float:
     if value is None:
         return 0.0
     if isinstance(value, datetime):
-        return value.timestamp() if value.tzinfo else value.replace(tzinfo=timezone.utc).timestamp()
+        return value.timestamp() if value.tzinfo else value.replace(tzinfo=UTC).timestamp()
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
 
 
 class LeaseElector:
     """Acquire and keep one Lease. Blocking calls (run it in a thread)."""
 
-    def __init__(self, api_client: Any, namespace: str, name: str, identity: str,
-                 lease_s: float = DEFAULT_LEASE_S, renew_deadline_s: float = DEFAULT_RENEW_DEADLINE_S,
-                 retry_s: float = DEFAULT_RETRY_S, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_s: float = DEFAULT_LEASE_S,
+        renew_deadline_s: float = DEFAULT_RENEW_DEADLINE_S,
+        retry_s: float = DEFAULT_RETRY_S,
+        clock: Callable[[], float] = time.time,
+    ):
         from kubernetes import client
 
         self.api = client.CoordinationV1Api(api_client)
@@ -76,8 +85,14 @@ class LeaseElector:
                 return None, None
             raise
         spec = lease.spec
-        view = LeaseView(spec.holder_identity, _epoch(spec.renew_time or spec.acquire_time),
-                         float(spec.lease_duration_seconds or self.lease_s), int(spec.lease_transitions or 0))
+        if spec is None:
+            return lease, LeaseView(None, 0.0, self.lease_s)
+        view = LeaseView(
+            spec.holder_identity,
+            _epoch(spec.renew_time or spec.acquire_time),
+            float(spec.lease_duration_seconds or self.lease_s),
+            int(spec.lease_transitions or 0),
+        )
         return lease, view
 
     def try_once(self) -> bool:
@@ -88,16 +103,30 @@ class LeaseElector:
         try:
             lease, view = self._read()
             action = decide(view, self.identity, now)
-            spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.lease_s)),
-                    "renewTime": _micro(now)}
+            spec = {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": round(self.lease_s),
+                "renewTime": _micro(now),
+            }
             if action == "create":
                 spec.update(acquireTime=_micro(now), leaseTransitions=0)
-                self.api.create_namespaced_lease(self.namespace, {
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec})
+                self.api.create_namespaced_lease(
+                    self.namespace,
+                    cast(
+                        Any,
+                        {  # a dict body is sent as it is
+                            "apiVersion": "coordination.k8s.io/v1",
+                            "kind": "Lease",
+                            "metadata": {"name": self.name, "namespace": self.namespace},
+                            "spec": spec,
+                        },
+                    ),
+                )
             elif action in ("renew", "take"):
                 if action == "take":
-                    spec.update(acquireTime=_micro(now), leaseTransitions=(view.transitions if view else 0) + 1)
+                    spec.update(
+                        acquireTime=_micro(now), leaseTransitions=(view.transitions if view else 0) + 1
+                    )
                 body = {"metadata": {"resourceVersion": lease.metadata.resource_version}, "spec": spec}
                 self.api.patch_namespaced_lease(self.name, self.namespace, body)
             else:
@@ -111,7 +140,9 @@ class LeaseElector:
             log.warning("lease %s/%s: %s", self.namespace, self.name, err)
             return self._still_valid(now)
         if action == "take":
-            log.info("took over lease %s/%s from %s", self.namespace, self.name, view.holder if view else None)
+            log.info(
+                "took over lease %s/%s from %s", self.namespace, self.name, view.holder if view else None
+            )
         self.last_renewed = now
         return True
 
@@ -131,8 +162,13 @@ class LeaseElector:
         try:
             lease, view = self._read()
             if view is not None and view.holder == self.identity:
-                self.api.patch_namespaced_lease(self.name, self.namespace, {
-                    "metadata": {"resourceVersion": lease.metadata.resource_version},
-                    "spec": {"holderIdentity": None, "leaseDurationSeconds": 1}})
+                self.api.patch_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    {
+                        "metadata": {"resourceVersion": lease.metadata.resource_version},
+                        "spec": {"holderIdentity": None, "leaseDurationSeconds": 1},
+                    },
+                )
         except Exception as err:  # noqa: BLE001 - best effort: the Lease expires anyway
             log.info("lease release: %s", err)

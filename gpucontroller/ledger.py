@@ -7,10 +7,18 @@ the webhook stays the only writer of placements.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from allocator.service import (AdmitCall, AnnotationError, Denial, Held, Placement, PodRequestConfig,
-                               request_from_pod)
+from allocator.service import (
+    AdmitCall,
+    AnnotationError,
+    Denial,
+    Held,
+    Placement,
+    PodRequestConfig,
+    request_from_pod,
+)
 from gpucontroller.mapping import sample_pod
 from gpucontroller.queue import Verdict
 
@@ -29,13 +37,21 @@ class LedgerView(Protocol):
 
 
 # reasons that name a resource a node ran short of: what the workload waits for, not where it may not go
-_RESOURCE_REASONS = ("NOT_ENOUGH_GPUS", "NOT_ENOUGH_GPU_SHARE", "NOT_ENOUGH_CPU", "NOT_ENOUGH_MEMORY",
-                     "GPU_MEMORY_TOO_SMALL", "PRIORITY_HEADROOM", "LEAF_CONSTRAINT", "UNHEALTHY_DEVICE")
+_RESOURCE_REASONS = (
+    "NOT_ENOUGH_GPUS",
+    "NOT_ENOUGH_GPU_SHARE",
+    "NOT_ENOUGH_CPU",
+    "NOT_ENOUGH_MEMORY",
+    "GPU_MEMORY_TOO_SMALL",
+    "PRIORITY_HEADROOM",
+    "LEAF_CONSTRAINT",
+    "UNHEALTHY_DEVICE",
+)
 
 
 def _reason_word(denial: Any) -> str:
     """`NOT_ENOUGH_GPUS` -> `NotEnoughGpus`: the blocking resource most eligible nodes lacked, else the reason
-    most nodes gave (a nodeSelector rules most nodes out; the one it allows is what the workload waits for)."""
+    most nodes gave (a nodeSelector rules most nodes out; the one it allows is what the workload awaits)."""
     by_reason = [(getattr(r, "name", str(r)), n) for r, n in getattr(denial, "by_reason", ()) or ()]
     if not by_reason:
         return "Unschedulable"
@@ -46,7 +62,7 @@ def _reason_word(denial: Any) -> str:
 
 def requests_for(jobs: Sequence[Mapping[str, Any]], config: PodRequestConfig) -> list[Any]:
     """Per Job: the ledger request of its first pod (a gang's request covers every pod), or a Verdict when
-    the pod cannot be parsed (the message names the annotation and the value, as the webhook's denial would)."""
+    the pod cannot be parsed (its message names the annotation and the value, as a webhook denial does)."""
     out: list[Any] = []
     for job in jobs:
         pod = sample_pod(job)
@@ -82,7 +98,7 @@ class _Asking:
         asks = [(i, r) for i, r in enumerate(parsed) if not isinstance(r, Verdict)]
         answers = verdicts(self._admit([AdmitCall(r, dry_run=True) for _, r in asks])) if asks else []
         out: list[Verdict] = [r if isinstance(r, Verdict) else Verdict(False) for r in parsed]
-        for (i, _), verdict in zip(asks, answers):
+        for (i, _), verdict in zip(asks, answers, strict=True):
             out[i] = verdict
         return out
 

@@ -8,13 +8,16 @@ objects. It never talks to the API: it says which Job to create or delete and th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from gpucontroller import backoff
 from gpucontroller.mapping import WorkloadRequest, format_time, job_name, parse_time
 
-PLACEMENT_ANNOTATION = "gpuledger.io/placement"  # allocator.service.PLACEMENT_ANNOTATION (read, never written)
+PLACEMENT_ANNOTATION = (
+    "gpuledger.io/placement"  # allocator.service.PLACEMENT_ANNOTATION (read, never written)
+)
 TERMINAL = ("Succeeded", "Failed")
 DEFAULT_PLACING_TIMEOUT_S = 60.0
 
@@ -45,12 +48,24 @@ def condition(status: Mapping, type_: str, value: bool, reason: str, message: st
         if c.get("type") == type_:
             found = True
             when = c.get("lastTransitionTime") if c.get("status") == state else format_time(now)
-            c = {"type": type_, "status": state, "reason": reason, "message": message[:1000],
-                 "lastTransitionTime": when or format_time(now)}
+            c = {
+                "type": type_,
+                "status": state,
+                "reason": reason,
+                "message": message[:1000],
+                "lastTransitionTime": when or format_time(now),
+            }
         out.append(c)
     if not found:
-        out.append({"type": type_, "status": state, "reason": reason, "message": message[:1000],
-                    "lastTransitionTime": format_time(now)})
+        out.append(
+            {
+                "type": type_,
+                "status": state,
+                "reason": reason,
+                "message": message[:1000],
+                "lastTransitionTime": format_time(now),
+            }
+        )
     return out
 
 
@@ -84,8 +99,11 @@ def placements(pods: Sequence[Mapping]) -> list[dict]:
             p = json.loads(text)
         except ValueError:
             continue
-        entry: dict[str, Any] = {"pod": pod["metadata"].get("name", ""), "node": str(p.get("node", "")),
-                                 "indices": [int(d) for d in p.get("devices") or []]}
+        entry: dict[str, Any] = {
+            "pod": pod["metadata"].get("name", ""),
+            "node": str(p.get("node", "")),
+            "indices": [int(d) for d in p.get("devices") or []],
+        }
         if p.get("uuids"):
             entry["uuids"] = [str(u) for u in p["uuids"]]
         if p.get("shares"):
@@ -96,22 +114,42 @@ def placements(pods: Sequence[Mapping]) -> list[dict]:
     return sorted(out, key=lambda e: e["pod"])
 
 
-def retry_or_fail(req: WorkloadRequest, status: Mapping, reason: str, message: str, now: float,
-                  draw: float) -> dict:
+def retry_or_fail(
+    req: WorkloadRequest, status: Mapping, reason: str, message: str, now: float, draw: float
+) -> dict:
     """Retrying with the next backoff while retries are left, else Failed with the same reason."""
     attempts = int(status.get("attempts") or 0)
     if attempts - 1 < req.retry.max_retries:
-        when = backoff.next_retry_time(now, max(1, attempts), draw, req.retry.backoff_s, req.retry.max_backoff_s)
-        new = with_phase(status, "Retrying", reason, f"{message}; retry {attempts} of {req.retry.max_retries} "
-                         f"at {format_time(when)}", now)
+        when = backoff.next_retry_time(
+            now, max(1, attempts), draw, req.retry.backoff_s, req.retry.max_backoff_s
+        )
+        new = with_phase(
+            status,
+            "Retrying",
+            reason,
+            f"{message}; retry {attempts} of {req.retry.max_retries} at {format_time(when)}",
+            now,
+        )
         new["nextRetryTime"] = format_time(when)
         return new
-    return with_phase(status, "Failed", reason, f"{message}; no retries left ({req.retry.max_retries} allowed)",
-                      now, completionTime=format_time(now))
+    return with_phase(
+        status,
+        "Failed",
+        reason,
+        f"{message}; no retries left ({req.retry.max_retries} allowed)",
+        now,
+        completionTime=format_time(now),
+    )
 
 
-def step(req: WorkloadRequest, status: Mapping[str, Any], seen: Observed, now: float, draw: float,
-         placing_timeout_s: float = DEFAULT_PLACING_TIMEOUT_S) -> Step:
+def step(
+    req: WorkloadRequest,
+    status: Mapping[str, Any],
+    seen: Observed,
+    now: float,
+    draw: float,
+    placing_timeout_s: float = DEFAULT_PLACING_TIMEOUT_S,
+) -> Step:
     """The next status and Job actions for every phase but the queue's own decision."""
     status = dict(status or {})
     phase = status.get("phase") or "Pending"
@@ -120,25 +158,47 @@ def step(req: WorkloadRequest, status: Mapping[str, Any], seen: Observed, now: f
     if phase in TERMINAL:
         return Step(status)
     if req.deadline_s is not None and now >= req.created + req.deadline_s:
-        new = with_phase(status, "Failed", "DeadlineExceeded",
-                         f"spec.activeDeadlineSeconds={req.deadline_s} passed before the workload finished", now,
-                         completionTime=format_time(now))
+        new = with_phase(
+            status,
+            "Failed",
+            "DeadlineExceeded",
+            f"spec.activeDeadlineSeconds={req.deadline_s} passed before the workload finished",
+            now,
+            completionTime=format_time(now),
+        )
         return Step(new, delete_job=current_job if has_job else None, events=("failed:DeadlineExceeded",))
     if req.suspend:
         if phase == "Pending" and status.get("reason") == "Suspended" and not has_job:
             return Step(status)
-        new = with_phase(status, "Pending", "Suspended", "spec.suspend is true: not queued, GPUs released", now,
-                         assignedNodes=[], devices=[])
+        new = with_phase(
+            status,
+            "Pending",
+            "Suspended",
+            "spec.suspend is true: not queued, GPUs released",
+            now,
+            assignedNodes=[],
+            devices=[],
+        )
         return Step(new, delete_job=current_job if has_job else None)
     if not seen.namespace_enabled:
-        message = (f"namespace {req.key.namespace} is not labelled gpuledger.io/admission=enabled: its pods would "
-                   "not be placed by gpuledger")
+        message = (
+            f"namespace {req.key.namespace} is not labelled gpuledger.io/admission=enabled: its pods would "
+            "not be placed by gpuledger"
+        )
         if phase == "Pending" and status.get("reason") == "NamespaceNotEnabled":
             return Step(status)
         return Step(with_phase(status, "Pending", "NamespaceNotEnabled", message, now))
     if phase == "Pending":
-        return Step(with_phase(status, "Queued", "Queued", "waiting for the queue's first pass", now,
-                               queuedTime=status.get("queuedTime") or format_time(now)))
+        return Step(
+            with_phase(
+                status,
+                "Queued",
+                "Queued",
+                "waiting for the queue's first pass",
+                now,
+                queuedTime=status.get("queuedTime") or format_time(now),
+            )
+        )
     if phase == "Retrying":
         if now >= parse_time(status.get("nextRetryTime")):
             return Step(with_phase(status, "Queued", "Retry", "back in the queue after a backoff", now))
@@ -154,17 +214,31 @@ def step(req: WorkloadRequest, status: Mapping[str, Any], seen: Observed, now: f
     failed = _job_condition(seen.job, "Failed")
     failed_pods = [p for p in seen.pods if (p.get("status") or {}).get("phase") == "Failed"]
     if failed is not None and failed.get("reason") == "DeadlineExceeded":
-        new = with_phase(status, "Failed", "DeadlineExceeded", "the Job passed its activeDeadlineSeconds", now,
-                         completionTime=format_time(now))
+        new = with_phase(
+            status,
+            "Failed",
+            "DeadlineExceeded",
+            "the Job passed its activeDeadlineSeconds",
+            now,
+            completionTime=format_time(now),
+        )
         return Step(new, delete_job=current_job, events=("failed:DeadlineExceeded",))
     if failed is not None or failed_pods:
         names = ", ".join(sorted(p["metadata"]["name"] for p in failed_pods)) or current_job
         new = retry_or_fail(req, status, "PodFailed", f"pod(s) failed: {names}", now, draw)
         return Step(new, delete_job=current_job, events=_events(new))
-    if _job_condition(seen.job, "Complete") is not None or \
-            int(((seen.job or {}).get("status") or {}).get("succeeded") or 0) >= req.parallelism:
-        new = with_phase(status, "Succeeded", "Completed", f"all {req.parallelism} pod(s) succeeded", now,
-                         completionTime=format_time(now))
+    if (
+        _job_condition(seen.job, "Complete") is not None
+        or int(((seen.job or {}).get("status") or {}).get("succeeded") or 0) >= req.parallelism
+    ):
+        new = with_phase(
+            status,
+            "Succeeded",
+            "Completed",
+            f"all {req.parallelism} pod(s) succeeded",
+            now,
+            completionTime=format_time(now),
+        )
         return Step(new, events=("succeeded",))
     placed = placements([p for p in seen.pods if (p.get("status") or {}).get("phase") != "Failed"])
     nodes = sorted({p["node"] for p in placed})
@@ -174,14 +248,26 @@ def step(req: WorkloadRequest, status: Mapping[str, Any], seen: Observed, now: f
         return Step(new, delete_job=current_job, events=_events(new))
     if phase == "Placing":
         if len(placed) >= req.parallelism:
-            new = with_phase(status, "Running", "Placed",
-                             f"{len(placed)} pod(s) placed on {', '.join(nodes)}", now,
-                             assignedNodes=nodes, devices=placed)
+            new = with_phase(
+                status,
+                "Running",
+                "Placed",
+                f"{len(placed)} pod(s) placed on {', '.join(nodes)}",
+                now,
+                assignedNodes=nodes,
+                devices=placed,
+            )
             return Step(new, events=(f"scheduled:{req.strategy_label}",))
         if now - parse_time(status.get("startTime")) >= placing_timeout_s:
-            new = retry_or_fail(req, status, "PlacementDenied",
-                                f"{len(placed)} of {req.parallelism} pod(s) placed within {placing_timeout_s:g}s "
-                                "(the webhook denied them: the GPUs were taken after the dry run)", now, draw)
+            new = retry_or_fail(
+                req,
+                status,
+                "PlacementDenied",
+                f"{len(placed)} of {req.parallelism} pod(s) placed within {placing_timeout_s:g}s "
+                "(the webhook denied them: the GPUs were taken after the dry run)",
+                now,
+                draw,
+            )
             return Step(new, delete_job=current_job, events=_events(new))
         return Step(status)
     if placed and (placed != status.get("devices") or nodes != status.get("assignedNodes")):
@@ -198,8 +284,18 @@ def start_attempt(req: WorkloadRequest, status: Mapping[str, Any], now: float) -
     killed in between re-creates that same Job and never starts a second one."""
     attempt = int(status.get("attempts") or 0) + 1
     name = job_name(req, attempt)
-    return with_phase(status, "Placing", "Admitted", f"the ledger can place it whole; Job {name} created", now,
-                      attempts=attempt, jobName=name, startTime=format_time(now), assignedNodes=[], devices=[])
+    return with_phase(
+        status,
+        "Placing",
+        "Admitted",
+        f"the ledger can place it whole; Job {name} created",
+        now,
+        attempts=attempt,
+        jobName=name,
+        startTime=format_time(now),
+        assignedNodes=[],
+        devices=[],
+    )
 
 
 def queued(status: Mapping[str, Any], position: int, reason: str, message: str, now: float) -> dict:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from gpucontroller.crds import AGENTAFLOW_GROUP, WARP_GROUP
 
@@ -35,20 +36,37 @@ PRIORITY_WORDS = {"low": -100, "medium": 0, "high": 100, "critical": 1000}
 TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
 # each group's strategy words -> the ledger's registered names (allocator.service.strategy_names())
 STRATEGIES = {
-    AGENTAFLOW_GROUP: {"least_utilized": "least_utilized", "best_fit": "best_fit", "priority": "priority",
-                       "round_robin": "round_robin", "random": "random", "cost_optimized": "cost_optimized",
-                       "fgd": "fgd", "fgd_host": "fgd_host"},
-    WARP_GROUP: {"leastLoaded": "least_utilized", "leastUtilized": "least_utilized", "bestFit": "best_fit",
-                 "costOptimized": "cost_optimized", "roundRobin": "round_robin", "random": "random",
-                 "priority": "priority", "fgd": "fgd", "fgdHost": "fgd_host"},
+    AGENTAFLOW_GROUP: {
+        "least_utilized": "least_utilized",
+        "best_fit": "best_fit",
+        "priority": "priority",
+        "round_robin": "round_robin",
+        "random": "random",
+        "cost_optimized": "cost_optimized",
+        "fgd": "fgd",
+        "fgd_host": "fgd_host",
+    },
+    WARP_GROUP: {
+        "leastLoaded": "least_utilized",
+        "leastUtilized": "least_utilized",
+        "bestFit": "best_fit",
+        "costOptimized": "cost_optimized",
+        "roundRobin": "round_robin",
+        "random": "random",
+        "priority": "priority",
+        "fgd": "fgd",
+        "fgdHost": "fgd_host",
+    },
 }
 # the other group's fields: refused here too, for an API server that runs without the CRDs' CEL rules
-FOREIGN_FIELDS = {AGENTAFLOW_GROUP: ("modelName", "gpuCount", "image", "jobTemplate"),
-                  WARP_GROUP: ("gpuMemoryRequired", "gpuRequirements", "podTemplate")}
+FOREIGN_FIELDS = {
+    AGENTAFLOW_GROUP: ("modelName", "gpuCount", "image", "jobTemplate"),
+    WARP_GROUP: ("gpuMemoryRequired", "gpuRequirements", "podTemplate"),
+}
 
 
 class SpecError(ValueError):
-    """A GPUWorkload the controller cannot run; the message names the field, the value and what is accepted."""
+    """A GPUWorkload the controller cannot run; the message names the field, the value and what is allowed."""
 
     def __init__(self, field_: str, value: Any, accepted: str):
         self.field = field_
@@ -116,7 +134,7 @@ def parse_time(text: str | None) -> float:
 
 
 def format_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _int(spec: Mapping, name: str, lo: int, hi: int, default: int | None = None) -> int | None:
@@ -159,7 +177,9 @@ def _strategy(group: str, spec: Mapping) -> tuple[str | None, str | None]:
     if raw is None:
         return None, topo
     if topo is not None:
-        raise SpecError("schedulingStrategy", raw, "no schedulingStrategy when topology.placementStrategy is set")
+        raise SpecError(
+            "schedulingStrategy", raw, "no schedulingStrategy when topology.placementStrategy is set"
+        )
     if raw in TOPOLOGY_STRATEGIES:
         return None, raw
     if raw in STRATEGIES[group]:
@@ -171,8 +191,11 @@ def _retry(spec: Mapping) -> RetryPolicy:
     d = RetryPolicy()
     base = _int(spec, "retryPolicy.backoffSeconds", 1, 86_400, int(d.backoff_s))
     cap = _int(spec, "retryPolicy.maxBackoffSeconds", 1, 86_400, int(d.max_backoff_s))
-    return RetryPolicy(max_retries=_int(spec, "retryPolicy.maxRetries", 0, 100, d.max_retries) or 0,
-                       backoff_s=float(base or d.backoff_s), max_backoff_s=float(max(cap or 0, base or 0)))
+    return RetryPolicy(
+        max_retries=_int(spec, "retryPolicy.maxRetries", 0, 100, d.max_retries) or 0,
+        backoff_s=float(base or d.backoff_s),
+        max_backoff_s=float(max(cap or 0, base or 0)),
+    )
 
 
 def _warp_template(spec: Mapping, gpus: int) -> tuple[dict, dict]:
@@ -180,9 +203,22 @@ def _warp_template(spec: Mapping, gpus: int) -> tuple[dict, dict]:
         job = spec["jobTemplate"]
         if not isinstance(job, Mapping) or not isinstance(_get(job, "spec.template"), Mapping):
             raise SpecError("jobTemplate", "...", "a JobTemplateSpec with spec.template")
-        extra = {k: v for k, v in job["spec"].items()
-                 if k not in ("template", "parallelism", "completions", "completionMode", "backoffLimit",
-                              "activeDeadlineSeconds", "suspend", "selector", "manualSelector")}
+        extra = {
+            k: v
+            for k, v in job["spec"].items()
+            if k
+            not in (
+                "template",
+                "parallelism",
+                "completions",
+                "completionMode",
+                "backoffLimit",
+                "activeDeadlineSeconds",
+                "suspend",
+                "selector",
+                "manualSelector",
+            )
+        }
         return copy.deepcopy(dict(job["spec"]["template"])), copy.deepcopy(extra)
     image = spec.get("image")
     if not isinstance(image, str) or not image:
@@ -198,7 +234,9 @@ def from_object(obj: Mapping[str, Any]) -> WorkloadRequest:
     """The internal request for a GPUWorkload of either group; SpecError names the first bad field."""
     group, _, version = str(obj.get("apiVersion", "")).partition("/")
     if group not in (AGENTAFLOW_GROUP, WARP_GROUP):
-        raise SpecError("apiVersion", obj.get("apiVersion"), f"{AGENTAFLOW_GROUP}/v1 or {WARP_GROUP}/v1alpha1")
+        raise SpecError(
+            "apiVersion", obj.get("apiVersion"), f"{AGENTAFLOW_GROUP}/v1 or {WARP_GROUP}/v1alpha1"
+        )
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     for name in FOREIGN_FIELDS[group]:
@@ -211,19 +249,27 @@ def from_object(obj: Mapping[str, Any]) -> WorkloadRequest:
         exclusive = _get(spec, "gpuRequirements.exclusiveAccess")
         exclusive = True if exclusive is None else bool(exclusive)
         gpus = _int(spec, "gpuRequirements.gpuCount", 0, 1024, 1)
-        mems = [m for m in (_int(spec, "gpuMemoryRequired", 0, 10**7), _int(spec, "gpuRequirements.minGPUMemory",
-                                                                           0, 10**7)) if m]
+        mems = [
+            m
+            for m in (
+                _int(spec, "gpuMemoryRequired", 0, 10**7),
+                _int(spec, "gpuRequirements.minGPUMemory", 0, 10**7),
+            )
+            if m
+        ]
         memory = max(mems) if mems else None
         if not exclusive and (gpus or 0) > 1:
             raise SpecError("gpuRequirements.gpuCount", gpus, "0 or 1 when exclusiveAccess is false")
         if not exclusive and memory is None:
-            raise SpecError("gpuMemoryRequired", None, "the memory share in MiB when exclusiveAccess is false")
+            raise SpecError(
+                "gpuMemoryRequired", None, "the memory share in MiB when exclusiveAccess is false"
+            )
         if exclusive and not gpus:
             raise SpecError("gpuRequirements.gpuCount", gpus, "at least 1 for exclusive GPUs")
         template = spec.get("podTemplate")
         if not isinstance(template, Mapping):
             raise SpecError("podTemplate", template, "a pod template (metadata, spec)")
-        template, job_spec = copy.deepcopy(dict(template)), {}
+        template, job_spec = copy.deepcopy(dict(template)), dict[str, Any]()
     else:
         exclusive, memory = True, None
         gpus = _int(spec, "gpuCount", 1, 1024)
@@ -233,21 +279,31 @@ def from_object(obj: Mapping[str, Any]) -> WorkloadRequest:
     latency = _get(spec, "topology.latencySensitive")
     return WorkloadRequest(
         key=WorkloadKey(group, str(meta.get("namespace", "")), str(meta.get("name", ""))),
-        version=version, uid=str(meta.get("uid", "")), generation=int(meta.get("generation") or 0),
+        version=version,
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation") or 0),
         created=parse_time(meta.get("creationTimestamp")),
-        priority=_priority(group, spec.get("priority")), gpus=gpus or 0,
+        priority=_priority(group, spec.get("priority")),
+        gpus=gpus or 0,
         parallelism=_int(spec, "parallelism", 1, 1024, 1) or 1,
-        exclusive=exclusive, memory_mib=memory, strategy=strategy, topology_strategy=topology_strategy,
+        exclusive=exclusive,
+        memory_mib=memory,
+        strategy=strategy,
+        topology_strategy=topology_strategy,
         preferred_domain=_get(spec, "topology.preferredDomain"),
         latency_sensitive=None if latency is None else bool(latency),
         network_bandwidth=_get(spec, "topology.networkBandwidth"),
-        retry=_retry(spec), deadline_s=_int(spec, "activeDeadlineSeconds", 1, 31_536_000),
-        suspend=bool(spec.get("suspend", False)), model_name=spec.get("modelName"),
-        template=template, job_spec=job_spec,
+        retry=_retry(spec),
+        deadline_s=_int(spec, "activeDeadlineSeconds", 1, 31_536_000),
+        suspend=bool(spec.get("suspend", False)),
+        model_name=spec.get("modelName"),
+        template=template,
+        job_spec=job_spec,
     )
 
 
 # --- the Job ---------------------------------------------------------------------------------------------
+
 
 def job_name(req: WorkloadRequest, attempt: int) -> str:
     """`<name>-<uid hash>-<attempt>`: deterministic, so a restarted controller finds (or re-creates) the
@@ -257,7 +313,7 @@ def job_name(req: WorkloadRequest, attempt: int) -> str:
 
 
 def webhook_annotations(req: WorkloadRequest) -> dict[str, str]:
-    """The annotations the webhook reads (docs/annotations.md), per pod: the Job's parallelism makes the gang."""
+    """The annotations the webhook reads (docs/annotations.md), per pod; the Job's parallelism: a gang."""
     out = {PRIORITY: str(req.priority)}
     if req.exclusive:
         out[GPU_COUNT] = str(req.gpus)
@@ -279,8 +335,14 @@ def webhook_annotations(req: WorkloadRequest) -> dict[str, str]:
 
 
 def owner_reference(req: WorkloadRequest) -> dict[str, Any]:
-    return {"apiVersion": f"{req.key.group}/{req.version}", "kind": "GPUWorkload", "name": req.key.name,
-            "uid": req.uid, "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": f"{req.key.group}/{req.version}",
+        "kind": "GPUWorkload",
+        "name": req.key.name,
+        "uid": req.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None = None) -> dict[str, Any]:
@@ -296,8 +358,13 @@ def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None
     template["spec"] = tspec
     if tspec.get("restartPolicy") not in ("Never", "OnFailure"):
         tspec["restartPolicy"] = "Never"
-    spec: dict[str, Any] = {**copy.deepcopy(dict(req.job_spec)), "parallelism": req.parallelism,
-                            "completions": req.parallelism, "backoffLimit": 0, "template": template}
+    spec: dict[str, Any] = {
+        **copy.deepcopy(dict(req.job_spec)),
+        "parallelism": req.parallelism,
+        "completions": req.parallelism,
+        "backoffLimit": 0,
+        "template": template,
+    }
     if req.parallelism > 1:
         spec["completionMode"] = "Indexed"
     if deadline_left_s is not None:
@@ -305,8 +372,13 @@ def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": job_name(req, attempt), "namespace": req.key.namespace, "labels": labels,
-                     "annotations": {ANNOTATION_ATTEMPT: str(attempt)}, "ownerReferences": [owner_reference(req)]},
+        "metadata": {
+            "name": job_name(req, attempt),
+            "namespace": req.key.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_ATTEMPT: str(attempt)},
+            "ownerReferences": [owner_reference(req)],
+        },
         "spec": spec,
     }
 
@@ -315,9 +387,22 @@ def sample_pod(job: Mapping[str, Any]) -> dict[str, Any]:
     """The pod the Job controller would make first: what the ledger is asked about in a dry run."""
     template = copy.deepcopy(dict(job["spec"]["template"]))
     meta = dict(template.get("metadata") or {})
-    meta.update(namespace=job["metadata"]["namespace"], name=f"{job['metadata']['name']}-0",
-                ownerReferences=[{"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
-                                  "uid": "", "controller": True}])
+    meta.update(
+        namespace=job["metadata"]["namespace"],
+        name=f"{job['metadata']['name']}-0",
+        ownerReferences=[
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job["metadata"]["name"],
+                "uid": "",
+                "controller": True,
+            }
+        ],
+    )
     if job["spec"].get("completionMode") == "Indexed":
-        meta["annotations"] = {**(meta.get("annotations") or {}), "batch.kubernetes.io/job-completion-index": "0"}
+        meta["annotations"] = {
+            **(meta.get("annotations") or {}),
+            "batch.kubernetes.io/job-completion-index": "0",
+        }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template.get("spec") or {}}

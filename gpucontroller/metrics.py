@@ -6,7 +6,7 @@ wait time per priority. Counting only: nothing here decides anything.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -37,21 +37,36 @@ def priority_band(priority: int) -> str:
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = r = registry or CollectorRegistry()
-        self.scheduled = Counter("warp_gpuworkload_scheduled", "GPUWorkloads placed whole and Running",
-                                 ["strategy"], registry=r)
-        self.failed = Counter("warp_gpuworkload_failed", "GPUWorkload attempts that failed, by reason",
-                              ["reason"], registry=r)
-        self.retries = Counter("warp_gpuworkload_retries", "GPUWorkload retries scheduled (backoff started)",
-                               registry=r)
-        self.reconcile = Histogram("warp_gpuworkload_reconcile_duration_seconds",
-                                   "one reconcile pass over every GPUWorkload and the queue", registry=r)
-        self.queue_length = Gauge("gpuledger_gpuworkload_queue_length", "GPUWorkloads Queued, by priority band",
-                                  ["priority"], registry=r)
-        self.queue_wait = Histogram("gpuledger_gpuworkload_queue_wait_seconds",
-                                    "time from entering the queue to being admitted, by priority band",
-                                    ["priority"], buckets=_WAIT_BUCKETS, registry=r)
-        self.leader = Gauge("gpuledger_controller_leader", "1 while this replica holds the leader Lease",
-                            registry=r)
+        self.scheduled = Counter(
+            "warp_gpuworkload_scheduled", "GPUWorkloads placed whole and Running", ["strategy"], registry=r
+        )
+        self.failed = Counter(
+            "warp_gpuworkload_failed", "GPUWorkload attempts that failed, by reason", ["reason"], registry=r
+        )
+        self.retries = Counter(
+            "warp_gpuworkload_retries", "GPUWorkload retries scheduled (backoff started)", registry=r
+        )
+        self.reconcile = Histogram(
+            "warp_gpuworkload_reconcile_duration_seconds",
+            "one reconcile pass over every GPUWorkload and the queue",
+            registry=r,
+        )
+        self.queue_length = Gauge(
+            "gpuledger_gpuworkload_queue_length",
+            "GPUWorkloads Queued, by priority band",
+            ["priority"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gpuledger_gpuworkload_queue_wait_seconds",
+            "time from entering the queue to being admitted, by priority band",
+            ["priority"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge(
+            "gpuledger_controller_leader", "1 while this replica holds the leader Lease", registry=r
+        )
 
     def count(self, events: Iterable[str]) -> None:
         for event in events:
@@ -64,7 +79,7 @@ class ControllerMetrics:
                 self.retries.inc()
 
     def set_queue(self, priorities: Iterable[int]) -> None:
-        counts = {band: 0 for band in ("low", "medium", "high", "critical")}
+        counts = dict.fromkeys(("low", "medium", "high", "critical"), 0)
         for p in priorities:
             counts[priority_band(p)] += 1
         for band, n in counts.items():

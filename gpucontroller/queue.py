@@ -14,8 +14,9 @@ The rule (docs/operator.md):
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Hashable, Mapping, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -53,9 +54,13 @@ def order(entries: Sequence[Entry[K]]) -> list[Entry[K]]:
     return sorted(entries, key=lambda e: (-e.priority, e.queued_at, str(e.key)))
 
 
-def plan(entries: Sequence[Entry[K]], verdicts: Mapping[K, Verdict], now: float,
-         backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S) -> Plan[K]:
-    """Apply the rule above. `verdicts` holds an answer for every entry (a missing one counts as not fitting)."""
+def plan(
+    entries: Sequence[Entry[K]],
+    verdicts: Mapping[K, Verdict],
+    now: float,
+    backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S,
+) -> Plan[K]:
+    """Apply the rule above. `verdicts` holds an answer per entry (a missing one counts as not fitting)."""
     ordered = order(entries)
     positions = {e.key: i + 1 for i, e in enumerate(ordered)}
     waiting: dict[K, Verdict] = {}
@@ -67,13 +72,18 @@ def plan(entries: Sequence[Entry[K]], verdicts: Mapping[K, Verdict], now: float,
             start = entry.key
             continue
         if barrier is not None:
-            waiting[entry.key] = Verdict(False, "BehindBarrier",
-                                         f"waiting behind {barrier.key} (priority {barrier.priority}), which has "
-                                         f"waited past the {backfill_window_s:g}s backfill window"
-                                         + (f"; {verdict.message}" if not verdict.fits and verdict.message else ""))
+            waiting[entry.key] = Verdict(
+                False,
+                "BehindBarrier",
+                f"waiting behind {barrier.key} (priority {barrier.priority}), which has "
+                f"waited past the {backfill_window_s:g}s backfill window"
+                + (f"; {verdict.message}" if not verdict.fits and verdict.message else ""),
+            )
             continue
         if verdict.fits:  # fits, but one workload starts per pass: it goes next
-            waiting[entry.key] = Verdict(False, "Next", "fits; starts after the workload ahead of it is placed")
+            waiting[entry.key] = Verdict(
+                False, "Next", "fits; starts after the workload ahead of it is placed"
+            )
             continue
         waiting[entry.key] = verdict
         if start is None and now - entry.queued_at >= backfill_window_s:

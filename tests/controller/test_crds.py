@@ -14,7 +14,9 @@ CRDS_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
 
 @pytest.mark.parametrize("name", list(crds.CRD_FILES))
 def test_file_is_generated(name):
-    assert (CRDS_DIR / name).read_text() == crds.render(name), "run: python -m gpucontroller.crds manifests/crds"
+    assert (CRDS_DIR / name).read_text() == crds.render(name), (
+        "run: python -m gpucontroller.crds manifests/crds"
+    )
 
 
 def test_kustomization_lists_the_files():
@@ -33,11 +35,25 @@ def test_names_scopes_and_status_fields():
         version = names[name]["versions"][0]
         assert version["subresources"] == {"status": {}}
         status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-        for field in ("phase", "assignedNodes", "devices", "attempts", "nextRetryTime", "queuePosition",
-                      "reason", "message", "conditions"):
+        for field in (
+            "phase",
+            "assignedNodes",
+            "devices",
+            "attempts",
+            "nextRetryTime",
+            "queuePosition",
+            "reason",
+            "message",
+            "conditions",
+        ):
             assert field in status, (name, field)
         assert status["phase"]["enum"] == list(crds.PHASES)
-        assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Phase", "Position", "Nodes", "Age"}
+        assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
+            "Phase",
+            "Position",
+            "Nodes",
+            "Age",
+        }
 
 
 def _walk(schema, path="$"):
@@ -53,5 +69,8 @@ def test_schema_is_structural(name):
     """Every node has a type, unless it is int-or-string or keeps unknown fields (the apiserver's rule)."""
     version = crds.CRD_FILES[name]()["spec"]["versions"][0]
     for path, node in _walk(version["schema"]["openAPIV3Schema"]):
-        assert "type" in node or node.get("x-kubernetes-int-or-string") or node.get(
-            "x-kubernetes-preserve-unknown-fields"), path
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), path

@@ -17,13 +17,18 @@ def req(**spec):
 
 
 def job(conditions=(), succeeded=0):
-    return {"metadata": {"name": "j"}, "status": {"conditions": [dict(c) for c in conditions], "succeeded": succeeded}}
+    return {
+        "metadata": {"name": "j"},
+        "status": {"conditions": [dict(c) for c in conditions], "succeeded": succeeded},
+    }
 
 
 def pod(name, node="n1", devices=(0, 1), phase="Pending"):
     placement = json.dumps({"v": 1, "id": f"r-{name}", "node": node, "devices": list(devices), "sig": "x"})
-    return {"metadata": {"name": name, "annotations": {lifecycle.PLACEMENT_ANNOTATION: placement}},
-            "status": {"phase": phase}}
+    return {
+        "metadata": {"name": name, "annotations": {lifecycle.PLACEMENT_ANNOTATION: placement}},
+        "status": {"phase": phase},
+    }
 
 
 def placing(r, now=NOW):
@@ -60,7 +65,11 @@ def test_failed_pod_retries_on_the_documented_schedule():
     status = placing(r)
     running = step(r, status, Observed(job=job(), pods=[pod("p0")]), NOW, 0.5).status
     s = step(r, running, Observed(job=job(), pods=[pod("p0", phase="Failed")]), NOW + 60, 0.0)
-    assert s.status["phase"] == "Retrying" and s.status["reason"] == "PodFailed" and s.delete_job == status["jobName"]
+    assert (
+        s.status["phase"] == "Retrying"
+        and s.status["reason"] == "PodFailed"
+        and s.delete_job == status["jobName"]
+    )
     # retry 1: nominal 10 s, draw 0 -> half of it
     assert parse_time(s.status["nextRetryTime"]) == NOW + 60 + 5
     assert s.events == ("retried",)
@@ -71,8 +80,13 @@ def test_failed_pod_retries_on_the_documented_schedule():
     # second attempt fails: retry 2 waits 20 s nominal (draw 0.5 -> 15 s)
     second = start_attempt(r, back, NOW + 70)
     assert second["attempts"] == 2 and second["jobName"].endswith("-2")
-    s2 = step(r, second, Observed(job=job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])),
-              NOW + 80, 0.5)
+    s2 = step(
+        r,
+        second,
+        Observed(job=job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])),
+        NOW + 80,
+        0.5,
+    )
     assert parse_time(s2.status["nextRetryTime"]) == NOW + 80 + 15
     third = start_attempt(r, {**s2.status, "phase": "Queued"}, NOW + 100)
     s3 = step(r, third, Observed(job=job([{"type": "Failed", "status": "True"}])), NOW + 110, 0.5)
@@ -83,8 +97,12 @@ def test_failed_pod_retries_on_the_documented_schedule():
 def test_lost_node_is_retried():
     r = req()
     running = step(r, placing(r), Observed(job=job(), pods=[pod("p0", "n9")]), NOW, 0.5).status
-    s = step(r, running, Observed(job=job(), pods=[pod("p0", "n9")], lost_nodes=frozenset({"n9"})), NOW + 5, 0.5)
-    assert s.status["phase"] == "Retrying" and s.status["reason"] == "NodeLost" and "n9" in s.status["message"]
+    s = step(
+        r, running, Observed(job=job(), pods=[pod("p0", "n9")], lost_nodes=frozenset({"n9"})), NOW + 5, 0.5
+    )
+    assert (
+        s.status["phase"] == "Retrying" and s.status["reason"] == "NodeLost" and "n9" in s.status["message"]
+    )
 
 
 def test_pods_not_placed_in_time_is_a_transient_denial():
@@ -98,7 +116,9 @@ def test_pods_not_placed_in_time_is_a_transient_denial():
 def test_complete_job_succeeds():
     r = req()
     running = step(r, placing(r), Observed(job=job(), pods=[pod("p0")]), NOW, 0.5).status
-    s = step(r, running, Observed(job=job([{"type": "Complete", "status": "True"}], succeeded=1)), NOW + 9, 0.5)
+    s = step(
+        r, running, Observed(job=job([{"type": "Complete", "status": "True"}], succeeded=1)), NOW + 9, 0.5
+    )
     assert s.status["phase"] == "Succeeded" and s.status["completionTime"] == format_time(NOW + 9)
     assert step(r, s.status, Observed(), NOW + 99, 0.5).status == s.status  # terminal
 
@@ -120,11 +140,14 @@ def test_suspend_releases_and_resume_requeues():
 
 def test_namespace_not_opted_in_waits_named():
     s = step(req(), {}, Observed(namespace_enabled=False), NOW, 0.5)
-    assert s.status["reason"] == "NamespaceNotEnabled" and "gpuledger.io/admission=enabled" in s.status["message"]
+    assert (
+        s.status["reason"] == "NamespaceNotEnabled"
+        and "gpuledger.io/admission=enabled" in s.status["message"]
+    )
 
 
 def test_condition_time_moves_only_on_change():
     a = lifecycle.with_phase({}, "Queued", "Queued", "m", NOW)
     b = lifecycle.with_phase(a, "Queued", "NotEnoughGpus", "m2", NOW + 30)
-    queued = [c for c in b["conditions"] if c["type"] == "Queued"][0]
+    queued = next(c for c in b["conditions"] if c["type"] == "Queued")
     assert queued["lastTransitionTime"] == format_time(NOW)

@@ -62,7 +62,9 @@ def test_wait_is_bounded_by_the_window():
 
 def test_backoff_schedule_defaults():
     assert [backoff.nominal_delay(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [10, 20, 40, 80, 160, 300, 300]
-    assert backoff.retry_delay(1, 0.0) == 5.0 and backoff.retry_delay(1, 0.999999) == pytest.approx(10.0, abs=1e-4)
+    assert backoff.retry_delay(1, 0.0) == 5.0 and backoff.retry_delay(1, 0.999999) == pytest.approx(
+        10.0, abs=1e-4
+    )
     assert backoff.retry_delay(3, 0.5) == 30.0
     assert backoff.next_retry_time(1000.0, 2, 0.0, base_s=30, cap_s=60) == 1030.0
     assert backoff.retry_delay(10, 0.0, base_s=30, cap_s=60) == 30.0

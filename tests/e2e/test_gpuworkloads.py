@@ -30,7 +30,7 @@ IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 
 
 class ControllerProcess:
-    """`python -m webhook.cli controller` joined to the stack's Ray and ledger actor, with short Lease times."""
+    """`python -m webhook.cli controller` on the stack's Ray and ledger actor, with short Lease times."""
 
     def __init__(self, cp, stack, lease_namespace: str, identity: str, lease_name: str, *extra: str):
         import ray
@@ -38,13 +38,42 @@ class ControllerProcess:
         self.identity = identity
         self.metrics_port = free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="gpucontroller-")) / f"{identity}.log"
-        self._log = open(self.log_path, "wb")
-        argv = [sys.executable, "-m", "webhook.cli", "controller", "--kubeconfig", cp.kubeconfig,
-                "--ray-address", ray.get_runtime_context().gcs_address, "--ray-namespace", stack.ray_namespace,
-                "--actor-name", stack.actor_name, "--lease-namespace", lease_namespace, "--lease-name", lease_name,
-                "--identity", identity, "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
-                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                "--gpunode-interval", "1", "--log-level", "DEBUG", *extra]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - held open for the process's life
+        argv = [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "controller",
+            "--kubeconfig",
+            cp.kubeconfig,
+            "--ray-address",
+            ray.get_runtime_context().gcs_address,
+            "--ray-namespace",
+            stack.ray_namespace,
+            "--actor-name",
+            stack.actor_name,
+            "--lease-namespace",
+            lease_namespace,
+            "--lease-name",
+            lease_name,
+            "--identity",
+            identity,
+            "--lease-duration",
+            "4",
+            "--renew-deadline",
+            "3",
+            "--retry-period",
+            "0.5",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--gpunode-interval",
+            "1",
+            "--log-level",
+            "DEBUG",
+            *extra,
+        ]
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
 
     def log(self) -> str:
@@ -84,7 +113,10 @@ def controllers(apiserver, stack, namespace):
     yield start
     for proc in started:
         proc.stop()
-        print(f"--- controller {proc.identity} log (tail) ---\n{proc.log_path.read_text(errors='replace')[-4000:]}")
+        print(
+            f"--- controller {proc.identity} log (tail) ---\n"
+            f"{proc.log_path.read_text(errors='replace')[-4000:]}"
+        )
 
 
 class Queue:
@@ -95,18 +127,46 @@ class Queue:
 
     def submit(self, name: str, gpus: int, priority: int = 0, group: str = "agentaflow", **spec) -> None:
         if group == "agentaflow":
-            body = {"priority": priority, "gpuRequirements": {"gpuCount": gpus},
-                    "podTemplate": {"spec": {"nodeSelector": {"kubernetes.io/hostname": self.node},
-                                             "containers": [{"name": "main", "image": IMAGE}]}}, **spec}
-            obj = {"apiVersion": "agentaflow.io/v1", "kind": "GPUWorkload", "metadata": {"name": name},
-                   "spec": body}
-        else:
-            body = {"modelName": name, "gpuCount": gpus, "priority": priority,
-                    "jobTemplate": {"spec": {"template": {"spec": {
+            body = {
+                "priority": priority,
+                "gpuRequirements": {"gpuCount": gpus},
+                "podTemplate": {
+                    "spec": {
                         "nodeSelector": {"kubernetes.io/hostname": self.node},
-                        "containers": [{"name": "main", "image": IMAGE}]}}}}, **spec}
-            obj = {"apiVersion": "gpu.warp.dev/v1alpha1", "kind": "GPUWorkload", "metadata": {"name": name},
-                   "spec": body}
+                        "containers": [{"name": "main", "image": IMAGE}],
+                    }
+                },
+                **spec,
+            }
+            obj = {
+                "apiVersion": "agentaflow.io/v1",
+                "kind": "GPUWorkload",
+                "metadata": {"name": name},
+                "spec": body,
+            }
+        else:
+            body = {
+                "modelName": name,
+                "gpuCount": gpus,
+                "priority": priority,
+                "jobTemplate": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "nodeSelector": {"kubernetes.io/hostname": self.node},
+                                "containers": [{"name": "main", "image": IMAGE}],
+                            }
+                        }
+                    }
+                },
+                **spec,
+            }
+            obj = {
+                "apiVersion": "gpu.warp.dev/v1alpha1",
+                "kind": "GPUWorkload",
+                "metadata": {"name": name},
+                "spec": body,
+            }
         self.cp.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(obj))
 
     def all(self) -> dict[str, dict]:
@@ -128,14 +188,20 @@ class Queue:
         try:
             return self.cp.wait_for(ok, timeout=timeout, interval=0.3, what=f"phases {expected}")
         except TimeoutError as err:
-            statuses = {n: {k: o.get("status", {}).get(k) for k in ("phase", "reason", "message", "queuePosition")}
-                        for n, o in self.all().items()}
-            pods = [(p["metadata"]["name"], p["status"].get("phase"), p["metadata"].get("deletionTimestamp"))
-                    for p in self.cp.pods(self.namespace)]
+            statuses = {
+                n: {k: o.get("status", {}).get(k) for k in ("phase", "reason", "message", "queuePosition")}
+                for n, o in self.all().items()
+            }
+            pods = [
+                (p["metadata"]["name"], p["status"].get("phase"), p["metadata"].get("deletionTimestamp"))
+                for p in self.cp.pods(self.namespace)
+            ]
             snap = self.stack.call("snapshot") if self.stack else {}
             node = snap.get("nodes", {}).get(self.node)
-            raise TimeoutError(f"{err}\nstatuses: {json.dumps(statuses, indent=1)}\npods: {pods}\n"
-                               f"ledger node: {node}\nreservations: {snap.get('reservations')}") from None
+            raise TimeoutError(
+                f"{err}\nstatuses: {json.dumps(statuses, indent=1)}\npods: {pods}\n"
+                f"ledger node: {node}\nreservations: {snap.get('reservations')}"
+            ) from None
 
     def pods(self, name: str) -> list[dict]:
         uid = self.all()[name]["metadata"]["uid"]
@@ -158,7 +224,7 @@ class Queue:
         selector = f"{LABEL_UID}={uid}"
 
         def gone():
-            # the garbage collector deletes the Job, then its pods (gracefully); the kubelet would confirm each
+            # the garbage collector deletes the Job, then its pods (gracefully); a kubelet would confirm each
             # pod's deletion once its containers stopped: only then, and only those, are force-deleted here
             pods = self.cp.pods(self.namespace, selector)
             terminating = [p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp")]
@@ -170,8 +236,17 @@ class Queue:
 
     def finish_pods(self, name: str, phase: str) -> None:
         for pod in self.pods(name):
-            self.cp.kubectl("patch", "pod", pod["metadata"]["name"], "-n", self.namespace, "--subresource=status",
-                            "--type=merge", "-p", json.dumps({"status": {"phase": phase}}))
+            self.cp.kubectl(
+                "patch",
+                "pod",
+                pod["metadata"]["name"],
+                "-n",
+                self.namespace,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps({"status": {"phase": phase}}),
+            )
 
 
 def _no_double_booking(stack, apiserver):
@@ -180,7 +255,9 @@ def _no_double_booking(stack, apiserver):
     assert not doubles, doubles
 
 
-def test_more_than_fit_run_in_priority_order_as_earlier_ones_are_deleted(apiserver, stack, namespace, controllers):
+def test_more_than_fit_run_in_priority_order_as_earlier_ones_are_deleted(
+    apiserver, stack, namespace, controllers
+):
     q = Queue(apiserver, namespace, "leaf-2-node-2", stack)
     # 8 GPUs on the node, 4 per workload: two fit at once. Submitted before the controller starts, so its
     # first pass sees them all: order is priority, then age
@@ -191,8 +268,11 @@ def test_more_than_fit_run_in_priority_order_as_earlier_ones_are_deleted(apiserv
     q.submit("top", 4, priority=10, group="warp")
     q.submit("least", 4, priority=-100, group="warp")
     ctl = controllers("c1", "--requeue-interval", "0")  # freed GPUs must wake the queue by their events alone
-    objs = q.wait_phases({"top": "Running", "mid": "Running", "low-a": "Queued", "low-b": "Queued",
-                          "least": "Queued"}, timeout=90)
+    objs = q.wait_phases(
+        {"top": "Running", "mid": "Running", "low-a": "Queued", "low-b": "Queued", "least": "Queued"},
+        timeout=90,
+    )
+
     def positions():
         objs = q.all()
         got = {n: objs[n]["status"].get("queuePosition") for n in ("low-a", "low-b", "least")}
@@ -245,7 +325,9 @@ def test_killed_controller_loses_no_workload_and_starts_none_twice(apiserver, st
     for i, name in enumerate(names):
         q.submit(name, 4, priority=10 - i)  # w0 first
     first = controllers("c1")
-    q.wait_phases({"w0": "Running", "w1": "Running", "w2": "Queued", "w3": "Queued", "w4": "Queued"}, timeout=90)
+    q.wait_phases(
+        {"w0": "Running", "w1": "Running", "w2": "Queued", "w3": "Queued", "w4": "Queued"}, timeout=90
+    )
     # free GPUs and kill the controller mid-queue: it may be anywhere in starting w2 when it dies
     uid = q.request_delete("w0")
     first.kill()
@@ -313,18 +395,34 @@ def test_gpunodes_show_the_ledger(apiserver, stack, namespace, controllers):
 
 
 BAD = [
-    ("agentaflow.io/v1", {"gpuRequirements": {"gpuCount": -1}, "podTemplate": {"spec": {}}},
-     "spec.gpuRequirements.gpuCount"),
-    ("agentaflow.io/v1", {"schedulingStrategy": "fastest", "podTemplate": {"spec": {}}}, "spec.schedulingStrategy"),
+    (
+        "agentaflow.io/v1",
+        {"gpuRequirements": {"gpuCount": -1}, "podTemplate": {"spec": {}}},
+        "spec.gpuRequirements.gpuCount",
+    ),
+    (
+        "agentaflow.io/v1",
+        {"schedulingStrategy": "fastest", "podTemplate": {"spec": {}}},
+        "spec.schedulingStrategy",
+    ),
     ("agentaflow.io/v1", {"modelName": "llama", "podTemplate": {"spec": {}}}, "spec.modelName"),
     ("gpu.warp.dev/v1alpha1", {"gpuCount": -2, "image": "x"}, "spec.gpuCount"),
-    ("gpu.warp.dev/v1alpha1", {"gpuCount": 1, "image": "x", "schedulingStrategy": "quickest"},
-     "spec.schedulingStrategy"),
-    ("gpu.warp.dev/v1alpha1", {"gpuCount": 1, "image": "x", "gpuRequirements": {"gpuCount": 1}},
-     "spec.gpuRequirements"),
+    (
+        "gpu.warp.dev/v1alpha1",
+        {"gpuCount": 1, "image": "x", "schedulingStrategy": "quickest"},
+        "spec.schedulingStrategy",
+    ),
+    (
+        "gpu.warp.dev/v1alpha1",
+        {"gpuCount": 1, "image": "x", "gpuRequirements": {"gpuCount": 1}},
+        "spec.gpuRequirements",
+    ),
     ("gpu.warp.dev/v1alpha1", {"gpuCount": 1, "image": "x", "priority": "urgent"}, "spec.priority"),
-    ("gpu.warp.dev/v1alpha1", {"gpuCount": 1, "image": "x", "retryPolicy": {"maxRetries": -1}},
-     "spec.retryPolicy.maxRetries"),
+    (
+        "gpu.warp.dev/v1alpha1",
+        {"gpuCount": 1, "image": "x", "retryPolicy": {"maxRetries": -1}},
+        "spec.retryPolicy.maxRetries",
+    ),
 ]
 
 
