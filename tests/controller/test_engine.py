@@ -39,8 +39,11 @@ class FakeApi:
         if stored["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
             raise Conflict("stale")
         self.rv += 1
-        stored = {**stored, "status": copy.deepcopy(status),
-                  "metadata": {**stored["metadata"], "resourceVersion": str(self.rv)}}
+        stored = {
+            **stored,
+            "status": copy.deepcopy(status),
+            "metadata": {**stored["metadata"], "resourceVersion": str(self.rv)},
+        }
         self.objects[obj["metadata"]["name"]] = stored
         return copy.deepcopy(stored)
 
@@ -82,8 +85,11 @@ class FakeLedger:
         for job in jobs:
             ann = job["spec"]["template"]["metadata"]["annotations"]
             need = int(ann["topology.scheduler/gpu-count"]) * job["spec"]["parallelism"]
-            out.append(Verdict(True, "Fits") if need <= self.free else
-                       Verdict(False, "NotEnoughGpus", f"best: n1 has {self.free} free"))
+            out.append(
+                Verdict(True, "Fits")
+                if need <= self.free
+                else Verdict(False, "NotEnoughGpus", f"best: n1 has {self.free} free")
+            )
         return out
 
     def held(self, ids):
@@ -96,8 +102,13 @@ class FakeLedger:
 def make(free=8, **settings):
     api, ledger = FakeApi(), FakeLedger(free)
     clock = [NOW]
-    engine = Engine(api, ledger, settings=EngineSettings(gpunodes=False, requeue_interval_s=0, **settings),
-                    clock=lambda: clock[0], draw=lambda: 0.0)
+    engine = Engine(
+        api,
+        ledger,
+        settings=EngineSettings(gpunodes=False, requeue_interval_s=0, **settings),
+        clock=lambda: clock[0],
+        draw=lambda: 0.0,
+    )
     return engine, api, ledger, clock
 
 
@@ -110,11 +121,19 @@ def place(engine, api, ledger, name, node="n1", devices=(0, 1, 2, 3)):
     obj = api.objects[name]
     job = obj["status"]["jobName"]
     ledger.free -= len(devices)
-    pod = {"metadata": {"name": f"{job}-x", "namespace": "ml",
-                        "labels": {LABEL_UID: obj["metadata"]["uid"], "job-name": job,
-                                   "gpuledger.io/reservation-id": f"r-{name}"},
-                        "annotations": {PLACEMENT_ANNOTATION: json.dumps({"node": node, "devices": list(devices)})}},
-           "status": {"phase": "Pending"}}
+    pod = {
+        "metadata": {
+            "name": f"{job}-x",
+            "namespace": "ml",
+            "labels": {
+                LABEL_UID: obj["metadata"]["uid"],
+                "job-name": job,
+                "gpuledger.io/reservation-id": f"r-{name}",
+            },
+            "annotations": {PLACEMENT_ANNOTATION: json.dumps({"node": node, "devices": list(devices)})},
+        },
+        "status": {"phase": "Pending"},
+    }
     engine.observe_job("ADDED", api.jobs[("ml", job)])
     engine.observe_pod("ADDED", pod)
     return pod
@@ -134,7 +153,10 @@ async def test_priority_order_one_placing_at_a_time_and_positions():
     assert len(api.created) == 1
     await engine.pass_once()  # `high` is placing: nothing else starts, positions are kept
     assert len(api.created) == 1
-    assert api.objects["mid"]["status"]["queuePosition"] == 1 and api.objects["low"]["status"]["queuePosition"] == 2
+    assert (
+        api.objects["mid"]["status"]["queuePosition"] == 1
+        and api.objects["low"]["status"]["queuePosition"] == 2
+    )
     place(engine, api, ledger, "high")
     await engine.pass_once()
     assert phases(api) == {"low": "Queued", "high": "Running", "mid": "Placing"}
