@@ -276,7 +276,9 @@ def step(
 
 
 def _events(status: Mapping) -> tuple[str, ...]:
-    return ("retried",) if status.get("phase") == "Retrying" else (f"failed:{status.get('reason')}",)
+    """Every failed attempt counts under its reason; one that will be retried counts as a retry too."""
+    failed = f"failed:{status.get('reason')}"
+    return ("retried", failed) if status.get("phase") == "Retrying" else (failed,)
 
 
 def start_attempt(req: WorkloadRequest, status: Mapping[str, Any], now: float) -> dict:

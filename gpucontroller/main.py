@@ -117,14 +117,26 @@ def _ledger_handle(args: argparse.Namespace, timeout_s: float = 120.0) -> Any:
 
 
 def _seed(engine: Any, writer: Any) -> None:
-    """Every GPUWorkload of both groups before the first pass, so the queue starts from the whole picture."""
-    from gpucontroller.crds import AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, PLURAL, WARP_GROUP, WARP_VERSION
+    """Every GPUWorkload of both groups (and the GPUNodes) before the first pass: the queue starts whole."""
+    from gpucontroller.crds import (
+        AGENTAFLOW_GROUP,
+        AGENTAFLOW_VERSION,
+        NODE_PLURAL,
+        PLURAL,
+        WARP_GROUP,
+        WARP_VERSION,
+    )
 
     for group, version in ((AGENTAFLOW_GROUP, AGENTAFLOW_VERSION), (WARP_GROUP, WARP_VERSION)):
         listed = writer.custom.list_cluster_custom_object(group, version, PLURAL)
         for obj in listed.get("items") or []:
             obj.setdefault("apiVersion", f"{group}/{version}")
             engine.observe_workload(None, obj)
+    # GPUNodes written before (a previous leader): known, so that those of nodes now gone are deleted
+    for obj in (
+        writer.custom.list_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL).get("items") or []
+    ):
+        engine.gpunode_status[obj["metadata"]["name"]] = obj.get("status") or {}
 
 
 async def run(args: argparse.Namespace, api_client: Any, ledger_view: Any, stop: asyncio.Event) -> int:

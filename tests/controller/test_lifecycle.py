@@ -72,7 +72,7 @@ def test_failed_pod_retries_on_the_documented_schedule():
     )
     # retry 1: nominal 10 s, draw 0 -> half of it
     assert parse_time(s.status["nextRetryTime"]) == NOW + 60 + 5
-    assert s.events == ("retried",)
+    assert s.events == ("retried", "failed:PodFailed")
     # not before its time; at its time back to the queue, attempts kept
     assert step(r, s.status, Observed(), NOW + 64, 0.5).status["phase"] == "Retrying"
     back = step(r, s.status, Observed(), NOW + 65, 0.5).status
