@@ -394,6 +394,41 @@ def test_gpunodes_show_the_ledger(apiserver, stack, namespace, controllers):
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
 
 
+def test_gang_workload_is_placed_whole_on_distinct_nodes(apiserver, stack, namespace, controllers):
+    """parallelism 2: one Job, two pods, one gang the webhook places all-or-nothing, one pod per node."""
+    q = Queue(apiserver, namespace, "unused", stack)
+    controllers("c1")
+    obj = {
+        "apiVersion": "gpu.warp.dev/v1alpha1",
+        "kind": "GPUWorkload",
+        "metadata": {"name": "gang"},
+        "spec": {
+            "gpuCount": 2,
+            "parallelism": 2,
+            "priority": "high",
+            "topology": {"placementStrategy": "distributed"},
+            "jobTemplate": {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "nodeSelector": {"topology.scheduler/leaf": "leaf-3"},
+                            "containers": [{"name": "main", "image": IMAGE}],
+                        }
+                    }
+                }
+            },
+        },
+    }
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+    objs = q.wait_phases({"gang": "Running"}, timeout=90)
+    status = objs["gang"]["status"]
+    assert len(status["assignedNodes"]) == 2 and all(n.startswith("leaf-3-") for n in status["assignedNodes"])
+    assert [len(d["indices"]) for d in status["devices"]] == [2, 2]
+    job = q.jobs("gang")[0]
+    assert (job["spec"]["parallelism"], job["spec"]["completionMode"]) == (2, "Indexed")
+    _no_double_booking(stack, apiserver)
+
+
 BAD = [
     (
         "agentaflow.io/v1",
