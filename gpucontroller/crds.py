@@ -12,231 +12,30 @@ from typing import Any
 
 import yaml
 
+from gpucontroller.crd_fields import (
+    AGENTAFLOW_STRATEGIES,
+    MAX_GPU_MEMORY_MIB,
+    MAX_GPUS_PER_POD,
+    WARP_STRATEGIES,
+    S,
+    foreign,
+    gpunode_status,
+    int_field,
+    obj_field,
+    opaque,
+    refuse,
+    shared_spec,
+    str_field,
+    workload_columns,
+    workload_status,
+)
+from gpucontroller.crd_fields import PHASES as PHASES  # re-exported: the vocabulary the CRDs publish
+from gpucontroller.crd_fields import PRIORITY_WORDS as PRIORITY_WORDS
+from gpucontroller.crd_fields import TOPOLOGY_STRATEGIES as TOPOLOGY_STRATEGIES
+
 AGENTAFLOW_GROUP, AGENTAFLOW_VERSION = "agentaflow.io", "v1"
 WARP_GROUP, WARP_VERSION = "gpu.warp.dev", "v1alpha1"
 PLURAL, NODE_PLURAL = "gpuworkloads", "gpunodes"
-
-PHASES = ("Pending", "Queued", "Placing", "Running", "Succeeded", "Failed", "Retrying")
-# Strategy names each group's users already write; gpucontroller.mapping turns them into registered names.
-AGENTAFLOW_STRATEGIES = (
-    "least_utilized",
-    "best_fit",
-    "priority",
-    "round_robin",
-    "random",
-    "cost_optimized",
-    "consolidated",
-    "distributed",
-    "balanced",
-    "fgd",
-    "fgd_host",
-)
-WARP_STRATEGIES = (
-    "leastLoaded",
-    "random",
-    "costOptimized",
-    "bestFit",
-    "leastUtilized",
-    "priority",
-    "roundRobin",
-    "consolidated",
-    "distributed",
-    "balanced",
-    "fgd",
-    "fgdHost",
-)
-PRIORITY_WORDS = ("low", "medium", "high", "critical")
-TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
-MAX_GPUS_PER_POD = 1024
-MAX_PODS = 1024
-MAX_GPU_MEMORY_MIB = 10**7
-
-S = dict[str, Any]
-
-
-def _int(lo: int | None = None, hi: int | None = None, description: str = "", **extra: Any) -> S:
-    out: S = {"type": "integer", "format": "int64"}
-    if lo is not None:
-        out["minimum"] = lo
-    if hi is not None:
-        out["maximum"] = hi
-    if description:
-        out["description"] = description
-    return out | extra
-
-
-def _str(description: str = "", **extra: Any) -> S:
-    return {"type": "string", **({"description": description} if description else {}), **extra}
-
-
-def _obj(properties: S, description: str = "", **extra: Any) -> S:
-    return {
-        "type": "object",
-        **({"description": description} if description else {}),
-        "properties": properties,
-        **extra,
-    }
-
-
-def _opaque(description: str) -> S:
-    """A Kubernetes object the API server already validates when the controller creates it."""
-    return {"type": "object", "description": description, "x-kubernetes-preserve-unknown-fields": True}
-
-
-def _foreign(description: str, scalar: bool = True) -> S:
-    """A field of the other group's GPUWorkload, typed loosely and kept (not pruned) only so that a rule can
-    refuse it by name: an undeclared field would be dropped without a word."""
-    if scalar:
-        return {"x-kubernetes-int-or-string": True, "description": description}
-    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description}
-
-
-def _refuse(field: str, other: str, hint: str) -> S:
-    return {
-        "rule": f"!has(self.{field})",
-        "fieldPath": f".{field}",
-        "reason": "FieldValueForbidden",
-        "message": f"spec.{field} is a field of {other} GPUWorkloads, not of this group: {hint}",
-    }
-
-
-# --- fields both groups share (what a production queue needs and neither earlier tool had) ------------------
-
-
-def _shared_spec() -> S:
-    return {
-        "parallelism": _int(
-            1,
-            MAX_PODS,
-            "Pods run at once, each with the per-pod GPUs; more than 1 is a gang: "
-            "all pods are placed or none (the Job's parallelism and completions). Default 1.",
-            default=1,
-        ),
-        "topology": _obj(
-            {
-                "placementStrategy": _str(
-                    "Topology strategy: pack into few leaves, spread over leaves, or weigh "
-                    "both (topology.scheduler/placement-strategy).",
-                    enum=list(TOPOLOGY_STRATEGIES),
-                ),
-                "preferredDomain": _str(
-                    "A leaf or spine name to try first, or `leaf` / `spine`.",
-                    maxLength=253,
-                    pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$",
-                ),
-                "latencySensitive": {"type": "boolean", "description": "Hint for the topology strategies."},
-                "networkBandwidth": _str(
-                    "high | medium | low, or bits per second such as 100Gb, 400Gbps.", maxLength=32
-                ),
-            },
-            "Gang and leaf rules for multi-pod workloads (the webhook's topology annotations).",
-        ),
-        "activeDeadlineSeconds": _int(
-            1,
-            31_536_000,
-            "The workload must finish within this many seconds of its "
-            "creation, queue time included; past it the Job is deleted and the "
-            "workload Failed with reason DeadlineExceeded.",
-        ),
-        "suspend": {
-            "type": "boolean",
-            "default": False,
-            "description": "True: leave the queue (or stop: the Job is deleted, its GPUs freed) and stay "
-            "Pending with reason Suspended until set back to false.",
-        },
-        "retryPolicy": _obj(
-            {
-                "maxRetries": _int(
-                    0,
-                    100,
-                    "Attempts after the first (pod failed, node lost, transient denial). Default 3.",
-                    default=3,
-                ),
-                "backoffSeconds": _int(
-                    1, 86_400, "First delay; doubles each retry, with jitter. Default 10.", default=10
-                ),
-                "maxBackoffSeconds": _int(1, 86_400, "Cap on one delay. Default 300.", default=300),
-            },
-            "Retries with exponential backoff and jitter (docs/operator.md).",
-        ),
-    }
-
-
-def _conditions() -> S:
-    return {
-        "type": "array",
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "items": _obj(
-            {
-                "type": _str(),
-                "status": _str(enum=["True", "False", "Unknown"]),
-                "reason": _str(),
-                "message": _str(),
-                "lastTransitionTime": _str(format="date-time"),
-                "observedGeneration": _int(0),
-            },
-            required=["type", "status"],
-        ),
-    }
-
-
-def _workload_status() -> S:
-    return _obj(
-        {
-            "phase": _str(
-                "Pending, Queued, Placing, Running, Succeeded, Failed or Retrying.", enum=list(PHASES)
-            ),
-            "assignedNodes": {
-                "type": "array",
-                "items": _str(),
-                "description": "Nodes the pods were placed on.",
-            },
-            "devices": {
-                "type": "array",
-                "description": "Per pod: node and GPU indices the webhook placed it on.",
-                "items": _obj(
-                    {
-                        "pod": _str(),
-                        "node": _str(),
-                        "indices": {"type": "array", "items": _int(0)},
-                        "uuids": {"type": "array", "items": _str()},
-                        "milli": _int(0),
-                        "memoryMiB": _int(0),
-                    }
-                ),
-            },
-            "attempts": _int(0, description="Attempts started (Jobs created)."),
-            "nextRetryTime": _str("When a Retrying workload re-enters the queue.", format="date-time"),
-            "queuePosition": _int(1, description="1-based position in the queue while Queued."),
-            "reason": _str("Why the workload is in its phase (e.g. Insufficient, Suspended, PodFailed)."),
-            "message": _str("The blocking resource or the failure, in words."),
-            "conditions": _conditions(),
-            "jobName": _str("The Job of the current attempt."),
-            "queuedTime": _str(
-                "When the workload entered the queue (its age in the queue).", format="date-time"
-            ),
-            "startTime": _str(format="date-time"),
-            "completionTime": _str(format="date-time"),
-            "observedGeneration": _int(0),
-        }
-    )
-
-
-def _workload_columns(gpus_path: str) -> list[S]:
-    return [
-        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Priority", "type": "string", "jsonPath": ".spec.priority"},
-        {"name": "GPUs", "type": "integer", "jsonPath": gpus_path, "description": "GPUs per pod"},
-        {"name": "Pods", "type": "integer", "jsonPath": ".spec.parallelism", "priority": 1},
-        {"name": "Position", "type": "integer", "jsonPath": ".status.queuePosition"},
-        {"name": "Nodes", "type": "string", "jsonPath": ".status.assignedNodes"},
-        {"name": "Attempts", "type": "integer", "jsonPath": ".status.attempts"},
-        {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
-        {"name": "Next-Retry", "type": "date", "jsonPath": ".status.nextRetryTime", "priority": 1},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
-
 
 _BOTH_STRATEGIES = {
     "rule": "!(has(self.schedulingStrategy) && has(self.topology) && has(self.topology.placementStrategy))",
@@ -248,19 +47,19 @@ _BOTH_STRATEGIES = {
 
 def _agentaflow_spec() -> S:
     props: S = {
-        "priority": _int(-(2**31), 2**31 - 1, "Higher runs first. Default 0.", default=0),
-        "gpuMemoryRequired": _int(
+        "priority": int_field(-(2**31), 2**31 - 1, "Higher runs first. Default 0.", default=0),
+        "gpuMemoryRequired": int_field(
             0,
             MAX_GPU_MEMORY_MIB,
             "MiB each GPU must have free (with exclusiveAccess false: the memory share).",
         ),
-        "schedulingStrategy": _str(
+        "schedulingStrategy": str_field(
             "Device strategy (docs/annotations.md).", enum=list(AGENTAFLOW_STRATEGIES)
         ),
-        "gpuRequirements": _obj(
+        "gpuRequirements": obj_field(
             {
-                "minGPUMemory": _int(0, MAX_GPU_MEMORY_MIB, "MiB each GPU must have."),
-                "gpuCount": _int(
+                "minGPUMemory": int_field(0, MAX_GPU_MEMORY_MIB, "MiB each GPU must have."),
+                "gpuCount": int_field(
                     0, MAX_GPUS_PER_POD, "GPUs per pod (0 or 1 when sharing). Default 1.", default=1
                 ),
                 "exclusiveAccess": {
@@ -290,29 +89,29 @@ def _agentaflow_spec() -> S:
                 ]
             },
         ),
-        "podTemplate": _opaque("The pod template (a core/v1 PodTemplateSpec) each pod is made from."),
-        **_shared_spec(),
-        "modelName": _foreign("gpu.warp.dev/v1alpha1 only."),
-        "gpuCount": _foreign("gpu.warp.dev/v1alpha1 only."),
-        "image": _foreign("gpu.warp.dev/v1alpha1 only."),
-        "jobTemplate": _foreign("gpu.warp.dev/v1alpha1 only.", scalar=False),
+        "podTemplate": opaque("The pod template (a core/v1 PodTemplateSpec) each pod is made from."),
+        **shared_spec(),
+        "modelName": foreign("gpu.warp.dev/v1alpha1 only."),
+        "gpuCount": foreign("gpu.warp.dev/v1alpha1 only."),
+        "image": foreign("gpu.warp.dev/v1alpha1 only."),
+        "jobTemplate": foreign("gpu.warp.dev/v1alpha1 only.", scalar=False),
     }
     rules = [
-        _refuse("modelName", "gpu.warp.dev/v1alpha1", "name the workload in metadata.name"),
-        _refuse("gpuCount", "gpu.warp.dev/v1alpha1", "use spec.gpuRequirements.gpuCount"),
-        _refuse("image", "gpu.warp.dev/v1alpha1", "give the image in spec.podTemplate"),
-        _refuse("jobTemplate", "gpu.warp.dev/v1alpha1", "use spec.podTemplate"),
+        refuse("modelName", "gpu.warp.dev/v1alpha1", "name the workload in metadata.name"),
+        refuse("gpuCount", "gpu.warp.dev/v1alpha1", "use spec.gpuRequirements.gpuCount"),
+        refuse("image", "gpu.warp.dev/v1alpha1", "give the image in spec.podTemplate"),
+        refuse("jobTemplate", "gpu.warp.dev/v1alpha1", "use spec.podTemplate"),
         _BOTH_STRATEGIES,
     ]
-    return _obj(
+    return obj_field(
         props, "An AgentaFlow GPUWorkload.", required=["podTemplate"], **{"x-kubernetes-validations": rules}
     )
 
 
 def _warp_spec() -> S:
     props: S = {
-        "modelName": _str("The model served or trained; labels the pods.", maxLength=63),
-        "gpuCount": _int(1, MAX_GPUS_PER_POD, "GPUs per pod."),
+        "modelName": str_field("The model served or trained; labels the pods.", maxLength=63),
+        "gpuCount": int_field(1, MAX_GPUS_PER_POD, "GPUs per pod."),
         "priority": {
             "x-kubernetes-int-or-string": True,
             "description": "low (-100) | medium (0) | high (100) | critical (1000), or an integer. "
@@ -327,26 +126,26 @@ def _warp_spec() -> S:
                 }
             ],
         },
-        "schedulingStrategy": _str("Device strategy.", enum=list(WARP_STRATEGIES)),
-        "image": _str("The container image (or give spec.jobTemplate).", minLength=1),
-        "command": {"type": "array", "items": _str()},
-        "args": {"type": "array", "items": _str()},
+        "schedulingStrategy": str_field("Device strategy.", enum=list(WARP_STRATEGIES)),
+        "image": str_field("The container image (or give spec.jobTemplate).", minLength=1),
+        "command": {"type": "array", "items": str_field()},
+        "args": {"type": "array", "items": str_field()},
         "env": {
             "type": "array",
-            "items": _obj({"name": _str(minLength=1), "value": _str()}, required=["name"]),
+            "items": obj_field({"name": str_field(minLength=1), "value": str_field()}, required=["name"]),
         },
-        "jobTemplate": _opaque("A batch/v1 JobTemplateSpec (metadata, spec) instead of spec.image."),
-        **_shared_spec(),
-        "gpuMemoryRequired": _foreign("agentaflow.io/v1 only."),
-        "gpuRequirements": _foreign("agentaflow.io/v1 only.", scalar=False),
-        "podTemplate": _foreign("agentaflow.io/v1 only.", scalar=False),
+        "jobTemplate": opaque("A batch/v1 JobTemplateSpec (metadata, spec) instead of spec.image."),
+        **shared_spec(),
+        "gpuMemoryRequired": foreign("agentaflow.io/v1 only."),
+        "gpuRequirements": foreign("agentaflow.io/v1 only.", scalar=False),
+        "podTemplate": foreign("agentaflow.io/v1 only.", scalar=False),
     }
     rules = [
-        _refuse(
+        refuse(
             "gpuMemoryRequired", "agentaflow.io/v1", "this group has no memory field; use agentaflow.io/v1"
         ),
-        _refuse("gpuRequirements", "agentaflow.io/v1", "use spec.gpuCount"),
-        _refuse("podTemplate", "agentaflow.io/v1", "use spec.image or spec.jobTemplate"),
+        refuse("gpuRequirements", "agentaflow.io/v1", "use spec.gpuCount"),
+        refuse("podTemplate", "agentaflow.io/v1", "use spec.image or spec.jobTemplate"),
         {
             "rule": "has(self.image) != has(self.jobTemplate)",
             "fieldPath": ".image",
@@ -355,7 +154,7 @@ def _warp_spec() -> S:
         },
         _BOTH_STRATEGIES,
     ]
-    return _obj(
+    return obj_field(
         props, "A GPU_Orchestrator GPUWorkload.", required=["gpuCount"], **{"x-kubernetes-validations": rules}
     )
 
@@ -372,10 +171,15 @@ def _crd(
     short_names: list[str],
     categories: list[str],
 ) -> S:
-    props: S = {"apiVersion": _str(), "kind": _str(), "metadata": {"type": "object"}, "status": status}
+    props: S = {
+        "apiVersion": str_field(),
+        "kind": str_field(),
+        "metadata": {"type": "object"},
+        "status": status,
+    }
     if spec is not None:
         props["spec"] = spec
-    schema = _obj(props, required=["spec"] if spec is not None else [])
+    schema = obj_field(props, required=["spec"] if spec is not None else [])
     if not schema["required"]:
         del schema["required"]
     names: S = {
@@ -412,61 +216,6 @@ def _crd(
     }
 
 
-def _gpunode_status() -> S:
-    holder = _obj(
-        {
-            "pod": _str("namespace/name"),
-            "reservationId": _str(),
-            "milli": _int(0),
-            "memoryMiB": _int(0),
-            "confirmed": {"type": "boolean"},
-        }
-    )
-    device = _obj(
-        {
-            "index": _int(0),
-            "uuid": _str(),
-            "product": _str(),
-            "memoryMiB": _int(0),
-            "health": _str("Healthy or Unhealthy, as the node agent reported."),
-            "utilization": {"type": "number", "description": "Percent busy, as the node agent reported."},
-            "allocatedMilli": _int(0, 1000),
-            "allocatedMemoryMiB": _int(0),
-            "holders": {
-                "type": "array",
-                "items": holder,
-                "description": "Pods holding the device or a share.",
-            },
-        }
-    )
-    return _obj(
-        {
-            "leaf": _str(),
-            "spine": _str(),
-            "schedulable": {"type": "boolean"},
-            "devices": {"type": "array", "items": device},
-            "allocation": _obj(
-                {
-                    "totalGPUs": _int(0),
-                    "allocatedGPUs": _int(0),
-                    "sharedGPUs": _int(0),
-                    "freeGPUs": _int(0),
-                    "allocatedMilli": _int(0),
-                    "percent": {"type": "number"},
-                }
-            ),
-            "fragmentation": {
-                "type": "number",
-                "description": "Free GPUs no whole-GPU request of the node's "
-                "common sizes can use, as a share of its free GPUs.",
-            },
-            "agentHeartbeatTime": _str("The node agent's last report.", format="date-time"),
-            "updatedTime": _str("When the controller last wrote this from the ledger.", format="date-time"),
-            "conditions": _conditions(),
-        }
-    )
-
-
 def gpunode_crd() -> S:
     columns = [
         {"name": "Leaf", "type": "string", "jsonPath": ".status.leaf"},
@@ -484,7 +233,7 @@ def gpunode_crd() -> S:
         "GPUNode",
         "Cluster",
         None,
-        _gpunode_status(),
+        gpunode_status(),
         columns,
         [],
         ["gpuledger"],
@@ -499,8 +248,8 @@ def agentaflow_workload_crd() -> S:
         "GPUWorkload",
         "Namespaced",
         _agentaflow_spec(),
-        _workload_status(),
-        _workload_columns(".spec.gpuRequirements.gpuCount"),
+        workload_status(),
+        workload_columns(".spec.gpuRequirements.gpuCount"),
         ["gw"],
         ["gpuledger"],
     )
@@ -514,8 +263,8 @@ def warp_workload_crd() -> S:
         "GPUWorkload",
         "Namespaced",
         _warp_spec(),
-        _workload_status(),
-        _workload_columns(".spec.gpuCount"),
+        workload_status(),
+        workload_columns(".spec.gpuCount"),
         [],
         ["gpuledger"],
     )
@@ -527,7 +276,7 @@ CRD_FILES: dict[str, Any] = {
     "gpuworkloads.gpu.warp.dev.yaml": warp_workload_crd,
     "gpunodes.agentaflow.io.yaml": gpunode_crd,
 }
-HEADER = "# Generated by `python -m gpucontroller.crds manifests/crds`; edit gpucontroller/crds.py instead.\n"
+HEADER = "# Generated by `python -m gpucontroller.crds manifests/crds`; edit gpucontroller/crds.py, crd_fields.py.\n"
 
 
 def render(name: str) -> str:
