@@ -9,7 +9,9 @@ import pytest
 from gpucontroller.main import build_parser
 from tests.deploy.test_manifests import ALL, IDS, container_argv, render, webhook_deployment
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) not on PATH")
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (with kustomize) not on PATH"
+)
 
 
 @pytest.mark.parametrize("path", ALL, ids=IDS)
