@@ -1,4 +1,4 @@
-"""The controller container every overlay renders runs `gpuledger controller` with flags its parser accepts."""
+"""Every overlay's controller container runs `gpuledger controller` with flags its parser accepts."""
 
 from __future__ import annotations
 
