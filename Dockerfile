@@ -18,6 +18,7 @@ COPY pyproject.toml README.md ./
 COPY allocator ./allocator
 COPY webhook ./webhook
 COPY certs ./certs
+COPY gpucontroller ./gpucontroller
 RUN pip install "ray[default]==${RAY_VERSION}" . \
  && python -m compileall -q /opt/gpuledger
 

@@ -42,6 +42,7 @@ ALICE = "alice"
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"  # how kube-apiserver authenticates to a real kubelet
 REPO = Path(__file__).resolve().parents[1]
 RBAC_MANIFEST = REPO / "manifests" / "rbac.yaml"
+CRDS_DIR = REPO / "manifests" / "crds"
 
 
 def _webhook_service_account() -> tuple[str, str]:
@@ -496,6 +497,10 @@ class ControlPlane(KubeClient):
         self.kubeconfigs = {user: self.write_kubeconfig(user) for user in USERS}
         self.apply(rbac_objects())
         kubeflow.install(self)  # workloads of the earlier tools' users: PyTorchJob, MPIJob, TFJob
+        # GPUWorkload (both groups) and GPUNode, for gpucontroller
+        self.apply([yaml.safe_load(p.read_text()) for p in sorted(CRDS_DIR.glob("gpu*.yaml"))])
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "-l",
+                     "app.kubernetes.io/component=controller")
 
     # ------------------------------------------------------------------ clients
     @property

@@ -30,6 +30,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("gpuledger.cli.watch", "a refreshing view of status, queue and workloads until Ctrl-C"),
     "health": ("gpuledger.cli.health", "unhealthy or stale devices, nodes whose agent went quiet (exit 5)"),
     "generate-template": ("gpuledger.cli.template", "write a commented GPUWorkload, Job or Pod manifest"),
+    "controller": (
+        "gpucontroller.main",
+        "run the GPUWorkload/GPUNode controller (queue, retries, leader election)",
+    ),
 }
 
 

@@ -94,7 +94,9 @@ class Decider:
         for d in pin.devices:
             p = node.pos.get(d)
             if p is None:
-                return deny(Reason.PINNED, f"device {d} does not exist on {pin.node} (it has {node.dev_index})")
+                return deny(
+                    Reason.PINNED, f"device {d} does not exist on {pin.node} (it has {node.dev_index})"
+                )
             if not node.dev_healthy[p]:
                 return deny(Reason.PINNED, f"device {d} on {pin.node} is unhealthy")
         if node.cpu_free < req.cpu_milli:
@@ -109,7 +111,9 @@ class Decider:
             if req.gpu_memory_mib and node.dev_mem_total[p] and node.dev_free_mem[p] < req.gpu_memory_mib:
                 return deny(Reason.PINNED, f"device {d} has {node.dev_free_mem[p]} MiB free")
             if node.dev_nshares[p] == 0 and node.whole_free < 1:
-                return deny(Reason.PINNED, f"{pin.node} has no GPU to spare (GPUs of unknown identity in use)")
+                return deny(
+                    Reason.PINNED, f"{pin.node} has no GPU to spare (GPUs of unknown identity in use)"
+                )
             fit = Fit(shares=(DeviceShare(d, req.gpu_milli, req.gpu_memory_mib),))
         else:
             taken = [d for d in pin.devices if not node.is_fully_free(node.pos[d])]

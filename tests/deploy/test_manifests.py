@@ -360,6 +360,7 @@ def test_namespaced_objects_live_in_the_gpuledger_namespace(path):
         "PriorityClass",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "CustomResourceDefinition",
     }
     for d in docs:
         if d["kind"] not in cluster_scoped:
@@ -540,7 +541,7 @@ def test_dockerignore_keeps_secrets_and_the_venv_out():
     ]
     assert lines[0] == "*"  # deny by default, then allow only the package sources
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed <= {"pyproject.toml", "README.md", "allocator", "webhook", "certs"}
+    assert allowed <= {"pyproject.toml", "README.md", "allocator", "webhook", "certs", "gpucontroller"}
     copied = {arg.split()[0] for ins, arg in dockerfile() if ins == "COPY" and not arg.startswith("--from")}
     assert copied <= allowed
 
@@ -624,17 +625,10 @@ def test_rbac_is_least_privilege():
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
     ]
-    assert not objects(docs, "Role") and not objects(docs, "RoleBinding")
-    granted: dict[tuple[str, str], set[str]] = {}
-    names: dict[tuple[str, str], list[str]] = {}
-    for rule in role["rules"]:
-        assert "nonResourceURLs" not in rule
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                assert "*" not in (group, resource) and "*" not in rule["verbs"]
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-                if "resourceNames" in rule:
-                    names[(group, resource)] = rule["resourceNames"]
+    # the only namespaced role: the controller's leader-election Lease
+    assert [r["metadata"]["name"] for r in objects(docs, "Role")] == ["gpuledger-controller-lease"]
+    assert [r["roleRef"]["name"] for r in objects(docs, "RoleBinding")] == ["gpuledger-controller-lease"]
+    granted, names = _grants(role)
     read = {"get", "list", "watch"}
     assert granted == {
         ("", "pods"): read,
@@ -660,6 +654,68 @@ def test_rbac_is_least_privilege():
             one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"]
         ],
     }
+
+
+def _grants(role: dict) -> tuple[dict[tuple[str, str], set[str]], dict[tuple[str, str], list[str]]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    names: dict[tuple[str, str], list[str]] = {}
+    for rule in role["rules"]:
+        assert "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert "*" not in (group, resource) and "*" not in rule["verbs"]
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+                if "resourceNames" in rule:
+                    names[(group, resource)] = rule["resourceNames"]
+    return granted, names
+
+
+def test_controller_rbac_is_least_privilege():
+    """The GPUWorkload controller's additions to the webhook's ServiceAccount, and the users' roles: GPUNodes
+    are read-only for every user role."""
+    docs = render(BASE)
+    read = {"get", "list", "watch"}
+    status = {"get", "update", "patch"}
+    sa = [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+    binding = one(docs, "ClusterRoleBinding", "gpuledger-controller")
+    assert binding["roleRef"]["name"] == "gpuledger-controller" and binding["subjects"] == sa
+    granted, names = _grants(one(docs, "ClusterRole", "gpuledger-controller"))
+    assert names == {}
+    assert granted == {
+        ("agentaflow.io", "gpuworkloads"): read,
+        ("gpu.warp.dev", "gpuworkloads"): read,
+        ("agentaflow.io", "gpuworkloads/status"): status,
+        ("gpu.warp.dev", "gpuworkloads/status"): status,
+        ("agentaflow.io", "gpunodes"): read | {"create", "delete"},
+        ("agentaflow.io", "gpunodes/status"): status,
+        ("batch", "jobs"): read | {"create", "delete"},
+        ("", "pods"): read,
+        ("", "nodes"): read,
+        ("", "namespaces"): read,
+    }
+    lease_binding = one(docs, "RoleBinding", "gpuledger-controller-lease")
+    assert lease_binding["subjects"] == sa
+    granted, names = _grants(one(docs, "Role", "gpuledger-controller-lease"))
+    assert granted == {("coordination.k8s.io", "leases"): {"create", "get", "update", "patch"}}
+    assert names == {("coordination.k8s.io", "leases"): ["gpuledger-controller"]}
+    argv = container_argv(
+        next(
+            c
+            for c in webhook_deployment(docs)["spec"]["template"]["spec"]["containers"]
+            if c["name"] == "controller"
+        )
+    )
+    assert argv[argv.index("--lease-name") + 1] == "gpuledger-controller"
+    # users: no write verb on GPUNodes in any aggregated role
+    for role in objects(docs, "ClusterRole"):
+        if any(
+            k.startswith("rbac.authorization.k8s.io/aggregate-to-")
+            for k in role["metadata"].get("labels", {})
+        ):
+            granted, _ = _grants(role)
+            for (_group, resource), verbs in granted.items():
+                if resource.startswith("gpunodes"):
+                    assert verbs <= read, (role["metadata"]["name"], resource, verbs)
 
 
 # ---------------------------------------------------------------------------------------- network policy
