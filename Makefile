@@ -42,8 +42,7 @@ helm: $(HELM)
 # ruff (rules and format) over LINT_PATHS, mypy over the product code among them, then the import-linter
 # contracts. A subset checks only those paths: make lint LINT_PATHS="certs allocator/sim" (mypy still reads
 # the modules they import, for their types, but reports only the errors in TYPE_PATHS).
-# widened to the whole tree (allocator webhook certs devcluster tests) once the final lint pass lands
-LINT_PATHS ?= gpuledger tests/cli tests/deploy/test_helm.py certs allocator/node_agent allocator/sim allocator/sources.py allocator/cluster_sync.py allocator/__init__.py
+LINT_PATHS ?= allocator webhook certs devcluster gpuledger gpucontroller tests
 TYPE_PATHS ?= $(filter-out tests tests/%,$(LINT_PATHS))
 
 lint: venv

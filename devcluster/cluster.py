@@ -499,8 +499,14 @@ class ControlPlane(KubeClient):
         kubeflow.install(self)  # workloads of the earlier tools' users: PyTorchJob, MPIJob, TFJob
         # GPUWorkload (both groups) and GPUNode, for gpucontroller
         self.apply([yaml.safe_load(p.read_text()) for p in sorted(CRDS_DIR.glob("gpu*.yaml"))])
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "-l",
-                     "app.kubernetes.io/component=controller")
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "-l",
+            "app.kubernetes.io/component=controller",
+        )
 
     # ------------------------------------------------------------------ clients
     @property

@@ -76,7 +76,10 @@ class Decider:
         def deny(reason: Reason, why: str) -> Denial:
             return Denial(
                 id=req.id,
-                message=f"explicit map (gpu-scheduling-map) {pin.node}:{list(pin.devices)} cannot be honoured: {why}",
+                message=(
+                    f"explicit map (gpu-scheduling-map) {pin.node}:{list(pin.devices)} "
+                    f"cannot be honoured: {why}"
+                ),
                 by_reason=((reason, 1),),
                 strategy="explicit",
             )

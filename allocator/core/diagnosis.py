@@ -99,7 +99,9 @@ class Diagnoser:
         self.filters = filters
         self.diagnoses: OrderedDict[tuple, _Diagnosis] = OrderedDict()  # request shape -> diagnosis, LRU
 
-    def classify(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
+    def classify(
+        self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext
+    ) -> tuple[Reason | None, tuple | None]:
         """(the reason a denial counts the node under, or None when it fits; its near-miss sort key, or
         None)."""
         if not node.placeable:
@@ -170,7 +172,7 @@ class Diagnoser:
                     del counts[reason]
             if excluded:
                 counts[Reason.LEAF_CONSTRAINT] += excluded
-        near = []
+        near: list[NearMiss] = []
         for key in diag.near:
             if len(near) == NEAR_MISSES:
                 break
@@ -200,9 +202,9 @@ class Diagnoser:
             nodes = index.nodes
             for name in set(log[diag.seq - base :]):
                 diag.drop(name)
-                node = nodes.get(name)
-                if node is not None:
-                    diag.add(name, *self.classify(node, req, strategy, ctx))
+                state = nodes.get(name)
+                if state is not None:
+                    diag.add(name, *self.classify(state, req, strategy, ctx))
         diag.seq = base + len(log)
         return diag
 

@@ -104,7 +104,9 @@ class FragmentationGradientDescent(Strategy):
 
     def _cache(self, ctx: ScoreContext) -> _NodeCache:
         """The per-ledger memo for this request's meter (and model capacity); node classes kept current."""
-        if ctx is self._last_ctx:  # the ledger asks once per node with the same per-request context
+        if (
+            ctx is self._last_ctx and self._last_cache is not None
+        ):  # the ledger asks once per node per request
             return self._last_cache
         meter = self.meter(ctx)
         classes = self._classes.get(ctx.index)
@@ -180,9 +182,10 @@ class FragmentationGradientDescent(Strategy):
             devices = choose_whole_devices(node, request)
             if devices is None:
                 return None
-            after = list(free)
+            emptied = list(free)
             for index in devices:
-                after[node.pos[index]] = 0
+                emptied[node.pos[index]] = 0
+            after: list[int] | tuple[int, ...] = emptied
             fit = Fit(devices=devices)
             taken = request.gpus * MILLI_PER_GPU
         elif request.is_shared:
@@ -253,6 +256,7 @@ class FragmentationGradientDescent(Strategy):
             return self.scan_candidates(request, ctx, leaves)
         cache = self._cache(ctx)
         meter, compute, classes = cache.meter, self._compute, self._last_classes
+        assert classes is not None  # set by _cache just above
         cpu, memory, gpus, milli = request.cpu_milli, request.memory_mib, request.gpus, request.gpu_milli
 
         def fits(node) -> bool:

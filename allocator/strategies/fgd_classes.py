@@ -107,11 +107,11 @@ class StateClasses:
             del self.key_of[name]
         if key is not None:
             self.key_of[name] = key
-            names = self.members.get(key)
-            if names is None:
+            members = self.members.get(key)
+            if members is None:
                 self.members[key] = [name]
             else:
-                insort(names, name)
+                insort(members, name)
 
     def ranked(
         self, fits: Callable[[object], bool], evaluate: Callable[[object], tuple | None], shape: tuple

@@ -83,9 +83,7 @@ def best_fit_cost(node: NodeState, request: Request, index: ClusterIndex) -> int
     ) * index.max_cpu_milli
 
 
-def best_fit_walk(
-    index: ClusterIndex, leaves: list[LeafKey] | None, request: Request
-) -> Iterator[NodeState]:
+def best_fit_walk(index: ClusterIndex, leaves: list[LeafKey] | None, request: Request) -> Iterator[NodeState]:
     """Placeable nodes by best-fit cost, then name, skipping nodes that cannot hold the request's CPU, memory
     or GPU amount. The cost is `fit_key` less a constant, so each whole-free bucket is already in cost order:
     merging the buckets with `need` or more free GPUs is exact, and the first node that fits is the best."""
@@ -97,7 +95,7 @@ def best_fit_walk(
         return node.cpu_free >= cpu and node.mem_free >= mem and node.free_milli_raw >= taken  # all must hold
 
     if leaves is not None:  # a few leaves: sort their nodes outright
-        picked = []
+        picked: list[NodeState] = []
         for leaf in leaves:
             b = index.leaves.get(leaf)
             if b is None:
@@ -106,7 +104,7 @@ def best_fit_walk(
                 if k >= need:
                     picked.extend(nodes[name] for name in names)
         picked.sort(key=lambda node: (best_fit_cost(node, request, index), node.name))
-        yield from filter(fits, picked)
+        yield from (node for node in picked if fits(node))
         return
     by_fit = index.fit_buckets()
     heads = [(entries[0], k, 0) for k, entries in by_fit.items() if k >= need and entries]

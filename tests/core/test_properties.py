@@ -18,13 +18,30 @@ from hypothesis import strategies as st
 from allocator import strategies as registry
 from allocator.core.inventory import NodeState
 from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import MILLI_PER_GPU, Denial, GroupSpec, PinnedDevices, Placement, Request, Toleration
+from allocator.core.model import (
+    MILLI_PER_GPU,
+    Denial,
+    GroupSpec,
+    PinnedDevices,
+    Placement,
+    Request,
+    Toleration,
+)
 from tests.core.core_factory import node, pod
 
 KEY = b"prop"
 TTL = 30.0
-STRATEGIES = ["best_fit", "least_utilized", "round_robin", "priority", "random", "cost_optimized",
-              "consolidated", "distributed", "balanced"]
+STRATEGIES = [
+    "best_fit",
+    "least_utilized",
+    "round_robin",
+    "priority",
+    "random",
+    "cost_optimized",
+    "consolidated",
+    "distributed",
+    "balanced",
+]
 INDEXED = {"best_fit", "least_utilized", "round_robin", "priority", "consolidated", "distributed"}
 
 # ------------------------------------------------------------------------------------------ generators
@@ -75,7 +92,9 @@ op = st.one_of(
     st.tuples(st.just("pod"), st.integers(0, 50)),
     st.tuples(st.just("pod_done"), st.integers(0, 50)),
     st.tuples(st.just("pod_delete"), st.integers(0, 50)),
-    st.tuples(st.just("foreign"), st.tuples(st.integers(0, 10), st.integers(0, 2), st.sampled_from(["0", "1"]))),
+    st.tuples(
+        st.just("foreign"), st.tuples(st.integers(0, 10), st.integers(0, 2), st.sampled_from(["0", "1"]))
+    ),
     st.tuples(st.just("foreign_delete"), st.integers(0, 50)),
     st.tuples(st.just("node_update"), st.tuples(st.integers(0, 10), st.booleans(), st.booleans())),
     st.tuples(st.just("checkpoint"), st.just(0)),
@@ -150,8 +169,17 @@ def check_invariants(led: Ledger) -> None:
         fresh = NodeState(n.info)
         for h in n.holders.values():
             fresh.apply(h)
-        for attr in ("cpu_free", "mem_free", "unknown_gpus", "fully_free", "free_milli_raw", "dev_free_milli",
-                     "dev_free_mem", "dev_owner", "dev_nshares"):
+        for attr in (
+            "cpu_free",
+            "mem_free",
+            "unknown_gpus",
+            "fully_free",
+            "free_milli_raw",
+            "dev_free_milli",
+            "dev_free_mem",
+            "dev_owner",
+            "dev_nshares",
+        ):
             assert getattr(fresh, attr) == getattr(n, attr), (name, attr)
         assert set(n.holders) == {hid for hid, h in led._books.holdings.items() if h.node == name}
         if n.placeable:
@@ -342,14 +370,42 @@ def test_reserve_only_streams_then_rebuild(node_specs, ops):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 10) | st.sampled_from(["", "1", "500m", "4Gi", "x", "Running",
-                                                                      "Succeeded", "n0", "[]", "{}"]),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(
-        st.sampled_from(["kind", "metadata", "name", "namespace", "spec", "status", "containers", "resources",
-                         "requests", "limits", "nvidia.com/gpu", "cpu", "memory", "nodeName", "phase", "labels",
-                         "annotations", "allocatable", "taints", "items", "initContainers", "conditions"]),
-        children,
-        max_size=4,
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 10)
+    | st.sampled_from(["", "1", "500m", "4Gi", "x", "Running", "Succeeded", "n0", "[]", "{}"]),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "kind",
+                    "metadata",
+                    "name",
+                    "namespace",
+                    "spec",
+                    "status",
+                    "containers",
+                    "resources",
+                    "requests",
+                    "limits",
+                    "nvidia.com/gpu",
+                    "cpu",
+                    "memory",
+                    "nodeName",
+                    "phase",
+                    "labels",
+                    "annotations",
+                    "allocatable",
+                    "taints",
+                    "items",
+                    "initContainers",
+                    "conditions",
+                ]
+            ),
+            children,
+            max_size=4,
+        )
     ),
     max_leaves=12,
 )

@@ -18,9 +18,12 @@ def make(objs, **config) -> Ledger:
 
 
 def gang(rid, key, size, gpus=8, **kw) -> Request:
-    return Request(id=rid, gpus=gpus, group=GroupSpec(key=key, size=size, **{k: v for k, v in kw.items()
-                                                                           if k.startswith("max_")}),
-                   **{k: v for k, v in kw.items() if not k.startswith("max_")})
+    return Request(
+        id=rid,
+        gpus=gpus,
+        group=GroupSpec(key=key, size=size, **{k: v for k, v in kw.items() if k.startswith("max_")}),
+        **{k: v for k, v in kw.items() if not k.startswith("max_")},
+    )
 
 
 def leaves_of(led: Ledger, p: Placement) -> list[str]:
@@ -30,7 +33,12 @@ def leaves_of(led: Ledger, p: Placement) -> list[str]:
 def fill(led: Ledger, node_name: str, rid: str) -> None:
     n = led.index.nodes[node_name]
     assert isinstance(
-        led.reserve(Request(id=rid, gpus=n.whole_free, pinned=PinnedDevices(node_name, tuple(n.whole_free_devices()))), 0.0),
+        led.reserve(
+            Request(
+                id=rid, gpus=n.whole_free, pinned=PinnedDevices(node_name, tuple(n.whole_free_devices()))
+            ),
+            0.0,
+        ),
         Placement,
     )
 
@@ -106,7 +114,9 @@ def test_gang_is_all_or_nothing():
     led = make(leafy_cluster(leaves=2, per_leaf=4))
     before = led.snapshot()
     d = led.reserve(gang("g-0", "job/a", 9), 0.0)
-    assert isinstance(d, Denial) and "group job/a" in d.message and "8 node(s) could take one pod" in d.message
+    assert (
+        isinstance(d, Denial) and "group job/a" in d.message and "8 node(s) could take one pod" in d.message
+    )
     assert led.snapshot() == before
 
 
