@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from allocator.core.annotation_values import GPU_COUNT, GPU_MEMORY, GPU_MILLI
 from allocator.core.books import Books, GroupState, Reservation, slot_hid
 from allocator.core.diagnosis import Diagnoser, describe
 from allocator.core.filters import dynamic, tolerated_gpu_taints
@@ -218,6 +219,9 @@ class Gangs:
         return tolerated_gpu_taints(node, self.books.config.tolerated_gpu_taint_keys)
 
     def decide_claim(self, req, group: GroupState, strategy, name, ctx):
+        differs = shape_mismatch(group, req)
+        if differs:
+            return Denial(id=req.id, message=differs, strategy=name)
         free = sorted(s for s, who in group.claims.items() if who is None)
         if free:
             return SlotClaim(group.key, free[0], None)
@@ -314,6 +318,39 @@ class Gangs:
         )
         books.reservations[req.id] = Reservation(placed, ReservationState.RESERVED, now)
         return placed
+
+
+def pod_shape(gpus: int, shares: tuple[tuple[int, int], ...]) -> str:
+    """One gang pod's GPUs, (whole GPUs, ((milli, memory MiB) of each share)), in the words of a denial."""
+    if shares:
+        return " + ".join(f"a share of {milli} milli-GPU and {mem} MiB GPU memory" for milli, mem in shares)
+    return f"{gpus} whole GPU(s)"
+
+
+def shape_mismatch(group: GroupState, req: Request) -> str:
+    """Why `req` cannot take a slot of `group` ('' when it can): every slot of a gang was planned for one
+    pod shape (whole GPUs per pod, or one share's milli/memory), so a pod asking for another would be handed
+    a slot of the wrong size."""
+    first = group.slots[min(group.slots)]
+    have = (len(first.devices), tuple((s.milli, s.memory_mib) for s in first.shares))
+    want = (req.gpus, ((req.gpu_milli, req.gpu_memory_mib),) if req.is_shared else ())
+    if have == want:
+        return ""
+    if not have[1] and not want[1]:  # the count comes from gpu-count or the containers' GPU limits
+        what, accepted = f"{GPU_COUNT}={req.gpus}", f"{have[0]}, the group's GPU count per pod"
+    elif len(have[1]) == 1 and want[1]:
+        ((milli, memory),) = have[1]
+        if milli != req.gpu_milli:
+            what, accepted = f"{GPU_MILLI}={req.gpu_milli}", f"{milli}, the group's share per pod"
+        else:
+            what, accepted = f"{GPU_MEMORY}={req.gpu_memory_mib}MiB", f"{memory}MiB, the group's per pod"
+    else:  # whole GPUs against a share
+        what = f"{GPU_COUNT}={req.gpus}, {GPU_MILLI}={req.gpu_milli}, {GPU_MEMORY}={req.gpu_memory_mib}MiB"
+        accepted = f"{pod_shape(*have)} per pod, as the group's other pods"
+    return (
+        f"group {group.key}: {what} differs from the group's: its slots were planned for {pod_shape(*have)} "
+        f"per pod and this pod asks for {pod_shape(*want)}; accepted: {accepted}"
+    )
 
 
 def deal(nodes: list[list[Choice]], n: int, spread: bool) -> list[Choice]:

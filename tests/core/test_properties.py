@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from allocator import strategies as registry
@@ -128,16 +128,16 @@ def node_objects(specs) -> list[dict]:
 
 def build_request(rid: str, spec: dict, n_nodes: int, node_objs: list[dict]) -> Request:
     kind = spec["kind"]
-    common = dict(
-        id=rid,
-        cpu_milli=spec["cpu"],
-        memory_mib=spec["mem"],
-        strategy=spec["strategy"],
-        priority=spec["priority"],
-        seed=spec["seed"],
-        preferred_domain=spec["domain"],
-        tolerations=(Toleration(key="dedicated", operator="Exists"),) if spec["tolerate"] else (),
-    )
+    common = {
+        "id": rid,
+        "cpu_milli": spec["cpu"],
+        "memory_mib": spec["mem"],
+        "strategy": spec["strategy"],
+        "priority": spec["priority"],
+        "seed": spec["seed"],
+        "preferred_domain": spec["domain"],
+        "tolerations": (Toleration(key="dedicated", operator="Exists"),) if spec["tolerate"] else (),
+    }
     if kind == "share":
         return Request(gpu_milli=spec["milli"], gpu_memory_mib=spec["gpu_mem"], **common)
     if kind == "group":
@@ -197,20 +197,34 @@ def check_invariants(led: Ledger) -> None:
     assert index.all.free_milli == sum(n.free_milli for n in index.nodes.values() if n.placeable)
 
 
-def check_gang(led: Ledger, req: Request, result) -> None:
-    if not isinstance(result, Placement) or result.slot != 0 or req.id not in led.reservations():
+def check_gang(led: Ledger, req: Request, result, planned: set[int] | None) -> None:
+    """Every gang placement's slots have the request's shape (a pod asking for another shape than its group's
+    is denied). A placement that planned a new gang (`planned` None: no group before) obeys its request's leaf
+    rules; a slot re-placed for a known group (one not in `planned`, the group's slots before) adds no node
+    over them. A pod claiming a planned slot (slot 0 too, once the gang's first pod is gone) takes it as
+    planned: the limits govern where slots are planned, and a later pod's limits may differ from the
+    planner's (a config reload), so its limits are not checked against the plan."""
+    if not isinstance(result, Placement) or req.group is None or req.id not in led.reservations():
         return
     plan = result.group_plan
-    if len(plan) != req.group.size:  # a new slot for an existing group, not a first reservation
+    for s in plan:
+        assert len(s.devices) == req.gpus
+    limit = req.group.max_nodes_per_leaf
+    if planned is not None:
+        if result.slot not in planned and limit:
+            leaf = led.index.nodes[result.node].leaf_key
+            others = {
+                s.node for s in plan if s.slot != result.slot and led.index.nodes[s.node].leaf_key == leaf
+            }
+            assert result.node in others or len(others) < limit
         return
+    assert result.slot == 0 and len(plan) == req.group.size
     # pods of a gang may share a node (each on its own devices); the leaf rules count nodes, not pods
     held = [(s.node, d) for s in plan for d in s.devices]
     assert len(held) == len(set(held))
     per_leaf = Counter(led.index.nodes[node].leaf_key for node in {s.node for s in plan})
-    if req.group.max_nodes_per_leaf:
-        assert max(per_leaf.values()) <= req.group.max_nodes_per_leaf
-    for s in plan:
-        assert len(s.devices) == req.gpus
+    if limit:
+        assert max(per_leaf.values()) <= limit
 
 
 class _NoIndex:
@@ -260,6 +274,8 @@ def run(node_specs, ops, checks: bool = True):
     for step, (kind, arg) in enumerate(ops):
         if kind == "reserve":
             req = build_request(f"r{step}", arg, len(objs), objs)
+            group = led.groups().get(req.group.key) if req.group is not None else None
+            planned = set(group.slots) if group is not None else None
             if checks:
                 check_index_matches_scan(led, req)
                 before = led.snapshot()
@@ -270,7 +286,7 @@ def run(node_specs, ops, checks: bool = True):
             if isinstance(result, Placement):
                 ids.append(req.id)
                 if checks:
-                    check_gang(led, req, result)
+                    check_gang(led, req, result, planned)
                     if req.group is None:
                         assert led.release(req.id)
                         assert led.snapshot() == before  # release restores exactly
@@ -347,7 +363,51 @@ def _decode(pod_obj):
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def gang_op(**kw) -> tuple[str, dict]:
+    spec = {
+        "kind": "group",
+        "gpus": 2,
+        "milli": 50,
+        "gpu_mem": 0,
+        "cpu": 0,
+        "mem": 0,
+        "strategy": "best_fit",
+        "group": "g1",
+        "size": 2,
+        "max_nodes": 0,
+        "pin_node": 0,
+        "pin_dev": 0,
+        "priority": 0,
+        "tolerate": False,
+        "domain": None,
+        "seed": 0,
+    }
+    return ("reserve", {**spec, **kw})
+
+
+def leaf_a(gpus: int) -> dict:
+    return {
+        "gpus": gpus,
+        "leaf": "A",
+        "spine": "s1",
+        "cpu": 32,
+        "gpu_memory": 0,
+        "unhealthy": set(),
+        "tainted": False,
+        "cheap": False,
+    }
+
+
+# a gang's first pod goes (confirmed, then released) and slot 0 returns to the group for the next pod, which
+# asks for another GPU count (denied: never a slot of the group's 2 GPUs for a 1-GPU pod) or has a node limit
+# the plan was not made under (it claims the slot as planned; the leaf rules are checked on new plans)
+def gang_goes_back(gpus: int) -> list:
+    return [gang_op(gpus=gpus), gang_op(gpus=gpus), ("confirm", 0), ("release", 0)]
+
+
 @SETTINGS
+@example(node_specs=[leaf_a(4), leaf_a(4)], ops=[*gang_goes_back(2), gang_op(gpus=1), gang_op(gpus=2)])
+@example(node_specs=[leaf_a(4), leaf_a(4)], ops=[*gang_goes_back(3), gang_op(gpus=3, max_nodes=1)])
 @given(st.lists(node_spec, min_size=1, max_size=8), st.lists(op, min_size=10, max_size=60))
 def test_random_streams_keep_invariants(node_specs, ops):
     run(node_specs, ops)
@@ -366,7 +426,7 @@ def test_same_inputs_same_answers(node_specs, ops):
 )
 def test_reserve_only_streams_then_rebuild(node_specs, ops):
     """Long runs of reservations (the cluster fills up), then everything gets its pod and is rebuilt."""
-    run(node_specs, ops + [("checkpoint", 0), ("tick", 31.0), ("checkpoint", 0)])
+    run(node_specs, [*ops, ("checkpoint", 0), ("tick", 31.0), ("checkpoint", 0)])
 
 
 json_values = st.recursive(

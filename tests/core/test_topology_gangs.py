@@ -228,3 +228,85 @@ def test_release_of_reserved_first_gang_pod_drops_the_whole_gang():
     led.reserve(Request(id="g0", gpus=8, group=GroupSpec("job/x", 3)), 0.0)
     led.release("g0")  # e.g. the admission failed after reserving
     assert led.snapshot() == before and led.groups() == {}
+
+
+def claimable_slot_zero(led: Ledger, gpus: int, **kw) -> Placement:
+    """A gang of two whose first pod has gone (confirmed, then released): slot 0 is back with the group,
+    unclaimed, for the next pod of the group."""
+    p0 = led.reserve(gang("pod-0", "job/a", 2, gpus=gpus, **kw), 0.0)
+    assert isinstance(led.reserve(gang("pod-1", "job/a", 2, gpus=gpus, **kw), 0.0), Placement)
+    led.confirm("pod-0", 1.0)
+    led.confirm("pod-1", 1.0)
+    assert led.release("pod-0")
+    assert led.groups()["job/a"].claims[0] is None
+    return p0
+
+
+def test_claim_with_another_gpu_count_is_denied_never_a_slot_of_the_wrong_size():
+    # regression (property test, seed 74894155552973338672810883779580180801): a later pod of a 2-GPU gang
+    # asking for 1 GPU claimed slot 0 and got both of its devices
+    led = make(leafy_cluster(leaves=1, per_leaf=2))
+    p0 = claimable_slot_zero(led, gpus=2)
+    assert len(p0.devices) == 2
+    before = led.snapshot()
+    d = led.reserve(gang("pod-2", "job/a", 2, gpus=1), 2.0)
+    assert isinstance(d, Denial)
+    assert "topology.scheduler/gpu-count=1 differs from the group's" in d.message
+    assert "planned for 2 whole GPU(s) per pod" in d.message and "accepted: 2" in d.message
+    assert led.snapshot() == before
+    # a pod of the group's shape still takes the slot as planned
+    p2 = led.reserve(gang("pod-3", "job/a", 2, gpus=2), 2.0)
+    assert (p2.slot, p2.node, p2.devices) == (0, p0.node, p0.devices)
+
+
+def test_new_slot_with_another_gpu_count_is_denied():
+    # past the deadline the group re-places a missing slot: in the group's shape only
+    led = make(leafy_cluster(leaves=1, per_leaf=2), reservation_ttl_s=30)
+    claimable_slot_zero(led, gpus=2)
+    led.expire(31.0)
+    assert 0 not in led.groups()["job/a"].slots
+    d = led.reserve(gang("pod-2", "job/a", 2, gpus=3), 32.0)
+    assert isinstance(d, Denial) and "topology.scheduler/gpu-count=3 differs" in d.message
+    p = led.reserve(gang("pod-3", "job/a", 2, gpus=2), 32.0)
+    assert isinstance(p, Placement) and p.slot == 0 and len(p.devices) == 2
+
+
+def test_claim_with_another_share_is_denied():
+    led = make(leafy_cluster(leaves=1, per_leaf=2))
+    p = led.reserve(Request(id="s0", gpu_milli=500, group=GroupSpec("job/s", 2)), 0.0)
+    assert isinstance(p, Placement)
+    before = led.snapshot()
+    d = led.reserve(Request(id="s1", gpu_milli=300, group=GroupSpec("job/s", 2)), 0.0)
+    assert (
+        isinstance(d, Denial)
+        and "agentaflow.gpu/milli=300 differs" in d.message
+        and "accepted: 500" in d.message
+    )
+    d = led.reserve(Request(id="s2", gpu_milli=500, gpu_memory_mib=4000, group=GroupSpec("job/s", 2)), 0.0)
+    assert isinstance(d, Denial) and "agentaflow.gpu/memory=4000MiB differs" in d.message
+    d = led.reserve(Request(id="s3", gpus=1, group=GroupSpec("job/s", 2)), 0.0)
+    assert isinstance(d, Denial) and "topology.scheduler/gpu-count=1" in d.message
+    assert "a share of 500 milli-GPU and 0 MiB GPU memory per pod" in d.message
+    assert led.snapshot() == before
+
+
+def test_max_nodes_per_leaf_holds_when_pods_share_nodes():
+    # the leaf rules count nodes: two 1-GPU pods on one node are one node of the leaf
+    led = make(leafy_cluster(leaves=2, per_leaf=2))
+    p = led.reserve(gang("g-0", "job/a", 16, gpus=1, max_nodes_per_leaf=1), 0.0)
+    nodes_per_leaf = {}
+    for s in p.group_plan:
+        nodes_per_leaf.setdefault(led.index.nodes[s.node].info.leaf, set()).add(s.node)
+    assert sorted(len(nodes) for nodes in nodes_per_leaf.values()) == [1, 1]
+    assert isinstance(led.reserve(gang("h-0", "job/b", 17, gpus=1, max_nodes_per_leaf=1), 0.0), Denial)
+
+
+def test_claim_of_a_planned_slot_keeps_the_plan_under_other_leaf_limits():
+    # regression (property test, same seed): a gang planned with no node limit (two nodes of one leaf); a
+    # later pod whose max_nodes_per_leaf is 1 (e.g. the config was reloaded) claims slot 0 as planned. The
+    # limits govern where slots are planned; the property test took this claim of slot 0 for a new plan.
+    led = make(leafy_cluster(leaves=1, per_leaf=2))
+    p0 = claimable_slot_zero(led, gpus=5)
+    assert len({s.node for s in p0.group_plan}) == 2
+    p2 = led.reserve(gang("pod-2", "job/a", 2, gpus=5, max_nodes_per_leaf=1), 2.0)
+    assert isinstance(p2, Placement) and (p2.slot, p2.node, p2.group_plan) == (0, p0.node, p0.group_plan)
