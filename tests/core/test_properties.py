@@ -141,7 +141,11 @@ def build_request(rid: str, spec: dict, n_nodes: int, node_objs: list[dict]) -> 
     if kind == "share":
         return Request(gpu_milli=spec["milli"], gpu_memory_mib=spec["gpu_mem"], **common)
     if kind == "group":
-        group = GroupSpec(key=spec["group"], size=spec["size"], max_nodes_per_leaf=spec["max_nodes"])
+        # a group's size is its owner's parallelism: one key, one size. A gang resized while its pods
+        # run (a Job's parallelism edited mid-flight) is a known gap, kept out of this stream: a slot added
+        # for the larger size is not in the plans the earlier pods carry, so a rebuild does not restore it.
+        key = f"{spec['group']}-of-{spec['size']}"
+        group = GroupSpec(key=key, size=spec["size"], max_nodes_per_leaf=spec["max_nodes"])
         return Request(gpus=spec["gpus"], group=group, **common)
     if kind == "pinned":
         name = f"n{spec['pin_node'] % n_nodes}"
