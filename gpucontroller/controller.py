@@ -63,6 +63,10 @@ def workload_key(obj: Mapping) -> WorkloadKey:
     )
 
 
+class NotLeader(Exception):
+    """This replica's Lease went stale: it must not write until it has renewed it."""
+
+
 class Engine:
     def __init__(
         self,
@@ -72,8 +76,10 @@ class Engine:
         settings: EngineSettings = EngineSettings(),
         clock: Callable[[], float] = time.time,
         draw: Callable[[], float] = random.random,
+        may_act: Callable[[], bool] = lambda: True,
     ):
         self.writer, self.ledger, self.settings = writer, ledger, settings
+        self.may_act = may_act  # the leader's Lease is still fresh (gpucontroller.leader)
         self.metrics = metrics or ControllerMetrics()
         self.clock, self.draw = clock, draw
         self.workloads: dict[WorkloadKey, dict] = {}
@@ -157,6 +163,9 @@ class Engine:
             self._wake.clear()
             try:
                 await self.pass_once()
+            except NotLeader:
+                log.warning("the Lease is not fresh: not acting until it is renewed")
+                self._wake_in(1.0)
             except Exception:
                 log.exception("reconcile pass failed; again in 1s")
                 self._wake_in(1.0)
@@ -181,7 +190,12 @@ class Engine:
         self.metrics.reconcile.observe(time.perf_counter() - started)
 
     # ---------------------------------------------------------------- one workload
+    def _guard(self) -> None:
+        if not self.may_act():
+            raise NotLeader()
+
     async def _write(self, obj: dict, status: dict) -> dict:
+        self._guard()
         new = await asyncio.to_thread(self.writer.write_status, obj, status)
         key = workload_key(obj)
         if key in self.workloads and _rv(new) >= _rv(self.workloads[key]):
@@ -247,6 +261,7 @@ class Engine:
         )
         step = lifecycle.step(req, status, seen, now, self.draw(), self.settings.placing_timeout_s)
         if step.delete_job:
+            self._guard()
             await asyncio.to_thread(self.writer.delete_job, ns, step.delete_job)
             self.jobs.pop((ns, step.delete_job), None)
         if step.create_job:
@@ -258,6 +273,7 @@ class Engine:
     async def _create_job(self, req: WorkloadRequest, status: Mapping, now: float) -> None:
         left = None if req.deadline_s is None else int(req.created + req.deadline_s - now)
         job = job_manifest(req, int(status.get("attempts") or 1), left)
+        self._guard()
         created = await asyncio.to_thread(self.writer.create_job, job)
         log.info(
             "%s Job %s/%s for %s",
@@ -390,6 +406,7 @@ class Engine:
         for name, status in wanted.items():
             old = self.gpunode_status.get(name)
             if not gpunodes.same(old, status):
+                self._guard()
                 await asyncio.to_thread(self.writer.write_gpunode, name, status, old)
                 self.gpunode_status[name] = status
         for name in set(self.gpunode_status) - set(wanted):

@@ -149,6 +149,11 @@ class LeaseElector:
     def _still_valid(self, now: float) -> bool:
         return bool(self.last_renewed) and now - self.last_renewed < self.renew_deadline_s
 
+    def valid(self) -> bool:
+        """May this replica act now: renewed within the renew deadline (shorter than the Lease, so it stops
+        acting before any other replica may take the Lease over)."""
+        return self._still_valid(self.clock())
+
     def acquire(self, stop: Callable[[], bool] = lambda: False) -> bool:
         """Block until leader (True) or `stop()` (False)."""
         while not stop():

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -167,18 +168,18 @@ async def run(args: argparse.Namespace, api_client: Any, ledger_view: Any, stop:
     log.info("%s: leader", args.identity)
     print(f"gpuledger controller {args.identity}: leader", flush=True)
     metrics.leader.set(1)
-    lost = asyncio.Event()
+    lost = threading.Event()
+    loop = asyncio.get_running_loop()
 
-    async def renew() -> None:
-        while not stop.is_set():
-            await asyncio.sleep(args.retry_period)
-            if not await asyncio.to_thread(elector.try_once) and not elector._still_valid(time.time()):
+    def renew() -> None:
+        """In a thread of its own: a busy event loop must not keep the Lease from being renewed."""
+        while not stop.is_set() and not lost.wait(args.retry_period):
+            if not elector.try_once() and not elector.valid():
                 log.error(
                     "%s: lost lease %s/%s; stopping", args.identity, args.lease_namespace, args.lease_name
                 )
                 lost.set()
-                stop.set()
-                return
+                loop.call_soon_threadsafe(stop.set)
 
     writer = KubeWriter(api_client)
     settings = EngineSettings(
@@ -188,9 +189,13 @@ async def run(args: argparse.Namespace, api_client: Any, ledger_view: Any, stop:
         gpunodes=not args.no_gpunodes,
         requeue_interval_s=args.requeue_interval,
     )
-    engine = Engine(writer, ledger_view, metrics, settings)
+    engine = Engine(
+        writer, ledger_view, metrics, settings, may_act=lambda: elector.valid() and not lost.is_set()
+    )
     await asyncio.to_thread(_seed, engine, writer)
-    tasks = [asyncio.create_task(renew()), asyncio.create_task(engine.run(stop))]
+    renewer = threading.Thread(target=renew, name="lease-renewal", daemon=True)
+    renewer.start()
+    tasks = [asyncio.create_task(engine.run(stop))]
     try:
         await kopf.operator(
             registry=make_registry(engine, args.kubeconfig), clusterwide=True, standalone=True, stop_flag=stop
@@ -200,6 +205,7 @@ async def run(args: argparse.Namespace, api_client: Any, ledger_view: Any, stop:
         for task in tasks:
             task.cancel()
         metrics.leader.set(0)
+        await asyncio.to_thread(renewer.join, args.retry_period + 10)  # no renewal after the release below
         if not lost.is_set():
             await asyncio.to_thread(elector.release)
     return EXIT_LEASE_LOST if lost.is_set() else 0

@@ -7,7 +7,9 @@ import asyncio
 import copy
 import json
 
-from gpucontroller.controller import ADMISSION_LABEL, Engine, EngineSettings
+import pytest
+
+from gpucontroller.controller import ADMISSION_LABEL, Engine, EngineSettings, NotLeader
 from gpucontroller.kube import Conflict
 from gpucontroller.lifecycle import PLACEMENT_ANNOTATION
 from gpucontroller.mapping import LABEL_UID, parse_time
@@ -221,3 +223,16 @@ async def test_retry_arms_a_wake_after_an_earlier_timer_fired():
     clock[0] += 5
     await engine.pass_once()
     assert api.objects["r"]["status"]["phase"] in ("Queued", "Placing")
+
+
+async def test_a_replica_whose_lease_went_stale_writes_nothing():
+    engine, api, ledger, _ = make()
+    fresh = [False]
+    engine.may_act = lambda: fresh[0]
+    submit(engine, api, agentaflow("a", gpus=2))
+    with pytest.raises(NotLeader):  # ends the pass; run() waits for the Lease to be renewed
+        await engine.pass_once()
+    assert api.created == [] and "status" not in api.objects["a"]
+    fresh[0] = True
+    await engine.pass_once()
+    assert phases(api) == {"a": "Placing"}
