@@ -331,6 +331,8 @@ def shape_mismatch(group: GroupState, req: Request) -> str:
     """Why `req` cannot take a slot of `group` ('' when it can): every slot of a gang was planned for one
     pod shape (whole GPUs per pod, or one share's milli/memory), so a pod asking for another would be handed
     a slot of the wrong size."""
+    if not group.slots:  # restored from a pod that could not keep its place (counted instead): no shape
+        return ""
     first = group.slots[min(group.slots)]
     have = (len(first.devices), tuple((s.milli, s.memory_mib) for s in first.shares))
     want = (req.gpus, ((req.gpu_milli, req.gpu_memory_mib),) if req.is_shared else ())

@@ -310,3 +310,18 @@ def test_claim_of_a_planned_slot_keeps_the_plan_under_other_leaf_limits():
     assert len({s.node for s in p0.group_plan}) == 2
     p2 = led.reserve(gang("pod-2", "job/a", 2, gpus=5, max_nodes_per_leaf=1), 2.0)
     assert isinstance(p2, Placement) and (p2.slot, p2.node, p2.group_plan) == (0, p0.node, p0.group_plan)
+
+
+def test_claim_of_a_group_restored_without_slots():
+    # a rebuild past the deadline restores a gang from a pod that cannot keep its place (a confirmed pod holds
+    # its devices): the group has no slot, so no shape to compare; a later pod of it is placed, not a crash
+    nodes = leafy_cluster(leaves=1, per_leaf=2)
+    led = make(nodes)
+    p0 = led.reserve(gang("a", "g", 2), 0.0)
+    other = make(nodes)
+    q = other.reserve(Request(id="q", gpus=8, pinned=PinnedDevices(p0.node, tuple(range(8)))), 0.0)
+    rebuilt = Ledger.rebuild(
+        [*nodes, pod("wq", placement=q, key=KEY), pod("wa", placement=p0, key=KEY)], led.config, now=100.0
+    )
+    assert rebuilt.groups()["g"].slots == {}
+    assert isinstance(rebuilt.reserve(gang("b", "g", 2), 100.0), Placement)
