@@ -27,6 +27,7 @@ from devcluster.cluster import (
     KubeClient,
     missing_binaries,
 )
+from devcluster.demo_queue import run_queue
 from devcluster.nodes import LEAF_LABEL, SPINE_LABEL, create_nodes, make_sample_cluster
 from devcluster.webhooks import MUTATING
 
@@ -249,6 +250,16 @@ def print_ledger(stack) -> None:
         )
 
 
+def _free_node(kube: KubeClient, rows: list[Row]) -> str:
+    """An untainted node no sample workload uses: all 8 of its GPUs are free for the queue section."""
+    used = {r.node for r in rows}
+    for node in kube.get_json("nodes")["items"]:
+        name = node["metadata"]["name"]
+        if name not in used and not node["spec"].get("taints"):
+            return name
+    raise ControlPlaneError(f"no untainted node left with all GPUs free (used: {sorted(used)})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuledger demo", description=__doc__.splitlines()[0])
     p.add_argument("--keep-running", action="store_true", help="leave everything running until Ctrl-C")
@@ -341,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         print_table(rows)
         if stack is not None:
             print_ledger(stack)
+        if cp is not None and stack is not None:
+            run_queue(cp, stack, args.namespace, _free_node(cp, rows))
         print(f"\ndone in {time.monotonic() - started:.0f}s")
         if args.keep_running:
             print(

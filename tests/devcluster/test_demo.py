@@ -40,12 +40,39 @@ def check_table(out: str) -> None:
     assert "agentaflow.gpu/scheduling-strategy='fastest' is not accepted" in out
 
 
+def check_queue(out: str) -> None:
+    """Two tables of (workload, priority, phase, queue position): before and after `urgent` is deleted."""
+    assert "GPUWorkload queue:" in out, out
+    section = out.split("GPUWorkload queue:", 1)[1]
+    before_text, after_text = section.split("deleting urgent ...", 1)
+
+    def table(text: str) -> dict[str, tuple[str, str, str]]:
+        rows = [line.split() for line in text.splitlines() if line.startswith("  ") and line.split()]
+        return {r[0]: (r[1], r[3], r[4]) for r in rows if r[0] != "WORKLOAD"}
+
+    before, after = table(before_text), table(after_text)
+    assert before == {
+        "urgent": ("10", "Running", "-"),
+        "finetune": ("5", "Running", "-"),
+        "sweep": ("1", "Queued", "1"),
+        "nightly": ("0", "Queued", "2"),
+    }, out
+    # the freed GPUs go to the highest priority waiting, not the oldest (nightly was submitted first)
+    assert after == {
+        "finetune": ("5", "Running", "-"),
+        "sweep": ("1", "Running", "-"),
+        "nightly": ("0", "Queued", "1"),
+    }, out
+    assert "NotEnoughGpus" in before_text, out
+
+
 def test_demo_on_its_own_control_plane():
     require_binaries()
     proc = run_demo()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_table(proc.stdout)
     assert "ledger: 16 nodes" in proc.stdout
+    check_queue(proc.stdout)
 
 
 def test_demo_with_a_given_kubeconfig():
@@ -54,5 +81,6 @@ def test_demo_with_a_given_kubeconfig():
         proc = run_demo("--use-current-kubeconfig", "--kubeconfig", cp.kubeconfig, "--sample-nodes")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         check_table(proc.stdout)
+        assert "GPUWorkload queue:" not in proc.stdout  # only on its own control plane (it plays the kubelet)
         # it cleans up after itself: its webhook registrations are gone, its namespace is being deleted
         assert cp.kubectl("get", "mutatingwebhookconfigurations", "-o", "name").stdout.strip() == ""
