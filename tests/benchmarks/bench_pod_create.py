@@ -11,6 +11,10 @@ the namespaceSelector differs), alternating in rounds so drift hits both. A thir
 no-op webhooks (allow everything, same TLS, own process): the floor any two admission webhooks cost here.
 Each sample is one `create` call from a client holding a keep-alive connection, one request in flight
 (`--clients` > 1 adds parallel clients). Between rounds the pods are deleted and the ledger drains.
+
+`--delete-to-free N` then measures the delete-to-free delay (docs/webhook.md, "Placement integrity"): N
+1-GPU pods admitted through the webhook and confirmed, then each deleted in turn, timed from the delete call
+until the ledger counts one more free GPU (its stats, fetched from the ledger on each /metrics scrape).
 """
 
 from __future__ import annotations
@@ -183,6 +187,39 @@ def drain(cp, webhook, namespaces: list[str]) -> None:
     cp.wait_for(lambda: allocation_ratio(webhook) == 0.0, timeout=60, interval=0.2, what="ledger drained")
 
 
+def delete_to_free(cp, webhook, namespace: str, count: int, timeout: float) -> tuple[list[float], int]:
+    """Seconds from each pod's delete call until the ledger shows its GPU free, and how many waits ran past
+    `timeout` (left out of the samples)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(cp.api_client())
+    names = [f"free-{i}" for i in range(count)]
+    for name in names:
+        core.create_namespaced_pod(namespace, pod(name), _preload_content=False)
+    cp.wait_for(
+        lambda: (
+            webhook.metric("agentaflow_workloads_running") == count
+            and webhook.metric("agentaflow_workloads_pending") == 0
+        ),
+        timeout=60,
+        interval=0.1,
+        what=f"{count} reservations confirmed",
+    )
+    samples: list[float] = []
+    late = 0
+    for name in names:
+        free_before = webhook.metric("agentaflow_gpu_available")
+        started = time.perf_counter()
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
+        while webhook.metric("agentaflow_gpu_available") <= free_before:
+            if time.perf_counter() - started > timeout:
+                late += 1
+                break
+        else:
+            samples.append(time.perf_counter() - started)
+    return samples, late
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=6)
@@ -192,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--json", help="write the figures here too")
+    p.add_argument(
+        "--delete-to-free",
+        type=int,
+        nargs="?",
+        const=20,
+        default=0,
+        metavar="N",
+        help="after the rounds, time delete-to-free for N webhook-admitted pods, one at a time (N: 20)",
+    )
+    p.add_argument("--free-timeout", type=float, default=10.0, help="longest wait for one freed GPU, seconds")
     p.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--tls-cert", help=argparse.SUPPRESS)
@@ -215,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             create_nodes(cp.api_client(), make_sample_cluster())
             webhook = GpuledgerServe(cp)
             served.append(webhook)
-            tls, noop_port = webhook.transport.tls, free_port()
+            tls, noop_port = webhook.tls, free_port()
             noop = ServedProcess(
                 [
                     sys.executable,
@@ -261,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
                     samples[mode] += create_round(cp, modes[mode], args.pods, args.clients, f"r{r}-{mode}")
                 drain(cp, webhook, list(modes.values()))
             inside = server_breakdown(webhook)
+            freed, late = (
+                delete_to_free(cp, webhook, modes["webhook"], args.delete_to_free, args.free_timeout)
+                if args.delete_to_free
+                else ([], 0)
+            )
         finally:
             for server in reversed(served):
                 server.stop()
@@ -294,6 +346,26 @@ def main(argv: list[str] | None = None) -> int:
         "inside the gpuledger webhook (means): "
         + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items())
     )
+    free_figures = None
+    if freed:
+        median_create = figures["webhook"]["median_ms"]
+        free_figures = {
+            "n": len(freed),
+            "late": late,
+            "median_ms": statistics.median(freed) * 1e3,
+            "p90_ms": percentile(freed, 0.9) * 1e3,
+            "max_ms": max(freed) * 1e3,
+        }
+        print(
+            f"delete to free, {len(freed)} pods one at a time ({late} past {args.free_timeout:g} s): "
+            + ", ".join(
+                f"{k.removesuffix('_ms')} {free_figures[k]:.0f} ms (x{free_figures[k] / median_create:.1f})"
+                for k in ("median_ms", "p90_ms", "max_ms")
+            )
+            + f"; x = over this run's median webhook pod create ({median_create:.2f} ms)"
+        )
+    elif args.delete_to_free:
+        print(f"delete to free: all {late} waits ran past {args.free_timeout:g} s")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -303,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio_p99": ratio_p99,
                     "noop_ratio": noop_ratio,
                     "inside_webhook": inside,
+                    "delete_to_free": free_figures,
                     "args": vars(args),
                 },
                 indent=2,
