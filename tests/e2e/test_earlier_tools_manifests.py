@@ -242,7 +242,9 @@ spec:
     )
     assert proc.returncode != 0
     # the count is every ready node of the shared cluster (an earlier test may have left one cordoned)
-    assert re.search(r"\d+ node\(s\) network bandwidth below topology.scheduler/network-bandwidth", proc.stderr)
+    assert re.search(
+        r"\d+ node\(s\) network bandwidth below topology.scheduler/network-bandwidth", proc.stderr
+    )
     assert "topology.scheduler/network-bandwidth-gbps" in proc.stderr
 
 
