@@ -53,7 +53,9 @@ def kubelet_module_dir(module: str = KUBELET_MODULE) -> Path:
     try:
         info = json.loads(proc.stdout)
     except ValueError as err:
-        raise KubeletApiError(f"go mod download {module} exited {proc.returncode}: {proc.stderr.strip()}") from err
+        raise KubeletApiError(
+            f"go mod download {module} exited {proc.returncode}: {proc.stderr.strip()}"
+        ) from err
     if info.get("Error") or not info.get("Dir"):
         raise KubeletApiError(f"go mod download {module}: {info.get('Error')}")
     return Path(info["Dir"])

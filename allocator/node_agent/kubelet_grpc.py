@@ -95,7 +95,10 @@ def generated_dir() -> Path:
     for folder in sorted(PROTOS):
         digest.update((PROTOS_DIR / folder / "api.proto").read_bytes())
     tools = version("grpcio-tools")
-    return cache_root() / f"kubelet-api-{KUBELET_MODULE.split('@')[1]}-{digest.hexdigest()[:10]}-grpcio-tools-{tools}"
+    return (
+        cache_root()
+        / f"kubelet-api-{KUBELET_MODULE.split('@')[1]}-{digest.hexdigest()[:10]}-grpcio-tools-{tools}"
+    )
 
 
 def generate(out: Path | None = None) -> Path:
