@@ -41,7 +41,7 @@ class DeviceReport:
 class GpuProcess(NamedTuple):
     """A process holding memory on a device, as the driver sees it (host pid)."""
 
-    index: int  # DeviceReport.index
+    device: int  # DeviceReport.index (a NamedTuple field cannot be called `index`)
     pid: int
     used_memory_mib: int
 
