@@ -2,7 +2,9 @@
 
 The ledger reads `agentaflow.gpu/devices` to know device identities and health, so an unhealthy GPU stops
 receiving placements as soon as the agent's patch reaches the API server (the sync adapter forwards Node
-changes to the ledger). The patch itself is a pure function of the probe's reports and `now`.
+changes to the ledger), and `agentaflow.gpu/device-holders` to know which pod holds each device (from the
+kubelet's PodResources API) and which devices hold memory of processes outside Kubernetes. The patch itself is
+a pure function of the probe's reports, the holders and `now`; the agent keeps no state a restart could lose.
 """
 
 from __future__ import annotations
@@ -12,9 +14,16 @@ import json
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
+from pathlib import Path
 
+from allocator.node_agent.holders import ANNOTATION as HOLDERS_ANNOTATION
+from allocator.node_agent.holders import DeviceHolders, observe
+from allocator.node_agent.pod_resources import DEFAULT_RESOURCES, DEFAULT_SOCKET, PodResourcesClient
 from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError
+from allocator.node_agent.processes import DEFAULT_PROC_ROOT
 
 log = logging.getLogger("gpuledger.node_agent")
 
@@ -42,10 +51,10 @@ def node_status(reports: list[DeviceReport]) -> str:
     return "degraded" if healthy else "unhealthy"
 
 
-def node_patch(reports: list[DeviceReport], now: datetime) -> dict:
+def node_patch(reports: list[DeviceReport], now: datetime, holders: DeviceHolders | None = None) -> dict:
     """A strategic-merge patch for the Node: labels for selection, annotations for the ledger."""
     healthy = sum(r.healthy for r in reports)
-    return {
+    patch = {
         "metadata": {
             "labels": {
                 PREFIX + "enabled": "true" if reports else "false",
@@ -62,30 +71,79 @@ def node_patch(reports: list[DeviceReport], now: datetime) -> dict:
             },
         }
     }
+    if holders is not None:
+        patch["metadata"]["annotations"][HOLDERS_ANNOTATION] = holders.annotation()
+    return patch
 
 
 class NodeAgent:
-    """Probes, patches the Node, sleeps; stops on `stop()` (SIGTERM in the DaemonSet)."""
+    """Probes, patches the Node, sleeps; stops on `stop()` (SIGTERM in the DaemonSet).
 
-    def __init__(self, node_name: str, probe: GpuProbe, core_api, interval_s: float = 30.0):
+    Every `interval_s` it publishes everything; between those it looks at the device holders every
+    `holders_interval_s` and patches at once when they changed, so the ledger learns of a pod's devices in
+    seconds. The last published holders text is kept only to spot a change: a restart publishes in full.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        probe: GpuProbe,
+        core_api,
+        interval_s: float = 30.0,
+        pod_resources: PodResourcesClient | None = None,
+        resources: Collection[str] = DEFAULT_RESOURCES,
+        proc_root: Path = DEFAULT_PROC_ROOT,
+        holders_interval_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.node_name = node_name
         self.probe = probe
         self.core_api = core_api  # kubernetes.client.CoreV1Api
         self.interval_s = interval_s
+        self.pod_resources = pod_resources or PodResourcesClient()
+        self.resources, self.proc_root = tuple(resources), Path(proc_root)
+        self.holders_interval_s = holders_interval_s
+        self.clock = clock
+        self.published_holders: str | None = None
         self._stop = threading.Event()
 
+    def observe(self) -> tuple[list[DeviceReport], DeviceHolders]:
+        reports = self.probe.devices()
+        return reports, observe(reports, self.probe, self.pod_resources, self.resources, self.proc_root)
+
     def publish_once(self, now: datetime | None = None) -> dict:
-        patch = node_patch(self.probe.devices(), now or datetime.now(UTC))
+        return self._publish(*self.observe(), now)
+
+    def publish_if_changed(self, now: datetime | None = None) -> dict | None:
+        """The patch sent when the holders differ from the last ones published, else None (nothing sent)."""
+        reports, holders = self.observe()
+        if holders.annotation() == self.published_holders:
+            return None
+        return self._publish(reports, holders, now)
+
+    def _publish(self, reports: list[DeviceReport], holders: DeviceHolders, now: datetime | None) -> dict:
+        patch = node_patch(reports, now or datetime.now(UTC), holders)
         self.core_api.patch_node(self.node_name, patch)
+        self.published_holders = holders.annotation()
         return patch
 
     def run(self) -> None:
+        next_full = self.clock()
         while not self._stop.is_set():
+            full = self.clock() >= next_full
             try:
-                self.publish_once()
+                if full:
+                    self.publish_once()
+                else:
+                    self.publish_if_changed()
             except Exception:  # keep publishing: a transient API error must not kill the agent
                 log.exception("publishing GPU state for node %s failed", self.node_name)
-            self._stop.wait(self.interval_s)
+            if full:
+                next_full = self.clock() + self.interval_s
+            wait = next_full - self.clock()
+            if self.holders_interval_s > 0:
+                wait = min(wait, self.holders_interval_s)
+            self._stop.wait(max(0.0, wait))
 
     def stop(self) -> None:
         self._stop.set()
@@ -105,6 +163,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--fake", metavar="SPEC", help="report fake GPUs instead of NVML, e.g. 8xA100:81920,unhealthy=3"
     )
     parser.add_argument("--print", action="store_true", help="print the patch instead of sending it")
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=DEFAULT_SOCKET,
+        help=f"the kubelet's PodResources socket, for {HOLDERS_ANNOTATION} (default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--pod-resources-timeout", type=float, default=5.0, help="seconds to wait for each PodResources call"
+    )
+    parser.add_argument(
+        "--resources",
+        default=",".join(DEFAULT_RESOURCES),
+        help="comma-separated resource names whose devices are GPUs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--holders-interval",
+        type=float,
+        default=2.0,
+        help="seconds between looks at the device holders, patching when they changed (0: every --interval)",
+    )
+    parser.add_argument(
+        "--proc-root",
+        type=Path,
+        default=DEFAULT_PROC_ROOT,
+        help="the host's /proc, to tell GPU processes in pods from others (hostPID, or the host's /proc "
+        "mounted there)",
+    )
     return parser
 
 
@@ -116,8 +201,15 @@ def main(argv: list[str]) -> int:
     except (ProbeError, ValueError) as exc:
         print(f"gpuledger node-agent: {exc}")
         return 2
+    resources = [r.strip() for r in args.resources.split(",") if r.strip()]
+    if not resources:
+        print(f"gpuledger node-agent: --resources {args.resources!r} names no resource; e.g. nvidia.com/gpu")
+        return 2
+    pod_resources = PodResourcesClient(args.pod_resources_socket, args.pod_resources_timeout)
     if args.print:
-        print(json.dumps(node_patch(probe.devices(), datetime.now(UTC)), indent=2))
+        reports = probe.devices()
+        holders = observe(reports, probe, pod_resources, resources, args.proc_root)
+        print(json.dumps(node_patch(reports, datetime.now(UTC), holders), indent=2))
         return 0
     from kubernetes import client, config
 
@@ -128,7 +220,16 @@ def main(argv: list[str]) -> int:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-    agent = NodeAgent(args.node, probe, client.CoreV1Api(), args.interval)
+    agent = NodeAgent(
+        args.node,
+        probe,
+        client.CoreV1Api(),
+        args.interval,
+        pod_resources=pod_resources,
+        resources=resources,
+        proc_root=args.proc_root,
+        holders_interval_s=args.holders_interval,
+    )
     if args.once:
         agent.publish_once()
         return 0

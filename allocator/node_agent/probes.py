@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,22 @@ class DeviceReport:
         return entry
 
 
+class GpuProcess(NamedTuple):
+    """A process holding memory on a device, as the driver sees it (host pid)."""
+
+    device: int  # DeviceReport.index (a NamedTuple field cannot be called `index`)
+    pid: int
+    used_memory_mib: int
+
+
 class ProbeError(RuntimeError):
     """The probe cannot read the GPUs at all (no driver, no library)."""
 
 
 class GpuProbe(Protocol):
     def devices(self) -> list[DeviceReport]: ...
+
+    def processes(self) -> list[GpuProcess]: ...
 
     def close(self) -> None: ...
 
@@ -94,21 +104,64 @@ class NvmlProbe:
             )
         return reports
 
+    def processes(self) -> list[GpuProcess]:
+        """Compute and graphics processes per device; a pid in both lists counts once (its larger figure).
+
+        Not exercised in CI (no GPU there): usedGpuMemory is bytes, or None where the driver withholds it.
+        """
+        nvml = self._nvml
+        seen: dict[tuple[int, int], int] = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            for query in (
+                nvml.nvmlDeviceGetComputeRunningProcesses,
+                nvml.nvmlDeviceGetGraphicsRunningProcesses,
+            ):
+                try:
+                    running = query(handle)
+                except nvml.NVMLError:  # e.g. NotSupported for graphics on a datacenter GPU
+                    continue
+                for proc in running:
+                    mib = int(proc.usedGpuMemory or 0) // (1024 * 1024)
+                    key = (index, int(proc.pid))
+                    seen[key] = max(seen.get(key, 0), mib)
+        return [GpuProcess(index, pid, mib) for (index, pid), mib in sorted(seen.items())]
+
     def close(self) -> None:
         self._nvml.nvmlShutdown()
 
 
 class FakeProbe:
-    """Reports the devices a spec describes: for nodes and tests without a GPU."""
+    """Reports the devices (and GPU processes) a spec describes: for nodes and tests without a GPU."""
 
-    def __init__(self, reports: list[DeviceReport]):
+    def __init__(self, reports: list[DeviceReport], processes: list[GpuProcess] | None = None):
         self._reports = list(reports)
+        self._processes = list(processes or [])
 
     @classmethod
     def from_spec(cls, spec: str) -> FakeProbe:
-        """`COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J]`, e.g. `8xNVIDIA-H100-80GB-HBM3:81559,unhealthy=3`, or a
-        JSON list."""
+        """`COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J]`, e.g. `8xNVIDIA-H100-80GB-HBM3:81559,unhealthy=3`, a
+        JSON list of DeviceReport fields, or a JSON object `{"gpus": <either>, "processes": [[INDEX, PID,
+        MIB], ...]}`."""
         spec = spec.strip()
+        if spec.startswith("{"):
+            obj = json.loads(spec)
+            unknown = set(obj) - {"gpus", "processes"}
+            if unknown or "gpus" not in obj:
+                raise ValueError(
+                    f"fake GPU spec object keys {sorted(obj)} are not accepted: it needs gpus (a spec "
+                    f"string or a JSON list) and may have processes ([[INDEX, PID, MIB], ...])"
+                )
+            gpus = obj["gpus"] if isinstance(obj["gpus"], str) else json.dumps(obj["gpus"])
+            try:
+                processes = [
+                    GpuProcess(int(i), int(pid), int(mib)) for i, pid, mib in obj.get("processes", [])
+                ]
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"fake GPU spec processes {obj.get('processes')!r} are not [[INDEX, PID, MIB], ...]"
+                ) from exc
+            return cls(cls.from_spec(gpus).devices(), processes)
         if spec.startswith("["):
             return cls([DeviceReport(**entry) for entry in json.loads(spec)])
         head, _, tail = spec.partition(",")
@@ -143,6 +196,9 @@ class FakeProbe:
 
     def devices(self) -> list[DeviceReport]:
         return list(self._reports)
+
+    def processes(self) -> list[GpuProcess]:
+        return list(self._processes)
 
     def close(self) -> None:
         pass
