@@ -26,6 +26,7 @@ BASE = REPO / "manifests"
 OVERLAYS = {name: REPO / "kustomize" / "overlays" / name for name in ("dev", "prod", "cert-manager")}
 K8S_SCHEMA_VERSION = "1.32.0"
 NAMESPACE = "gpuledger-system"
+AGENT_NAMESPACE = "gpuledger-node-agent"  # the node agent alone, Pod Security privileged (hostPath, hostPID)
 SERVICE_ACCOUNT = "gpuledger"
 
 pytestmark = pytest.mark.skipif(
@@ -352,7 +353,8 @@ def test_validator_is_strict():
 def test_namespaced_objects_live_in_the_gpuledger_namespace(path):
     docs = render(path)
     namespaces = {d["metadata"]["name"] for d in objects(docs, "Namespace")}
-    assert namespaces == {NAMESPACE}
+    agent = {d["metadata"]["name"] for d in objects(docs, "DaemonSet")}
+    assert namespaces == ({NAMESPACE, AGENT_NAMESPACE} if agent else {NAMESPACE})
     cluster_scoped = {
         "Namespace",
         "ClusterRole",
@@ -364,14 +366,18 @@ def test_namespaced_objects_live_in_the_gpuledger_namespace(path):
     }
     for d in docs:
         if d["kind"] not in cluster_scoped:
-            assert d["metadata"].get("namespace") == NAMESPACE, d["metadata"]["name"]
+            agent = d["metadata"]["name"] == "gpuledger-node-agent"
+            assert d["metadata"].get("namespace") == (AGENT_NAMESPACE if agent else NAMESPACE), d["metadata"]
 
 
 @pytest.mark.parametrize("path", ALL, ids=IDS)
 def test_every_pod_meets_the_restricted_pod_security_standard(path):
     docs = render(path)
-    assert one(docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    labels = one(docs, "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     for where, spec in all_pod_specs(docs):
+        if where == "DaemonSet/gpuledger-node-agent":
+            continue  # its own namespace and standard: test_node_agent_is_confined_to_what_it_reads
         pod_sc = spec.get("securityContext", {})
         assert pod_sc.get("runAsNonRoot") is True, where
         assert pod_sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
@@ -1138,3 +1144,27 @@ def test_ray_commands_use_options_the_installed_ray_accepts():
     for group in [rc["headGroupSpec"], *rc["workerGroupSpecs"]]:
         for key in group["rayStartParams"]:
             assert f"--{key}" in start_opts, key
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_node_agent_is_confined_to_what_it_reads(path):
+    """The agent needs the kubelet's PodResources socket and the host's pids, nothing more: no capabilities,
+    no privilege, no writable root, the socket's folder read-only, in a namespace of its own."""
+    docs = render(path)
+    agents = [d for d in objects(docs, "DaemonSet") if d["metadata"]["name"] == "gpuledger-node-agent"]
+    if not agents:
+        return
+    (ds,) = agents
+    (ns,) = [d for d in objects(docs, "Namespace") if d["metadata"]["name"] == AGENT_NAMESPACE]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    spec = ds["spec"]["template"]["spec"]
+    assert spec.get("hostPID") is True and not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (c,) = spec["containers"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc.get("privileged") in (None, False)
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"pod-resources": "/var/lib/kubelet/pod-resources"}
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount["readOnly"] is True
