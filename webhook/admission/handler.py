@@ -27,7 +27,7 @@ from allocator.service import (
     request_from_pod,
 )
 from webhook import batcher, events
-from webhook.admission import chain, scheduler_name
+from webhook.admission import chain, env_guard, scheduler_name
 from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
 from webhook.admission.patch import (
     LEDGER_PREFIX,
@@ -188,6 +188,8 @@ class AdmissionHandler:
         removed = strip_ledger_keys(work)
         namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         prior = _prior_placement(pod, namespace, self.key)
+        if refused := env_guard.refusal(pod, self.key, self.config):  # before anything: one clear denial
+            return _forbidden(f"{who}: {refused}")
         warnings = []
         if removed and prior is None:
             warnings.append(
@@ -283,6 +285,7 @@ class AdmissionHandler:
             affinity_key=self.config.affinity_key,
             gpu_resource=self.config.gpu_resource,
         )
+        warnings += env_guard.replacements(pod, work, self.config.visibility_mode)
         reused = prior is not None and result.id == prior.id
         outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
         self.metrics.placement_decisions.labels(strategy, outcome).inc()
@@ -352,6 +355,8 @@ class AdmissionHandler:
                 message="AdmissionReview request.object is missing or not an object",
             )
         who = _pod_name(review, pod)
+        if refused := env_guard.refusal(pod, self.key, self.config):
+            return _forbidden(f"{who}: {refused}")
         annotations, labels = _annotations(pod), _labels(pod)
         text = annotations.get(PLACEMENT_ANNOTATION)
         label = labels.get(RESERVATION_ID_KEY)
