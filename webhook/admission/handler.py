@@ -329,7 +329,10 @@ class AdmissionHandler:
             if review.kind not in ("Pod", "") or review.sub_resource:
                 return Decision(True, outcome="allowed")
             if review.operation == "CREATE":
-                return await self._validate_create(review)
+                decision = await self._validate_create(review)  # the placement's own checks speak first
+                pod = review.object or {}
+                refused = decision.allowed and env_guard.refusal(pod, self.key, self.config)
+                return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else decision
             if review.operation == "UPDATE":
                 return self._validate_update(review)
             return Decision(True, outcome="allowed")
@@ -355,8 +358,6 @@ class AdmissionHandler:
                 message="AdmissionReview request.object is missing or not an object",
             )
         who = _pod_name(review, pod)
-        if refused := env_guard.refusal(pod, self.key, self.config):
-            return _forbidden(f"{who}: {refused}")
         annotations, labels = _annotations(pod), _labels(pod)
         text = annotations.get(PLACEMENT_ANNOTATION)
         label = labels.get(RESERVATION_ID_KEY)
