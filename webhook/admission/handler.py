@@ -326,7 +326,7 @@ class AdmissionHandler:
     # ------------------------------------------------------------------ validate
     async def validate(self, review: Review) -> Decision:
         try:
-            if review.kind not in ("Pod", "") or review.sub_resource:
+            if review.kind not in ("Pod", "") or review.sub_resource not in ("", "ephemeralcontainers"):
                 return Decision(True, outcome="allowed")
             if review.operation == "CREATE":
                 decision = await self._validate_create(review)  # the placement's own checks speak first
@@ -334,6 +334,9 @@ class AdmissionHandler:
                 refused = decision.allowed and env_guard.refusal(pod, self.key, self.config)
                 return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else decision
             if review.operation == "UPDATE":
+                pod = review.object or {}
+                if refused := env_guard.refusal(pod, self.key, self.config, before=review.old_object or {}):
+                    return _forbidden(f"{_pod_name(review, pod)}: {refused}")  # e.g. `kubectl debug --env`
                 return self._validate_update(review)
             return Decision(True, outcome="allowed")
         except Exception as exc:
