@@ -171,3 +171,19 @@ def test_device_plugin_mode_keeps_the_users_cuda_visible_devices_silently():
     apply_placement(after, PLACEMENT, "x", binding_mode=BindingMode.AFFINITY, visibility_mode="device-plugin")
     assert after["spec"]["containers"][0]["env"] == [{"name": "CUDA_VISIBLE_DEVICES", "value": "1,0"}]
     assert env_guard.replacements(before, after, "device-plugin") == []
+
+
+def test_on_update_only_what_the_update_adds_is_refused():
+    stored = with_env(gpu_pod(None), 0, NVIDIA_VISIBLE_DEVICES="all")  # admitted before this rule existed
+    relabelled = with_env(gpu_pod(None, name=stored["metadata"]["name"]), 0, NVIDIA_VISIBLE_DEVICES="all")
+    relabelled["metadata"]["labels"] = {"team": "a"}
+    assert env_guard.refusal(relabelled, KEY, config(), before=stored) is None
+    debugged = with_env(gpu_pod(None), 0, NVIDIA_VISIBLE_DEVICES="all")
+    debugged["spec"]["ephemeralContainers"] = [
+        {"name": "debugger", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+    ]
+    message = env_guard.refusal(debugged, KEY, config(), before=stored)
+    assert message and message.startswith(
+        "container \"debugger\" sets spec.ephemeralContainers[0].env[NVIDIA_VISIBLE_DEVICES]='all': "
+    )
+    assert "spec.containers[0]" not in message

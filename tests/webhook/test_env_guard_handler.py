@@ -24,9 +24,11 @@ class Webhook:
     def __init__(self, url: str, session: aiohttp.ClientSession):
         self.url, self.session, self.uids = url, session, 0
 
-    async def post(self, route: str, pod: dict, **kwargs) -> dict:
+    async def post(self, route: str, pod: dict, sub_resource: str = "", **kwargs) -> dict:
         self.uids += 1
         body = make_review(pod, uid=f"u{self.uids}", **kwargs)
+        if sub_resource:
+            body["request"]["subResource"] = sub_resource
         async with self.session.post(f"{self.url}/{route}", json=body) as resp:
             assert resp.status == 200
             return (await resp.json())["response"]
@@ -159,3 +161,38 @@ async def test_cdi_annotation_and_device_host_path_are_denied_on_mutate(tmp_path
             "volume \"gpus\" mounts spec.volumes[0].hostPath.path='/dev/nvidia0'"
             in answer["status"]["message"]
         )
+
+
+async def test_kubectl_debug_adding_a_container_that_names_gpus_is_denied(tmp_path):
+    async with webhook(tmp_path) as hook:
+        _, stored = await hook.admit(gpu_pod(1, limits=True))
+        debugged = apply_patch(
+            stored,
+            [
+                {
+                    "op": "add",
+                    "path": "/spec/ephemeralContainers",
+                    "value": [
+                        {"name": "debugger-x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+                    ],
+                }
+            ],
+        )
+        answer = await hook.post(
+            "validate", debugged, operation="UPDATE", old=stored, sub_resource="ephemeralcontainers"
+        )
+        assert not answer["allowed"] and answer["status"]["code"] == 403
+        assert (
+            "container \"debugger-x\" sets spec.ephemeralContainers[0].env[NVIDIA_VISIBLE_DEVICES]='all'"
+            in answer["status"]["message"]
+        )
+        harmless = apply_patch(
+            stored, [{"op": "add", "path": "/spec/ephemeralContainers", "value": [{"name": "d"}]}]
+        )
+        answer = await hook.post(
+            "validate", harmless, operation="UPDATE", old=stored, sub_resource="ephemeralcontainers"
+        )
+        assert answer["allowed"]
+        # other subresources never reach the checks (status writes carry the whole pod too)
+        answer = await hook.post("validate", debugged, operation="UPDATE", old=stored, sub_resource="status")
+        assert answer["allowed"]
