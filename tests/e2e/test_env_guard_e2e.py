@@ -53,3 +53,24 @@ def test_cuda_visible_devices_the_placement_sets_is_replaced_with_a_warning(work
     env = {e["name"]: e.get("value") for e in stored["spec"]["containers"][0]["env"]}
     placement = workloads.placement(stored)
     assert env == {"CUDA_VISIBLE_DEVICES": "0", "NVIDIA_VISIBLE_DEVICES": ",".join(placement.uuids)}
+
+
+def test_kubectl_debug_cannot_add_a_container_that_names_every_gpu(apiserver, workloads):
+    workloads.apply(gpu_pod_yaml("debugged", gpus=1))
+    out = apiserver.kubectl(
+        "debug",
+        "-n",
+        workloads.namespace,
+        "debugged",
+        "--image=busybox",
+        "--container=peek",
+        "--env=NVIDIA_VISIBLE_DEVICES=all",
+        "--attach=false",
+        "--profile=general",
+        check=False,
+    )
+    assert out.returncode != 0, out.stdout
+    assert (
+        "container \"peek\" sets spec.ephemeralContainers[0].env[NVIDIA_VISIBLE_DEVICES]='all'" in out.stderr
+    ), out.stderr
+    assert not workloads.pod("debugged")["spec"].get("ephemeralContainers")
