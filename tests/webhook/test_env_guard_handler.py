@@ -196,3 +196,13 @@ async def test_kubectl_debug_adding_a_container_that_names_gpus_is_denied(tmp_pa
         # other subresources never reach the checks (status writes carry the whole pod too)
         answer = await hook.post("validate", debugged, operation="UPDATE", old=stored, sub_resource="status")
         assert answer["allowed"]
+
+
+async def test_another_schedulers_pod_is_not_placed_but_still_may_not_name_gpus(tmp_path):
+    async with webhook(tmp_path) as hook:
+        pod = with_env(gpu_pod(None), NVIDIA_VISIBLE_DEVICES="all")
+        pod["spec"]["schedulerName"] = "volcano"
+        answer = await hook.post("mutate", pod)
+        assert not answer["allowed"] and "env[NVIDIA_VISIBLE_DEVICES]='all'" in answer["status"]["message"]
+        pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+        assert (await hook.post("mutate", pod))["allowed"]
