@@ -33,7 +33,7 @@ def webhook_configurations(
     """Mutating (CREATE pods) and validating (CREATE, UPDATE pods) registrations pointing at `base_url`."""
     ca_bundle = base64.b64encode(ca_pem).decode()
 
-    def hook(name: str, path: str, operations: list[str], **extra) -> dict:
+    def hook(name: str, path: str, operations: list[str], resources=("pods",), **extra) -> dict:
         return {
             "name": name,
             "admissionReviewVersions": ["v1"],
@@ -43,7 +43,7 @@ def webhook_configurations(
                     "apiGroups": [""],
                     "apiVersions": ["v1"],
                     "operations": operations,
-                    "resources": ["pods"],
+                    "resources": list(resources),
                     "scope": "Namespaced",
                 }
             ],
@@ -66,7 +66,14 @@ def webhook_configurations(
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": VALIDATING},
-            "webhooks": [hook("validate.gpuledger.io", "/validate", ["CREATE", "UPDATE"])],
+            "webhooks": [
+                hook(
+                    "validate.gpuledger.io",
+                    "/validate",
+                    ["CREATE", "UPDATE"],
+                    resources=("pods", "pods/ephemeralcontainers"),  # `kubectl debug`: env_guard checks it
+                )
+            ],
         },
     ]
 

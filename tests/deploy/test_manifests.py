@@ -570,10 +570,13 @@ def test_webhook_configurations(path):
     service_ports = {p["port"]: p for p in service["spec"]["ports"]}
     mutating = one(docs, "MutatingWebhookConfiguration", "gpuledger-mutating")
     validating = one(docs, "ValidatingWebhookConfiguration", "gpuledger-validating")
-    expected = {id(mutating): ("/mutate", ["CREATE"]), id(validating): ("/validate", ["CREATE", "UPDATE"])}
+    expected = {
+        id(mutating): ("/mutate", ["CREATE"], ["pods"]),
+        id(validating): ("/validate", ["CREATE", "UPDATE"], ["pods", "pods/ephemeralcontainers"]),
+    }
     for config in (mutating, validating):
         (webhook,) = config["webhooks"]
-        path_, operations = expected[id(config)]
+        path_, operations, resources = expected[id(config)]
         ref = webhook["clientConfig"]["service"]
         assert (ref["name"], ref["namespace"]) == (
             service["metadata"]["name"],
@@ -586,7 +589,7 @@ def test_webhook_configurations(path):
                 "apiGroups": [""],
                 "apiVersions": ["v1"],
                 "operations": operations,
-                "resources": ["pods"],
+                "resources": resources,
                 "scope": "Namespaced",
             }
         ]

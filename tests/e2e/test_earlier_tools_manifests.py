@@ -560,7 +560,7 @@ spec:
 
 
 def test_worker_jobs_multi_gpu_configuration(workloads):
-    workloads.apply(
+    out = workloads.apply(
         f"""
 apiVersion: v1
 kind: Pod
@@ -582,6 +582,9 @@ spec:
     placement = workloads.placement(pod)
     assert len(placement.devices) == 2
     assert_env(pod, placement)
+    # runtime-uuids numbers the 2 GPUs 0,1: the placement writes the value the user wrote, so no replacement
+    # warning (in host-indices mode it would be replaced, with one: tests/webhook/test_env_guard_handler.py)
+    assert "CUDA_VISIBLE_DEVICES" not in out.stderr, out.stderr
 
 
 def test_worker_jobs_basic_job_on_a_gpu_type_the_cluster_lacks_is_denied_on_the_job(workloads):

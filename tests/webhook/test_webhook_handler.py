@@ -122,7 +122,7 @@ def test_tolerations_for_gpu_taints():
 def test_visibility_modes_overwrite_user_values():
     for mode, expect in [
         ("host-indices", {"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0,1,2"}),
-        ("device-plugin", {}),
+        ("device-plugin", {"CUDA_VISIBLE_DEVICES": "7"}),  # kept: it indexes what the plugin exposes
     ]:
         h, _ = handler(cluster(1, 8), config(visibility_mode=mode))
         pod = gpu_pod(3, containers=2)

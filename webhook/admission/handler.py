@@ -27,7 +27,7 @@ from allocator.service import (
     request_from_pod,
 )
 from webhook import batcher, events
-from webhook.admission import chain, scheduler_name
+from webhook.admission import chain, env_guard, scheduler_name
 from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
 from webhook.admission.patch import (
     LEDGER_PREFIX,
@@ -188,6 +188,8 @@ class AdmissionHandler:
         removed = strip_ledger_keys(work)
         namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         prior = _prior_placement(pod, namespace, self.key)
+        if refused := env_guard.refusal(pod, self.key, self.config):  # before anything: one clear denial
+            return _forbidden(f"{who}: {refused}")
         warnings = []
         if removed and prior is None:
             warnings.append(
@@ -283,6 +285,7 @@ class AdmissionHandler:
             affinity_key=self.config.affinity_key,
             gpu_resource=self.config.gpu_resource,
         )
+        warnings += env_guard.replacements(pod, work, self.config.visibility_mode)
         reused = prior is not None and result.id == prior.id
         outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
         self.metrics.placement_decisions.labels(strategy, outcome).inc()
@@ -323,11 +326,17 @@ class AdmissionHandler:
     # ------------------------------------------------------------------ validate
     async def validate(self, review: Review) -> Decision:
         try:
-            if review.kind not in ("Pod", "") or review.sub_resource:
+            if review.kind not in ("Pod", "") or review.sub_resource not in ("", "ephemeralcontainers"):
                 return Decision(True, outcome="allowed")
             if review.operation == "CREATE":
-                return await self._validate_create(review)
+                decision = await self._validate_create(review)  # the placement's own checks speak first
+                pod = review.object or {}
+                refused = decision.allowed and env_guard.refusal(pod, self.key, self.config)
+                return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else decision
             if review.operation == "UPDATE":
+                pod = review.object or {}
+                if refused := env_guard.refusal(pod, self.key, self.config, before=review.old_object or {}):
+                    return _forbidden(f"{_pod_name(review, pod)}: {refused}")  # e.g. `kubectl debug --env`
                 return self._validate_update(review)
             return Decision(True, outcome="allowed")
         except Exception as exc:

@@ -112,8 +112,9 @@ def visibility_env(placement: Placement, mode: str) -> dict[str, str | None]:
             NVIDIA_VISIBLE_DEVICES: runtime,
             CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in range(len(indices))),
         }
-    # device-plugin: the kubelet's device plugin picks the devices and sets the runtime's variable itself
-    return {NVIDIA_VISIBLE_DEVICES: None, CUDA_VISIBLE_DEVICES: None}
+    # device-plugin: the kubelet's device plugin picks the devices and sets the runtime's variable itself;
+    # a user's CUDA_VISIBLE_DEVICES indexes what the plugin exposes, so it stays (env_guard.py)
+    return {NVIDIA_VISIBLE_DEVICES: None}
 
 
 def _tolerates(existing: list, taint: Taint) -> bool:
