@@ -41,8 +41,8 @@ NODE = "real-node-placed"
 GPUS = 16
 GRACE_S = 12  # --node-monitor-grace-period: the kubelet renews its lease every 2 s (RealNode.node_lease_s 8)
 FAILING = 4  # pods exiting 1 whose freeing is timed
-# 1-GPU pods that go through the node in the race test: 200 took 97 s on the shared 2-core machine (load 7-10),
-# so the suite runs 100 (about 50 s); GPULEDGER_RACE_PODS=200 runs the full race
+# 1-GPU pods that go through the node in the race test: 200 took 97 s on the shared 2-core machine (load
+# 7-10), so the suite runs 100 (about 50 s); GPULEDGER_RACE_PODS=200 runs the full race
 RACE_PODS = int(os.environ.get("GPULEDGER_RACE_PODS", "100"))
 RACE_EXTRA = 4  # each wave creates this many pods more than the ledger has GPUs free: they race for them
 PRINT_ENV = "echo CUDA=$CUDA_VISIBLE_DEVICES NV=$NVIDIA_VISIBLE_DEVICES"
