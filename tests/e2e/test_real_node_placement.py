@@ -241,7 +241,8 @@ def test_dead_kubelet_makes_the_node_not_ready_and_gpuledger_stops_placing_there
         assert not cp.pods(ns), "a denied pod was stored"
         print(
             f"\nkubelet killed: Node NotReady after {not_ready - killed:.1f}s, "
-            f"gpuledger denying {time.monotonic() - not_ready:.1f}s later"
+            f"gpuledger denying {time.monotonic() - not_ready:.1f}s later:\n  {denied.stderr.strip()}"
+            f"\n  {denied_pinned.stderr.strip()}"
         )
     finally:
         before = plugin.registrations
