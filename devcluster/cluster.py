@@ -76,6 +76,21 @@ CONTROLLERS = (
     "namespace-controller",
     "serviceaccount-controller",
 )
+# a dedicated control plane for real nodes may add the node lifecycle controller: with a dead kubelet its Node
+# goes Ready=Unknown and gets the unreachable taints. Not in the shared one (its fake nodes send no heartbeat)
+# and without the taint-eviction controller, so pods of a NotReady node are never evicted under a test.
+NODE_LIFECYCLE_CONTROLLER = "node-lifecycle-controller"
+
+
+def node_lifecycle_args(grace_s: int = 12) -> tuple[str, ...]:
+    """kube-controller-manager flags for a node lifecycle fast enough for tests: a node whose lease was not
+    renewed for `grace_s` is marked NotReady within a second more (the real node renews every few seconds,
+    `RealNode.node_lease_s`)."""
+    return (
+        f"--node-monitor-grace-period={grace_s}s",
+        "--node-monitor-period=1s",
+        f"--node-startup-grace-period={max(grace_s, 30)}s",
+    )
 
 
 class ControlPlaneError(RuntimeError):
@@ -286,6 +301,8 @@ class ControlPlane(KubeClient):
     with_controllers: bool = True
     workdir: Path | None = None
     extra_apiserver_args: tuple[str, ...] = ()
+    controllers: tuple[str, ...] = CONTROLLERS  # add NODE_LIFECYCLE_CONTROLLER only where every node is real
+    extra_controller_args: tuple[str, ...] = ()
     url: str = ""
     port: int = 0
     tokens: dict[str, str] = field(default_factory=dict)
@@ -482,11 +499,12 @@ class ControlPlane(KubeClient):
                 f"--kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
                 "--secure-port=0",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(self.controllers)}",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
                 "--concurrent-job-syncs=10",
                 "--v=1",
+                *self.extra_controller_args,
             ],
         )
         # the controller-manager has no health port here; give it a moment and make sure it did not exit

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -143,6 +144,9 @@ class RealNode:
     taints: list[dict] = field(default_factory=list)
     workdir: Path | None = None
     lock_timeout: float = 600.0
+    # the heartbeat: the kubelet renews its Lease every quarter of this; the node lifecycle controller
+    # (cluster.node_lifecycle_args) marks the node NotReady once a renewal is its grace period late
+    node_lease_s: int = 8
     node_ip: str = ""
     healthz_url: str = ""
     kubelet: subprocess.Popen | None = None
@@ -273,6 +277,52 @@ class RealNode:
         except OSError:
             return False
 
+    # ------------------------------------------------------------------ what it holds, what it offers
+    def pod_devices(self, resource: str = "nvidia.com/gpu") -> dict[tuple[str, str, str], list[str]]:
+        """(namespace, pod, container) -> the `resource` device ids the kubelet assigned, from PodResources
+        `List` (the kubelet's own record of running pods; terminated pods are not listed)."""
+        import grpc  # type: ignore[import-untyped]  # no stubs here, as in device_plugin.py
+
+        from devcluster import kubelet_api
+
+        api = kubelet_api.load()
+        with grpc.insecure_channel(f"unix://{self.pod_resources_socket}") as channel:
+            stub = api.podresources_grpc.PodResourcesListerStub(channel)
+            listed = stub.List(api.podresources.ListPodResourcesRequest(), timeout=10)
+        return {
+            (p.namespace, p.name, c.name): [
+                d for dev in c.devices if dev.resource_name == resource for d in dev.device_ids
+            ]
+            for p in listed.pod_resources
+            for c in p.containers
+        }
+
+    def advertise_gpus(
+        self, devices: list[dict], resource: str = "nvidia.com/gpu", timeout: float = 30
+    ) -> dict:
+        """Publish GPUs the way a node without a device plugin does (visibility modes `runtime-uuids`,
+        `host-indices`): the node agent's `agentaflow.gpu/devices` annotation (`devices`, as
+        `devcluster.nodes.device_entries` makes them) and `resource` capacity PATCHed onto the Node's status,
+        as Kubernetes documents for extended resources. Returns the Node once the kubelet, which derives
+        allocatable from capacity, reports the count allocatable too."""
+        from devcluster.nodes import DEVICES_ANNOTATION
+
+        count = str(len(devices))
+        annotation = json.dumps(devices, separators=(",", ":"))
+        self.cp.kubectl("annotate", "node", self.name, "--overwrite", f"{DEVICES_ANNOTATION}={annotation}")
+        self.cp.kubectl(
+            "patch", "node", self.name, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"capacity": {resource: count}}}),
+        )  # fmt: skip
+
+        def allocatable():
+            node = self.cp.get_json("node", self.name)
+            return node if node["status"].get("allocatable", {}).get(resource) == count else None
+
+        return self.cp.wait_for(
+            allocatable, timeout=timeout, what=f"the kubelet reporting {count} {resource} allocatable"
+        )
+
     # ------------------------------------------------------------------ the kubelet
     def kubelet_config(self) -> dict:
         port, healthz = free_port(self.node_ip), free_port()
@@ -313,6 +363,7 @@ class RealNode:
             # node status (capacity a device plugin just registered, among others) reaches the API within 2s
             "nodeStatusUpdateFrequency": "2s",
             "nodeStatusReportFrequency": "5m",  # unchanged status: rarely
+            "nodeLeaseDurationSeconds": self.node_lease_s,
             "resolvConf": "/etc/resolv.conf",
         }
 

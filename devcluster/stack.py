@@ -7,6 +7,7 @@ webhook, kill the actor or read the ledger while kube-apiserver keeps calling th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -125,6 +126,16 @@ class Stack:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+    def reconfigure(self, **overrides) -> WebhookConfig:
+        """Restart the webhook (same port, certificate and registration) with `overrides` on its config, e.g.
+        `visibility_mode` or `binding_mode`, which a deployment changes by a rollout; returns the config it
+        replaced, to put back. The ledger and the sync keep running."""
+        before = self.config
+        self.stop_webhook()
+        self.config = dataclasses.replace(before, **overrides)
+        self.start_webhook()
+        return before
 
     @property
     def url(self) -> str:

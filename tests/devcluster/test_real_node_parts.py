@@ -185,3 +185,26 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
     finally:
         kubelet.stop(0)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_kubelet_heartbeat_is_well_inside_the_lifecycle_grace_period(tmp_path):
+    """The lease the kubelet renews every quarter of its duration must be renewed several times within the
+    node lifecycle controller's grace period, or a healthy real node would flap NotReady."""
+    from devcluster.cluster import node_lifecycle_args
+    from devcluster.kubelet import RealNode
+
+    cp = SimpleNamespace(ca_file=str(tmp_path / "ca.crt"))
+    node = RealNode(cp, workdir=tmp_path, node_ip="127.0.0.1")  # type: ignore[arg-type]
+    node.containerd = SimpleNamespace(socket=tmp_path / "containerd.sock")  # type: ignore[assignment]
+    lease = node.kubelet_config()["nodeLeaseDurationSeconds"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in node_lifecycle_args(12))
+    grace = int(args["node-monitor-grace-period"].removesuffix("s"))
+    assert lease / 4 * 3 < grace  # three renewals fit in the grace period
+    assert args["node-monitor-period"] == "1s"
+
+
+def test_control_plane_runs_the_node_lifecycle_controller_only_when_asked():
+    from devcluster.cluster import CONTROLLERS, NODE_LIFECYCLE_CONTROLLER, ControlPlane
+
+    assert NODE_LIFECYCLE_CONTROLLER not in CONTROLLERS  # the shared plane's fake nodes send no heartbeat
+    assert ControlPlane().controllers == CONTROLLERS
