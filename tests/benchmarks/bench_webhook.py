@@ -274,8 +274,34 @@ def in_cluster_call_cost(n: int) -> dict | None:
         line = [x for x in res.stdout.splitlines() if x.startswith("{")]
         return json.loads(line[-1]) if line else None
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True)
+        stop_ray_under(tmp)  # never `ray stop --force`: it kills every Ray on the machine, test suites' too
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stop_ray_under(temp_dir: str, grace_s: float = 5.0) -> None:
+    """Stop the Ray processes started with `--temp-dir=temp_dir` (their command lines name it), only those."""
+    import contextlib
+    import signal
+
+    def mine() -> list[int]:
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if temp_dir.encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+        return pids
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for pid in mine():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while mine() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def raw_admission_rate(handle, n: int) -> float:
