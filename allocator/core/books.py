@@ -103,7 +103,9 @@ class Books:
         self.owner_of: dict[str, Claim] = {}
         self.foreign_on: dict[str, set[str]] = {}
         self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
-        self.on_truth: Any = None  # called with (node, old truth, new truth) when a node's device truth changed
+        self.on_truth: Any = (
+            None  # called with (node, old truth, new truth) when a node's device truth changed
+        )
         self.pending_moved = 0  # pending reservations moved off a device the node says another pod holds
         self.rr_cursor = ""
         self.last_now = float("-inf")

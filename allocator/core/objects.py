@@ -153,7 +153,9 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
         devices = tuple(Device(index=i, product=product, memory_mib=gpu_mem) for i in range(max(0, gpus)))
     truth = None
     if HOLDERS_ANNOTATION in annotations:  # who holds each device, by the node agent (allocator.core.truth)
-        truth = parse_device_holders(annotations[HOLDERS_ANNOTATION], name, {d.index for d in devices}, problems)
+        truth = parse_device_holders(
+            annotations[HOLDERS_ANNOTATION], name, {d.index for d in devices}, problems
+        )
 
     ready = True
     for cond in status.get("conditions") or []:

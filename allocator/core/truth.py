@@ -112,6 +112,7 @@ class Truth:
                     del self.listed_on[k]
         for k in new_keys:
             self.listed_on.setdefault(k, set()).add(name)
+        self.refresh(name)  # the "truth:" holding as the new truth says, before claims are adopted around it
         changes = []
         for k in sorted(old_keys | new_keys | self.claims_on.get(name, set())):
             c = books.claims.get(k)
@@ -240,4 +241,7 @@ class Truth:
 
     def conflicts(self) -> list[list[str]]:
         """[pod, reservation id, why] for every claim whose devices the kubelet says another pod holds."""
-        return [[key, self.books.claims[key].rid, self.books.claims[key].displaced] for key in sorted(self.displaced)]
+        return [
+            [key, self.books.claims[key].rid, self.books.claims[key].displaced]
+            for key in sorted(self.displaced)
+        ]
