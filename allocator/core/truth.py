@@ -167,7 +167,7 @@ class Truth:
             books.hold(replace(h, unknown_gpus=unknown))
 
     def refresh(self, name: str) -> None:
-        """Hold, under "truth:<name>", the devices the kubelet lists for pods that are no claim on the node."""
+        """Hold, under "truth:<name>", the devices the kubelet lists for pods with no claim on the node."""
         books = self.books
         hid = TRUTH + name
         if hid in books.holdings:

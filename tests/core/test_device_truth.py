@@ -1,6 +1,6 @@
-"""The node's word on who holds each device (agentaflow.gpu/device-holders) made the ledger's: foreign holders
-by identity, the kubelet's devices for the ledger's own pods, outside-Kubernetes GPU memory, and a rebuild that
-equals the live ledger whatever order the objects come in."""
+"""The node's word on who holds each device (agentaflow.gpu/device-holders) made the ledger's: foreign
+holders by identity, the kubelet's devices for the ledger's own pods, outside-Kubernetes GPU memory, and a
+rebuild that equals the live ledger whatever order the objects come in."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def test_an_own_pod_whose_device_the_kubelet_gives_another_is_counted_not_placed
     assert led.index.nodes["n1"].unknown_gpus == 0
 
 
-# ------------------------------------------------------------------------------------------ outside Kubernetes
+# ------------------------------------------------------------------------------------- outside Kubernetes
 
 
 def test_external_gpu_memory_over_the_threshold_blocks_the_device_and_the_denial_says_why():

@@ -1,7 +1,7 @@
-"""Placement integrity with the node's truth in the stream: whatever the kubelet says (own pods on other devices,
-foreign pods, pods nobody has seen, GPU memory used outside Kubernetes, the annotation gone), mixed with
-admissions, deletes, copies and restarts, a ledger rebuilt from the nodes and pods equals the live one and no
-device is held twice."""
+"""Placement integrity with the node's truth in the stream: whatever the kubelet says (own pods on other
+devices, foreign pods, pods nobody has seen, GPU memory used outside Kubernetes, the annotation gone), mixed
+with admissions, deletes, copies and restarts, a ledger rebuilt from the nodes and pods equals the live one
+and no device is held twice."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_rebuild_equals_live_with_node_truth_mixed_in(data):
             )
             annotation = None
             if kind != "none":
-                keys = sorted(stored) + ["ghost/a", "ghost/b"]
+                keys = [*sorted(stored), "ghost/a", "ghost/b"]
                 holders = {}
                 for d in range(GPUS):
                     if data.draw(st.booleans(), label=f"held {d}"):
