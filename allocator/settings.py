@@ -20,8 +20,8 @@ from allocator.core.registry import canonical_name, strategy_names
 __all__ = [
     "DEFAULT_SCORING_WEIGHTS",
     "LedgerSettings",
-    "check_label_key",
     "check_external_threshold",
+    "check_label_key",
     "check_leaf_limit",
     "check_scoring_weights",
     "check_strategy",
@@ -100,8 +100,8 @@ def check_external_threshold(value: Any, key: str = "external_memory_threshold_m
     """MiB of GPU memory used outside Kubernetes from which a device is not placed on (0 = never)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EXTERNAL_MIB:
         raise ValueError(
-            f"{key}={value!r} is not accepted: expected an integer number of MiB from 0 (never block a device) "
-            f"to {MAX_EXTERNAL_MIB}"
+            f"{key}={value!r} is not accepted: expected an integer number of MiB from 0 (never block a "
+            f"device) to {MAX_EXTERNAL_MIB}"
         )
     return value
 
@@ -121,7 +121,8 @@ def check_label_key(value: Any, key: str) -> str:
 class LedgerSettings:
     """What may change on a running ledger: the default strategy, the `balanced` strategy's scoring
     weights, the per-leaf limits a gang gets when its request sets none (0 = no limit) and the external GPU
-    memory threshold apply from the next decision; the leaf/spine label keys need a rebuild (the nodes are filed under them)."""
+    memory threshold apply from the next decision; the leaf/spine label keys need a rebuild (the nodes are
+    filed under them)."""
 
     default_strategy: str = "best_fit"
     scoring_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))

@@ -141,9 +141,9 @@ class WebhookMetrics:
         self.device_disagreements = Gauge(
             "gpuledger_device_disagreements",
             "what the nodes' agents (annotation agentaflow.gpu/device-holders) said against the ledger: "
-            "kind=corrected: pods recorded on the devices their kubelet gave them instead of their placement's; "
-            "kind=conflict: pods whose devices the kubelet says another pod holds; kind=pending_moved: pending "
-            "reservations moved off such devices since the ledger started",
+            "kind=corrected: pods recorded on the devices their kubelet gave them, not their placement's; "
+            "kind=conflict: pods whose devices the kubelet says another pod holds; kind=pending_moved: "
+            "pending reservations moved off such devices since the ledger started",
             ["kind"],
             registry=r,
         )
