@@ -51,3 +51,27 @@ def test_device_event_names_the_pod():
     body = device_event("team/p-1", "GPUDevicesCorrected", "moved", 0.0)
     assert body["metadata"]["namespace"] == "team" and body["involvedObject"]["kind"] == "Pod"
     assert body["message"] == "gpuledger: moved" and body["firstTimestamp"] == "1970-01-01T00:00:00Z"
+
+
+def test_the_external_threshold_is_a_live_setting_checked_by_name():
+    import json
+
+    import pytest
+
+    from allocator.service import AdmitCall, LedgerSettings, Request
+    from tests.core.core_factory import node
+
+    service = LedgerService(LedgerConfig(placement_key=b"k"))
+    busy = node("n1", 1)
+    busy["metadata"]["annotations"]["agentaflow.gpu/device-holders"] = json.dumps(
+        {"v": 1, "source": "unavailable", "holders": {}, "external": {"0": {"memoryMiB": 2000}}}
+    )
+    service.resync([busy], 0.0)
+    (denied,) = service.admit([AdmitCall(Request("r1", gpus=1))], 1.0)
+    assert "2000 MiB" in denied.message and "external_memory_threshold_mib 1024" in denied.message
+    answer = service.apply_config(LedgerSettings(external_memory_threshold_mib=4096), "alice", 2.0)
+    assert answer["changes"] == {"external_memory_threshold_mib": [1024, 4096]}
+    (placed,) = service.admit([AdmitCall(Request("r2", gpus=1))], 3.0)
+    assert placed.devices == (0,)
+    with pytest.raises(ValueError, match="external_memory_threshold_mib=-1 is not accepted"):
+        LedgerSettings(external_memory_threshold_mib=-1)
