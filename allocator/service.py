@@ -267,7 +267,7 @@ class LedgerService:
         return result
 
     def _held(self, rid: str) -> Held | None:
-        placement = self.ledger.get(rid)
+        placement = self.ledger.issued(rid)  # what the pod carries, checked by the validating webhook
         if placement is None:
             return None
         return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED, rid in self._claimed)

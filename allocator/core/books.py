@@ -40,6 +40,9 @@ class Reservation:
     placement: Placement
     state: ReservationState
     created: float
+    # the placement as admission issued it, when the node's truth moved it since (allocator.core.truth): the
+    # pod carries this one, so the validating webhook checks the pod against it
+    issued: Placement | None = None
 
 
 @dataclass

@@ -107,6 +107,12 @@ class Ledger:
         res = self._books.reservations.get(id)
         return None if res is None else res.placement
 
+    def issued(self, id: str) -> Placement | None:
+        """The placement as admission issued it (what its pod carries), even where the ledger has since moved a
+        pending reservation off a device the node's kubelet gives another pod."""
+        res = self._books.reservations.get(id)
+        return None if res is None else res.issued or res.placement
+
     def state_of(self, id: str) -> ReservationState | None:
         res = self._books.reservations.get(id)
         return None if res is None else res.state

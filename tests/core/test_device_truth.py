@@ -138,6 +138,7 @@ def test_a_pending_reservation_on_a_device_a_foreign_pod_holds_moves():
     assert p.devices == (0,)
     led.apply_object(truth_node(holders={0: "plain/f"}), 1.0)
     assert led.get("r1").devices == (1,) and owners(led)[:2] == ["truth:n1", "r1"]
+    assert led.issued("r1") == p  # what the pod carries: the validating webhook checks it against this
     assert led.stats().devices_moved == 1
 
 
