@@ -91,12 +91,12 @@ class DeviceTruthReports:
             message = correction_message(rid, node, list(recorded), list(actual))
             self._post(pod, "GPUDevicesCorrected", message, warning=False)
             new.append(("GPUDevicesCorrected", *key))
-        for key in sorted(set(conflicts) - self._conflicts):
-            pod, rid, why = key
+        for seen in sorted(set(conflicts) - self._conflicts):
+            pod, rid, why = seen
             self.stats.conflicts += 1
             log.warning("device conflict: pod %s (%s): %s", pod, rid, why)
             self._post(pod, "GPUDeviceConflict", conflict_message(rid, why), warning=True)
-            new.append(("GPUDeviceConflict", *key))
+            new.append(("GPUDeviceConflict", *seen))
         self._corrections, self._conflicts = set(corrections), set(conflicts)
         return new
 

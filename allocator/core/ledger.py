@@ -108,8 +108,8 @@ class Ledger:
         return None if res is None else res.placement
 
     def issued(self, id: str) -> Placement | None:
-        """The placement as admission issued it (what its pod carries), even where the ledger has since moved a
-        pending reservation off a device the node's kubelet gives another pod."""
+        """The placement as admission issued it (what its pod carries), even where the ledger has since moved
+        a pending reservation off a device the node's kubelet gives another pod."""
         res = self._books.reservations.get(id)
         return None if res is None else res.issued or res.placement
 

@@ -1,8 +1,8 @@
 """The node's word on who holds each device, through the real API server: the node agent's
 agentaflow.gpu/device-holders annotation (patched here with kubectl, as the agent would) makes the ledger
-(a) keep new pods off a device a foreign pod holds, (b) record the devices the kubelet gave its own pod, count
-it and post an Event, and (c) deny a pod where only GPUs busy outside Kubernetes are left, saying why. A rebuilt
-ledger agrees with the live one."""
+(a) keep new pods off a device a foreign pod holds, (b) record the devices the kubelet gave its own pod,
+count it and post an Event, and (c) deny a pod where only GPUs busy outside Kubernetes are left, saying why.
+A rebuilt ledger agrees with the live one."""
 
 from __future__ import annotations
 
