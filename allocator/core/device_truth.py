@@ -87,6 +87,8 @@ def parse_device_holders(
     if not isinstance(unmapped, list):
         problem(f"unmapped={unmapped!r} ignored (expected a list of device ids)")
         unmapped = []
+    elif unmapped:  # the kubelet and the probe disagree: devices the ledger cannot place or check
+        problem(f"the kubelet names device(s) {', '.join(map(str, unmapped[:8]))} that no probed device has")
     return DeviceTruth(
         source=str(source),
         holders=tuple(rows) if source == "podresources" else (),
