@@ -222,3 +222,17 @@ def test_the_snapshot_shows_the_truth_and_stays_canonical():
         "unmapped": [],
     }
     assert json.loads(json.dumps(snap)) == snap
+
+
+def test_a_counted_pod_is_counted_by_identity_for_the_devices_listed_and_per_node_for_the_rest():
+    foreign = pod("f", namespace="plain", node_name="n1", gpus=2)
+    led = Ledger.rebuild([node("n1", 4), foreign], config())
+    assert led.index.nodes["n1"].unknown_gpus == 2
+    node_obj = truth_node(holders={3: "plain/f"})
+    led.apply_object(node_obj, 1.0)
+    n = led.index.nodes["n1"]
+    assert owners(led)[3] == "truth:n1" and n.unknown_gpus == 1 and n.whole_free == 2
+    assert_rebuilds(led, [node_obj, foreign])
+    led.delete_object(foreign)  # gone from the API, still listed by the agent: the device stays held
+    assert owners(led)[3] == "truth:n1" and led.index.nodes["n1"].unknown_gpus == 0
+    assert_rebuilds(led, [node_obj])
