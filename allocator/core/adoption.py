@@ -9,7 +9,7 @@ import gc
 from collections.abc import Iterable
 
 from allocator.core import objects as kube
-from allocator.core.books import Books, GroupState, Reservation, slot_hid
+from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
 from allocator.core.claims import Claims, claim_of
 from allocator.core.inventory import Holding
 from allocator.core.leases import Leases
@@ -129,11 +129,15 @@ class Adoption:
         books.pod_gpus[usage.key] = usage.gpus
         books.hold(h)
 
-    def adopt(self, key: str, p: Placement, now: float, displaced: str = "") -> None:
+    def adopt(
+        self, key: str, p: Placement, now: float, displaced: str = "", recorded: Placement | None = None
+    ) -> None:
         """Take over the placement of a reservation's owner (rebuild, or a pod whose reservation is gone).
-        `displaced`: why the node's kubelet says another pod holds its devices (it is counted instead)."""
+        `displaced`: why the node's kubelet says another pod holds its devices (it is counted instead);
+        `recorded`: the placement the pod carries where `p` is its kubelet's devices instead (a gang's slot is
+        recorded as planned, as every pod of the gang carries it)."""
         books = self.books
-        if p.group is not None and p.slot is not None:
+        if p.group is not None and p.slot is not None and not displaced:
             group = books.groups.get(p.group)
             if group is None:
                 group = self.restore_group(p, now)
@@ -144,12 +148,18 @@ class Adoption:
             if p.slot in group.slots and who is None and slot_hid(p.group, p.slot) in books.holdings:
                 books.unhold(slot_hid(p.group, p.slot))
                 books.slot_of.pop(slot_hid(p.group, p.slot), None)
-            if displaced or not self.make_room(p):
-                self.count_instead(key, p, displaced)
+            if not self.make_room(p):
+                self.count_instead(key, p)
                 if p.slot in group.slots and group.claims.get(p.slot) is None:
                     books.drop_slot(group, p.slot)
                 return
-            group.slots[p.slot] = GroupSlot(p.slot, p.node, p.devices, p.uuids, p.shares)
+            # the gang's own unclaimed slots that gave way may have taken it with them (the kubelet gave this
+            # pod a device another slot was planned on): the pod's gang lives on with this slot
+            books.groups.setdefault(group.key, group)
+            planned = recorded or p
+            group.slots[p.slot] = GroupSlot(
+                p.slot, planned.node, planned.devices, planned.uuids, planned.shares
+            )
             group.claims[p.slot] = p.id
             books.slot_of[p.id] = (p.group, p.slot)
         elif displaced or not self.make_room(p):
@@ -176,10 +186,8 @@ class Adoption:
                 if s.slot == p.slot:
                     continue
                 node = books.index.nodes.get(s.node)
-                if node is not None and node.conflicts(s.devices, s.shares):
-                    continue
-                if self.truth.taken(s.node, s.devices, s.shares):  # the kubelet says pods hold them
-                    continue
+                if node is not None and node.conflicts(s.devices, s.shares) - {TRUTH + s.node}:
+                    continue  # (the node's "truth:" holding gives way to the plan: books.hold)
                 group.slots[s.slot] = s
                 group.claims[s.slot] = None
                 hid = slot_hid(group.key, s.slot)

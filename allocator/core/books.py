@@ -62,6 +62,9 @@ class GroupState:
         return tuple(self.slots[s] for s in sorted(self.slots))
 
 
+TRUTH = "truth:"  # holder id prefix of the devices a node's kubelet says pods the ledger does not own hold
+
+
 def truth_view(truth: DeviceTruth, blocked: dict[int, int]) -> dict:
     """What a node's agent says of its devices, as the snapshot and `explain` show it."""
     return {
@@ -106,8 +109,9 @@ class Books:
         self.owner_of: dict[str, Claim] = {}
         self.foreign_on: dict[str, set[str]] = {}
         self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
-        self.on_truth: Any = (
-            None  # called with (node, old truth, new truth) when a node's device truth changed
+        self.on_truth: Any = None  # called with (node, old truth, new truth): a node's device truth changed
+        self.on_truth_yield: Any = (
+            None  # called with a node whose "truth:" holding gave way to another holding
         )
         self.pending_moved = 0  # pending reservations moved off a device the node says another pod holds
         self.rr_cursor = ""
@@ -167,11 +171,22 @@ class Books:
 
     # ------------------------------------------------------------------------------------------ holdings
     def hold(self, h: Holding) -> None:
+        truth = TRUTH + h.node
+        node = self.index.nodes.get(h.node)
+        yielded = (
+            truth in self.holdings
+            and h.id != truth
+            and node is not None
+            and truth in node.conflicts(h.devices, h.shares)
+        )
+        if yielded:  # what the node's kubelet lists for others is recounted around what the ledger holds
+            self.unhold(truth)
         self.holdings[h.id] = h
         self.node_holders.setdefault(h.node, set()).add(h.id)
-        node = self.index.nodes.get(h.node)
         if node is not None:
             self.index.change(node, lambda: node.apply(h))
+        if yielded and self.on_truth_yield is not None:
+            self.on_truth_yield(h.node)
 
     def unhold(self, hid: str) -> Holding | None:
         h = self.holdings.pop(hid, None)

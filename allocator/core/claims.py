@@ -79,7 +79,12 @@ class Claims:
     `adopt(key, placement)` takes over an owner's placement (the adoption module's), `count(key)` is the
     holder id a colliding owner was counted under instead (dropped when it stops being the owner)."""
 
-    def __init__(self, books: Books, leases: Leases, adopt: Callable[[str, Placement, float, str], None]):
+    def __init__(
+        self,
+        books: Books,
+        leases: Leases,
+        adopt: Callable[[str, Placement, float, str, Placement | None], None],
+    ):
         self.books = books
         self.leases = leases
         self.adopt = adopt
@@ -125,7 +130,7 @@ class Claims:
         for rid in rids:
             self.settle(rid, now, nodes)
         if self.truth is not None:
-            self.truth.refresh_listing(key)
+            self.truth.refresh_listing(key, {c.node for c in (old, claim) if c is not None})
 
     def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
         """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
@@ -160,7 +165,7 @@ class Claims:
                 elif owner.key not in books.pods:
                     if res is not None:  # held elsewhere than the pod is (a pending one moved): the pod wins
                         self.leases.release(rid)
-                    self.adopt(owner.key, owner.placement, now, owner.displaced)
+                    self.adopt(owner.key, owner.placement, now, owner.displaced, owner.recorded)
             for c in holders:
                 if owner is not None and c.key == owner.key:
                     self._unforeign(c)

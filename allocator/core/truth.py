@@ -18,14 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from allocator.core.books import Books
+from allocator.core.books import TRUTH, Books
 from allocator.core.claims import Claim, Claims
 from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.inventory import Holding, NodeState
 from allocator.core.leases import Leases
 from allocator.core.model import DeviceShare, DeviceTruth, Placement, ReservationState
-
-TRUTH = "truth:"  # holder id prefix of the devices a node's kubelet says pods the ledger does not own hold
 
 
 class Truth:
@@ -40,6 +38,7 @@ class Truth:
         self.corrected: set[str] = set()  # claims holding the kubelet's devices instead of their placement's
         self.displaced: set[str] = set()  # claims whose devices the kubelet says another pod holds
         books.on_truth = self.node_changed
+        books.on_truth_yield = self.refresh
         claims.truth = self
 
     # ------------------------------------------------------------------------------------------ reading
@@ -149,8 +148,11 @@ class Truth:
                 self.displaced.add(key)
         self.refresh_listing(key)
 
-    def refresh_listing(self, key: str) -> None:
-        for node in sorted(self.listed_on.get(key, ())):
+    def refresh_listing(self, key: str, nodes: set[str] | frozenset[str] = frozenset()) -> None:
+        """Recount the "truth:" holdings of the nodes listing `key` (and of `nodes`, where a claim was)."""
+        for node in sorted(
+            self.listed_on.get(key, set()) | {n for n in nodes if self.truth_of(n) is not None}
+        ):
             self.refresh(node)
 
     def _recount(self, key: str) -> None:
@@ -194,16 +196,13 @@ class Truth:
         books.hold(Holding(hid, name, tuple(devices), unknown_gpus=unknown))
 
     def _clear_way(self, state: NodeState, truth: DeviceTruth, wanted: list[int]) -> None:
-        """Unclaimed gang slots on wanted devices go (a rebuild would not restore them there); pending
-        reservations move to free devices the kubelet names for nobody, where there are enough."""
+        """Pending reservations on wanted devices move to free devices the kubelet names for nobody, where
+        there are enough (an unclaimed gang slot stays: a rebuild restores it from its gang's plan too)."""
         books = self.books
         listed = truth.holder_of()
         for d in wanted:
             owner = state.dev_owner[state.pos[d]]
             if owner is None:
-                continue
-            if owner in books.slot_of and owner not in books.reservations:
-                self.leases.release(owner)
                 continue
             res = books.reservations.get(owner)
             if res is None or res.state != ReservationState.RESERVED or res.placement.group is not None:
