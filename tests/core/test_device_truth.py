@@ -236,3 +236,25 @@ def test_a_counted_pod_is_counted_by_identity_for_the_devices_listed_and_per_nod
     led.delete_object(foreign)  # gone from the API, still listed by the agent: the device stays held
     assert owners(led)[3] == "truth:n1" and led.index.nodes["n1"].unknown_gpus == 0
     assert_rebuilds(led, [node_obj])
+
+
+def test_a_gang_pod_the_kubelet_put_on_another_slots_device_keeps_its_gang():
+    from allocator.core.model import GroupSpec
+
+    led = Ledger.rebuild([node("n1", 4)], config())
+    pods = []
+    for i in range(3):
+        p = led.reserve(Request(f"g{i}", gpus=1, group=GroupSpec("g", 3)), 0.0)
+        obj = stored(f"m{i}", p)
+        obj["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
+        pods.append(obj)
+        led.apply_object(obj, 0.5)
+    node_obj = truth_node(
+        holders={0: "team/m1"}
+    )  # m1 runs on the device planned for m0, which is not running
+    led.apply_object(node_obj, 1.0)
+    assert led.get("g1").devices == (0,) and led.get("g0") is None
+    assert [c[0] for c in led.device_conflicts()] == ["team/m0"]
+    slots = led.snapshot()["groups"]["g"]["slots"]
+    assert slots[1] == ["n1", [1], [], "g1"]  # recorded as planned: what every pod of the gang carries
+    assert_rebuilds(led, [node_obj, *pods])
