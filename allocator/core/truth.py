@@ -23,7 +23,7 @@ from allocator.core.claims import Claim, Claims
 from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.inventory import Holding, NodeState
 from allocator.core.leases import Leases
-from allocator.core.model import DeviceShare, DeviceTruth, Placement, ReservationState
+from allocator.core.model import DeviceTruth, Placement, ReservationState
 
 
 class Truth:
@@ -55,14 +55,6 @@ class Truth:
         if found is None:
             return gpus
         return max(0, gpus - len(found[1].devices_of(key)))
-
-    def taken(self, node: str, devices: tuple[int, ...], shares: tuple[DeviceShare, ...]) -> bool:
-        """Whether the node's kubelet lists a pod on any of these devices."""
-        found = self.truth_of(node)
-        if found is None:
-            return False
-        held = found[1].holder_of()
-        return any(d in held for d in devices) or any(s.device in held for s in shares)
 
     def effective(self, c: Claim) -> Claim:
         """`c` as its node's truth makes it: the kubelet's devices, displaced, or as its placement says."""
