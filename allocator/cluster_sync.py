@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from allocator.device_events import DeviceTruthReports
+
 log = logging.getLogger("gpuledger.sync")
 
 RESERVATION_LABEL = "gpuledger.io/reservation-id"
@@ -206,6 +208,8 @@ class ClusterSync:
         self._synced = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conflicts_seen: set[tuple[str, str]] = set()
+        # the kubelets' word against the ledger's: counted, and an Event on each pod (allocator.device_events)
+        self.device_reports = DeviceTruthReports(lambda: self.core, clock)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ClusterSync:
@@ -379,6 +383,7 @@ class ClusterSync:
                     if status.get("synced") is False:
                         self.request_resync("ledger restarted empty")
                     self.report_conflicts(status.get("conflicts") or [])
+                    self.device_reports.report(status)
                 if time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + self.config.expiry_interval_s
                     self.check_expiry(self.clock())

@@ -43,6 +43,7 @@ from allocator.core.request import AnnotationError, PodRequestConfig, controller
 from allocator.settings import (
     DEFAULT_SCORING_WEIGHTS,
     LedgerSettings,
+    check_external_threshold,
     check_label_key,
     check_leaf_limit,
     check_scoring_weights,
@@ -76,6 +77,7 @@ __all__ = [
     "Unavailable",
     "binding_mismatch",
     "binding_of",
+    "check_external_threshold",
     "check_label_key",
     "check_leaf_limit",
     "check_scoring_weights",
@@ -265,7 +267,7 @@ class LedgerService:
         return result
 
     def _held(self, rid: str) -> Held | None:
-        placement = self.ledger.get(rid)
+        placement = self.ledger.issued(rid)  # what the pod carries, checked by the validating webhook
         if placement is None:
             return None
         return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED, rid in self._claimed)
@@ -305,6 +307,8 @@ class LedgerService:
             self._rebuild_for_labels(now)
         else:
             self.ledger.config = self.config  # read at each decision: live from the next admission
+            if "external_memory_threshold_mib" in changes:
+                self.ledger.renew_external()
         if changes:
             self.changed_by, self.changed_at = who, now
             self._history.append(self._record(now, who, changes))
@@ -424,6 +428,11 @@ class LedgerService:
             "settings_changed_at": self.changed_at,
             # stored pods holding a placement they do not own: the sync counts new ones and posts an Event
             "conflicts": self.ledger.conflicts()[:MAX_CONFLICTS_REPORTED],
+            # what the nodes' kubelets said against the ledger (allocator.core.truth): pods recorded on the
+            # devices the kubelet gave them, and pods whose devices the kubelet says another pod holds; the
+            # sync counts new ones and posts an Event on each pod
+            "device_corrections": self.ledger.device_corrections()[:MAX_CONFLICTS_REPORTED],
+            "device_conflicts": self.ledger.device_conflicts()[:MAX_CONFLICTS_REPORTED],
         }
 
     def stats(self) -> ServiceStats:

@@ -20,6 +20,7 @@ from allocator.core.registry import canonical_name, strategy_names
 __all__ = [
     "DEFAULT_SCORING_WEIGHTS",
     "LedgerSettings",
+    "check_external_threshold",
     "check_label_key",
     "check_leaf_limit",
     "check_scoring_weights",
@@ -30,6 +31,7 @@ __all__ = [
 # the `balanced` strategy's weights, named as the topology scheduler's SchedulerConfig `scoringWeights`
 DEFAULT_SCORING_WEIGHTS: Mapping[str, float] = dict(DEFAULT_BALANCED_WEIGHTS)
 MAX_LEAF_LIMIT = 100_000
+MAX_EXTERNAL_MIB = 1 << 30
 # a Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of up to 63 characters
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -94,6 +96,16 @@ def check_leaf_limit(value: Any, key: str) -> int:
     return value
 
 
+def check_external_threshold(value: Any, key: str = "external_memory_threshold_mib") -> int:
+    """MiB of GPU memory used outside Kubernetes from which a device is not placed on (0 = never)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EXTERNAL_MIB:
+        raise ValueError(
+            f"{key}={value!r} is not accepted: expected an integer number of MiB from 0 (never block a "
+            f"device) to {MAX_EXTERNAL_MIB}"
+        )
+    return value
+
+
 def check_label_key(value: Any, key: str) -> str:
     """A Node label key (leaf_label, spine_label); ValueError naming `key` and the value otherwise."""
     if not isinstance(value, str) or not _LABEL_KEY.match(value):
@@ -108,8 +120,9 @@ def check_label_key(value: Any, key: str) -> str:
 @dataclass(frozen=True)
 class LedgerSettings:
     """What may change on a running ledger: the default strategy, the `balanced` strategy's scoring
-    weights and the per-leaf limits a gang gets when its request sets none (0 = no limit) apply from the
-    next decision; the leaf/spine label keys need a rebuild (the nodes are filed under them)."""
+    weights, the per-leaf limits a gang gets when its request sets none (0 = no limit) and the external GPU
+    memory threshold apply from the next decision; the leaf/spine label keys need a rebuild (the nodes are
+    filed under them)."""
 
     default_strategy: str = "best_fit"
     scoring_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
@@ -117,6 +130,9 @@ class LedgerSettings:
     max_gpus_per_leaf: int = 0
     leaf_label: str = LedgerConfig.leaf_label
     spine_label: str = LedgerConfig.spine_label
+    # a device whose GPU memory processes outside Kubernetes use at or above this (the node agent's
+    # agentaflow.gpu/device-holders "external") is not placed on; 0 = never. Live from the next decision.
+    external_memory_threshold_mib: int = LedgerConfig.external_memory_threshold_mib
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_strategy", check_strategy(self.default_strategy))
@@ -125,6 +141,7 @@ class LedgerSettings:
             check_leaf_limit(getattr(self, key), key)
         for key in ("leaf_label", "spine_label"):
             check_label_key(getattr(self, key), key)
+        check_external_threshold(self.external_memory_threshold_mib)
         if self.leaf_label == self.spine_label:
             raise ValueError(
                 f"leaf_label={self.leaf_label!r} is not accepted: expected a label key other than "
@@ -150,6 +167,7 @@ class LedgerSettings:
             scoring_weights=dict(config.balanced_weights),
             leaf_label=config.leaf_label,
             spine_label=config.spine_label,
+            external_memory_threshold_mib=config.external_memory_threshold_mib,
         )
 
     def applied_to(self, config: LedgerConfig) -> LedgerConfig:
@@ -160,4 +178,5 @@ class LedgerSettings:
             balanced_weights=dict(self.scoring_weights),
             leaf_label=self.leaf_label,
             spine_label=self.spine_label,
+            external_memory_threshold_mib=self.external_memory_threshold_mib,
         )

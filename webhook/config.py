@@ -20,6 +20,7 @@ from allocator.service import (
     BindingMode,
     LedgerConfig,
     LedgerSettings,
+    check_external_threshold,
     check_label_key,
     check_leaf_limit,
     check_scoring_weights,
@@ -34,7 +35,14 @@ STRATEGY_ENV = "SCHEDULING_STRATEGY"
 SCHEDULER_CONFIG_KINDS = ("SchedulerConfig", "TopologySchedulerConfig")
 SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
 # keys pushed to the live ledger (at start and on each reload); every other key takes effect at a restart
-LIVE_KEYS = ("default_strategy", "scoring_weights", "topology_constraints", "leaf_label", "spine_label")
+LIVE_KEYS = (
+    "default_strategy",
+    "scoring_weights",
+    "topology_constraints",
+    "leaf_label",
+    "spine_label",
+    "external_memory_threshold_mib",
+)
 TOPOLOGY_CONSTRAINTS = {"max_nodes_per_leaf": "maxNodesPerLeaf", "max_gpus_per_leaf": "maxGPUsPerLeaf"}
 
 
@@ -60,6 +68,9 @@ class WebhookConfig:
     # the Node labels naming a node's leaf and spine (live too, but a change rebuilds the ledger)
     leaf_label: str = "topology.scheduler/leaf"
     spine_label: str = "topology.scheduler/spine"
+    # a GPU whose memory processes outside Kubernetes use at or above this many MiB (the node agent's
+    # agentaflow.gpu/device-holders) is not placed on; 0 = never (live)
+    external_memory_threshold_mib: int = LedgerConfig.external_memory_threshold_mib
     # used when this process creates the ledger (the first replica wins)
     reservation_ttl_s: float = 30.0
     # HMAC key for the placement annotation: a file (a mounted Secret) or the literal (tests/dev only)
@@ -94,6 +105,7 @@ class WebhookConfig:
         self.topology_constraints = _topology_constraints(self.topology_constraints)
         for key in ("leaf_label", "spine_label"):
             check_label_key(getattr(self, key), key)
+        check_external_threshold(self.external_memory_threshold_mib)
         self.ledger_settings()  # what only the combination can get wrong (leaf_label == spine_label)
 
     def with_environment(self, environ: Mapping[str, str]) -> WebhookConfig:
@@ -118,6 +130,7 @@ class WebhookConfig:
             balanced_weights=dict(self.scoring_weights),
             leaf_label=self.leaf_label,
             spine_label=self.spine_label,
+            external_memory_threshold_mib=self.external_memory_threshold_mib,
         )
 
     def ledger_settings(self) -> LedgerSettings:
@@ -127,6 +140,7 @@ class WebhookConfig:
             scoring_weights=dict(self.scoring_weights),
             leaf_label=self.leaf_label,
             spine_label=self.spine_label,
+            external_memory_threshold_mib=self.external_memory_threshold_mib,
             **self.topology_constraints,
         )
 

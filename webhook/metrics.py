@@ -31,6 +31,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_admission_in_flight",
     "gpuledger_handler_failures_total",
     "gpuledger_placement_conflicts",
+    "gpuledger_device_disagreements",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -137,6 +138,15 @@ class WebhookMetrics:
             "id), counted as foreign use on their node",
             registry=r,
         )
+        self.device_disagreements = Gauge(
+            "gpuledger_device_disagreements",
+            "what the nodes' agents (annotation agentaflow.gpu/device-holders) said against the ledger: "
+            "kind=corrected: pods recorded on the devices their kubelet gave them, not their placement's; "
+            "kind=conflict: pods whose devices the kubelet says another pod holds; kind=pending_moved: "
+            "pending reservations moved off such devices since the ledger started",
+            ["kind"],
+            registry=r,
+        )
 
     def observe_decision(self, strategy: str, seconds: float) -> None:
         """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
@@ -168,6 +178,12 @@ class WebhookMetrics:
         self.workloads_pending.set(stats.reservations_pending)
         self.workloads_running.set(stats.reservations_confirmed)
         self.placement_conflicts.set(getattr(stats, "conflicts", 0))
+        for kind, field in (
+            ("corrected", "device_corrections"),
+            ("conflict", "device_conflicts"),
+            ("pending_moved", "devices_moved"),
+        ):
+            self.device_disagreements.labels(kind).set(getattr(stats, field, 0))
         for level, domains in (("leaf", stats.leaves), ("spine", stats.spines)):
             for d in domains:
                 name = (d.leaf if level == "leaf" else d.spine) or "(none)"

@@ -9,11 +9,12 @@ import gc
 from collections.abc import Iterable
 
 from allocator.core import objects as kube
-from allocator.core.books import Books, GroupState, Reservation, slot_hid
+from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
 from allocator.core.claims import Claims, claim_of
 from allocator.core.inventory import Holding
 from allocator.core.leases import Leases
 from allocator.core.model import GroupSlot, Placement, ReservationState
+from allocator.core.truth import Truth
 
 
 class Adoption:
@@ -23,6 +24,7 @@ class Adoption:
         self.books = books
         self.leases = leases
         self.claims = Claims(books, leases, self.adopt)
+        self.truth = Truth(books, leases, self.claims)
 
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
@@ -77,6 +79,7 @@ class Adoption:
                 books.problems.append(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
 
     def forget_pod(self, key: str) -> None:
+        self.books.pod_gpus.pop(key, None)
         hid = self.books.pods.pop(key, None)
         if hid is not None:
             self.leases.release(hid)
@@ -102,7 +105,7 @@ class Adoption:
             usage.uid,
         )
         if claim is not None:
-            self.claims.put(usage.key, claim, now)
+            self.claims.put(usage.key, self.truth.effective(claim), now)
             return
         if usage.key in books.claims:
             self.claims.put(usage.key, None, now)
@@ -112,20 +115,29 @@ class Adoption:
             if prev is not None:
                 self.forget_pod(usage.key)
             return
+        # GPUs the node's kubelet names by identity are held there (allocator.core.truth), not counted again
+        unknown = self.truth.unlisted_gpus(usage.key, usage.node, usage.gpus)
         h = Holding(
-            hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=usage.gpus
+            hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=unknown
         )
         if prev == hid and books.holdings.get(hid) == h:
+            books.pod_gpus[usage.key] = usage.gpus
             return
         if prev is not None:
             self.forget_pod(usage.key)
         books.pods[usage.key] = hid
+        books.pod_gpus[usage.key] = usage.gpus
         books.hold(h)
 
-    def adopt(self, key: str, p: Placement, now: float) -> None:
-        """Take over the placement of a reservation's owner (rebuild, or a pod whose reservation is gone)."""
+    def adopt(
+        self, key: str, p: Placement, now: float, displaced: str = "", recorded: Placement | None = None
+    ) -> None:
+        """Take over the placement of a reservation's owner (rebuild, or a pod whose reservation is gone).
+        `displaced`: why the node's kubelet says another pod holds its devices (it is counted instead);
+        `recorded`: the placement the pod carries where `p` is its kubelet's devices instead (a gang's slot is
+        recorded as planned, as every pod of the gang carries it)."""
         books = self.books
-        if p.group is not None and p.slot is not None:
+        if p.group is not None and p.slot is not None and not displaced:
             group = books.groups.get(p.group)
             if group is None:
                 group = self.restore_group(p, now)
@@ -141,11 +153,17 @@ class Adoption:
                 if p.slot in group.slots and group.claims.get(p.slot) is None:
                     books.drop_slot(group, p.slot)
                 return
-            group.slots[p.slot] = GroupSlot(p.slot, p.node, p.devices, p.uuids, p.shares)
+            # the gang's own unclaimed slots that gave way may have taken it with them (the kubelet gave this
+            # pod a device another slot was planned on): the pod's gang lives on with this slot
+            books.groups.setdefault(group.key, group)
+            planned = recorded or p
+            group.slots[p.slot] = GroupSlot(
+                p.slot, planned.node, planned.devices, planned.uuids, planned.shares
+            )
             group.claims[p.slot] = p.id
             books.slot_of[p.id] = (p.group, p.slot)
-        elif not self.make_room(p):
-            self.count_instead(key, p)
+        elif displaced or not self.make_room(p):
+            self.count_instead(key, p, displaced)
             return
         books.hold(Holding(p.id, p.node, p.devices, p.shares, p.cpu_milli, p.memory_mib))
         books.reservations[p.id] = Reservation(p, ReservationState.CONFIRMED, now)
@@ -168,8 +186,8 @@ class Adoption:
                 if s.slot == p.slot:
                     continue
                 node = books.index.nodes.get(s.node)
-                if node is not None and node.conflicts(s.devices, s.shares):
-                    continue
+                if node is not None and node.conflicts(s.devices, s.shares) - {TRUTH + s.node}:
+                    continue  # (the node's "truth:" holding gives way to the plan: books.hold)
                 group.slots[s.slot] = s
                 group.claims[s.slot] = None
                 hid = slot_hid(group.key, s.slot)
@@ -199,12 +217,13 @@ class Adoption:
                 self.leases.release(hid)
         return not node.conflicts(p.devices, p.shares)
 
-    def count_instead(self, key: str, p: Placement) -> None:
-        """A placement that collides with a confirmed one: count the pod as GPUs of unknown identity."""
+    def count_instead(self, key: str, p: Placement, why: str = "") -> None:
+        """A placement that collides with a confirmed one (or, `why`, with what the node's kubelet says
+        another pod holds): count the pod as GPUs of unknown identity."""
         books = self.books
         books.problems.append(
-            f"pod {key}: placement {p.id} on {p.node} collides with another pod; counted as "
-            f"{len(p.devices)} GPU(s) of unknown identity"
+            f"pod {key}: placement {p.id} on {p.node} collides with another pod{f' ({why})' if why else ''}; "
+            f"counted as {len(p.devices)} GPU(s) of unknown identity"
         )
         hid = "pod:" + key
         books.pods[key] = hid

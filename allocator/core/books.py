@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from allocator.core import objects as kube
 from allocator.core.inventory import ClusterIndex, Holding, NodeState
-from allocator.core.model import GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
+from allocator.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
 from allocator.core.plugin import DEFAULT_BALANCED_WEIGHTS
 from allocator.core.topology import Topology
 
@@ -31,6 +31,8 @@ class LedgerConfig:
     balanced_weights: dict = field(default_factory=lambda: dict(DEFAULT_BALANCED_WEIGHTS))
     placement_key: bytes = b""  # HMAC key for placement annotations (empty = unsigned, dev only)
     utilization_max_age_s: float = 120.0  # node agent utilization older than this is stale (least_utilized)
+    # a device whose GPU memory processes outside Kubernetes use at or above this is not placed on (0 = off)
+    external_memory_threshold_mib: int = 1024
 
 
 @dataclass
@@ -38,6 +40,9 @@ class Reservation:
     placement: Placement
     state: ReservationState
     created: float
+    # the placement as admission issued it, when the node's truth moved it since (allocator.core.truth): the
+    # pod carries this one, so the validating webhook checks the pod against it
+    issued: Placement | None = None
 
 
 @dataclass
@@ -55,6 +60,19 @@ class GroupState:
 
     def plan(self) -> tuple[GroupSlot, ...]:
         return tuple(self.slots[s] for s in sorted(self.slots))
+
+
+TRUTH = "truth:"  # holder id prefix of the devices a node's kubelet says pods the ledger does not own hold
+
+
+def truth_view(truth: DeviceTruth, blocked: dict[int, int]) -> dict:
+    """What a node's agent says of its devices, as the snapshot and `explain` show it."""
+    return {
+        "source": truth.source,
+        "holders": {str(d): [key, list(containers)] for d, key, containers in truth.holders},
+        "external": {str(d): [mib, list(pids), d in blocked] for d, mib, pids in truth.external},
+        "unmapped": list(truth.unmapped),
+    }
 
 
 def slot_hid(group: str, slot: int) -> str:
@@ -83,6 +101,7 @@ class Books:
             str, tuple[str, int]
         ] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
         self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
+        self.pod_gpus: dict[str, int] = {}  # pod key -> GPUs a pod counted by its requests asks for
         # pods carrying a validly signed placement (allocator.core.claims): pod key -> its claim, the holders
         # of each reservation id, the owner chosen among them, and the other holders by the node they use
         self.claims: dict[str, Claim] = {}
@@ -90,6 +109,11 @@ class Books:
         self.owner_of: dict[str, Claim] = {}
         self.foreign_on: dict[str, set[str]] = {}
         self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
+        self.on_truth: Any = None  # called with (node, old truth, new truth): a node's device truth changed
+        self.on_truth_yield: Any = (
+            None  # called with a node whose "truth:" holding gave way to another holding
+        )
+        self.pending_moved = 0  # pending reservations moved off a device the node says another pod holds
         self.rr_cursor = ""
         self.last_now = float("-inf")
         # caches of what only node changes invalidate: kept here, where nodes change
@@ -105,19 +129,39 @@ class Books:
             self.index.remove(node.name)
         if old is None or old.leaf_key != (node.spine, node.leaf):
             self.topology_cache = None
-        state = NodeState(node)
+        state = NodeState(node, self.config.external_memory_threshold_mib)
         for hid in sorted(self.node_holders.get(node.name, ())):
             state.apply(self.holdings[hid])
         self.index.add(state)
         for cache in self.filter_cache.values():
             cache.pop(node.name, None)
+        was = old.info.truth if old is not None else None
+        if was != node.truth and self.on_truth is not None:
+            self.on_truth(node.name, was, node.truth)
 
     def remove_node(self, name: str) -> None:
         """Forget a node's capacity; what is held on it stays recorded and returns if the node does."""
-        if self.index.remove(name) is not None:
+        old = self.index.remove(name)
+        if old is not None:
             self.topology_cache = None
             for cache in self.filter_cache.values():
                 cache.pop(name, None)
+            if old.info.truth is not None and self.on_truth is not None:
+                self.on_truth(name, old.info.truth, None)
+
+    def renew_external(self) -> None:
+        """Re-read every node's outside-Kubernetes GPU use against the (changed) threshold."""
+        for name in sorted(self.index.nodes):
+            state = self.index.nodes[name]
+            if state.info.truth is not None and state.info.truth.external:
+                info = state.info
+                self.index.remove(name)
+                fresh = NodeState(info, self.config.external_memory_threshold_mib)
+                for hid in sorted(self.node_holders.get(name, ())):
+                    fresh.apply(self.holdings[hid])
+                self.index.add(fresh)
+                for cache in self.filter_cache.values():
+                    cache.pop(name, None)
 
     def topology(self) -> Topology:
         if self.topology_cache is None:
@@ -127,11 +171,22 @@ class Books:
 
     # ------------------------------------------------------------------------------------------ holdings
     def hold(self, h: Holding) -> None:
+        truth = TRUTH + h.node
+        node = self.index.nodes.get(h.node)
+        yielded = (
+            truth in self.holdings
+            and h.id != truth
+            and node is not None
+            and truth in node.conflicts(h.devices, h.shares)
+        )
+        if yielded:  # what the node's kubelet lists for others is recounted around what the ledger holds
+            self.unhold(truth)
         self.holdings[h.id] = h
         self.node_holders.setdefault(h.node, set()).add(h.id)
-        node = self.index.nodes.get(h.node)
         if node is not None:
             self.index.change(node, lambda: node.apply(h))
+        if yielded and self.on_truth_yield is not None:
+            self.on_truth_yield(h.node)
 
     def unhold(self, hid: str) -> Holding | None:
         h = self.holdings.pop(hid, None)
@@ -162,7 +217,7 @@ class Books:
         nodes = {}
         for name in sorted(self.index.nodes):
             n = self.index.nodes[name]
-            nodes[name] = {
+            nodes[name] = node_view = {
                 "cpu_free": n.cpu_free,
                 "mem_free": n.mem_free,
                 "unknown_gpus": n.unknown_gpus,
@@ -177,6 +232,8 @@ class Books:
                     for p in range(len(n.dev_index))
                 ],
             }
+            if n.info.truth is not None:
+                node_view["truth"] = truth_view(n.info.truth, n.external)
         reservations = {
             rid: [res.state.value, kube.placement_to_dict(res.placement)]
             for rid, res in sorted(self.reservations.items())

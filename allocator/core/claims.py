@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from allocator.core.books import Books
 from allocator.core.inventory import Holding
@@ -33,6 +34,11 @@ class Claim:
     why: str  # why it was not issued for this pod ("" when bound)
     node: str  # where its use counts: spec.nodeName, else the placement's node
     order: tuple[str, str, str]  # (creationTimestamp, uid, key): the smallest bound claim owns the id
+    # set by allocator.core.truth from the node's agentaflow.gpu/device-holders: the placement the pod carries
+    # when `placement` is the kubelet's devices instead, and why its devices are another pod's (then counted
+    # as GPUs of unknown identity)
+    recorded: Placement | None = None
+    displaced: str = ""
 
     @property
     def rid(self) -> str:
@@ -62,18 +68,29 @@ def claim_of(
     )
 
 
+def same_place(a: Placement, b: Placement) -> bool:
+    """Whether two placements hold the same things on the same node."""
+    return (a.node, a.devices, a.shares) == (b.node, b.devices, b.shares)
+
+
 class Claims:
     """Keeps `books.owner_of` and the foreign holdings true to `books.claims` after every change.
 
     `adopt(key, placement)` takes over an owner's placement (the adoption module's), `count(key)` is the
     holder id a colliding owner was counted under instead (dropped when it stops being the owner)."""
 
-    def __init__(self, books: Books, leases: Leases, adopt: Callable[[str, Placement, float], None]):
+    def __init__(
+        self,
+        books: Books,
+        leases: Leases,
+        adopt: Callable[[str, Placement, float, str, Placement | None], None],
+    ):
         self.books = books
         self.leases = leases
         self.adopt = adopt
         self._settling = False
         self._freed: set[str] = set()
+        self.truth: Any = None  # allocator.core.truth.Truth, told of every claim change
         books.on_freed = self._on_freed
 
     def _on_freed(self, node: str, hid: str) -> None:
@@ -108,8 +125,12 @@ class Claims:
             books.holders_of.setdefault(claim.rid, set()).add(key)
             if claim.rid not in rids:
                 rids.append(claim.rid)
+        if self.truth is not None:  # a pod the kubelet lists: its devices leave (or join) the node's truth
+            self.truth.claim_changed(key, old, claim)
         for rid in rids:
             self.settle(rid, now, nodes)
+        if self.truth is not None:
+            self.truth.refresh_listing(key, {c.node for c in (old, claim) if c is not None})
 
     def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
         """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
@@ -125,7 +146,10 @@ class Claims:
             for node in sorted(nodes):
                 self._clear(node)
             if old is not None and (
-                owner is None or owner.key != old.key or owner.placement != old.placement
+                owner is None
+                or owner.key != old.key
+                or owner.placement != old.placement
+                or owner.displaced != old.displaced
             ):
                 del books.owner_of[rid]
                 counted = books.pods.pop(old.key, None)
@@ -135,10 +159,13 @@ class Claims:
                     self.leases.release(rid)
             if owner is not None:
                 books.owner_of[rid] = owner
-                if rid in books.reservations:
+                res = books.reservations.get(rid)
+                if res is not None and not owner.displaced and same_place(res.placement, owner.placement):
                     self.leases.confirm(rid, now)
                 elif owner.key not in books.pods:
-                    self.adopt(owner.key, owner.placement, now)
+                    if res is not None:  # held elsewhere than the pod is (a pending one moved): the pod wins
+                        self.leases.release(rid)
+                    self.adopt(owner.key, owner.placement, now, owner.displaced, owner.recorded)
             for c in holders:
                 if owner is not None and c.key == owner.key:
                     self._unforeign(c)
@@ -182,7 +209,9 @@ class Claims:
             devices: list[int] = []
             shares: tuple[DeviceShare, ...] = ()
             unknown = 0
-            if c.node == p.node:
+            if c.displaced:  # the node's kubelet says another pod holds its devices
+                unknown = len(p.devices) + (1 if p.shares else 0)
+            elif c.node == p.node:
                 for d in p.devices:
                     if d in taken:
                         unknown += 1

@@ -18,6 +18,7 @@ from allocator.core.annotation_values import (
     SCHEDULING_MAP,
 )
 from allocator.core.books import Books
+from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.filters import Filters, dynamic, static_signature, unplaceable_reason
 from allocator.core.inventory import NodeState
 from allocator.core.model import Denial, NearMiss, Reason, Request
@@ -119,7 +120,7 @@ class Diagnoser:
         detail = (
             f"has {node.whole_free} free GPU(s), largest free share {max_share(node)}m, "
             f"{node.cpu_free}m cpu and {node.mem_free} MiB memory free"
-        )
+        ) + truth_detail(node, self.books.config.external_memory_threshold_mib)
         return NearMiss(node.name, tuple(reasons), node.whole_free, detail)
 
     def diagnose_full(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
@@ -221,6 +222,11 @@ class Diagnoser:
                     text += f" (best: {best.node} has {best.free_gpus} free)"
                 else:
                     text += f" (best: {best.node} {best.detail})"
+            elif reason == Reason.EXTERNAL_GPU_USE:  # not among the closest: name one such node
+                node = next((n for n in self.books.index.nodes.values() if n.external), None)
+                if node is not None:
+                    threshold = self.books.config.external_memory_threshold_mib
+                    text += f" (e.g. {node.name}{truth_detail(node, threshold)})"
             if reason in ASKED_BY:
                 text += f" [asked by {ASKED_BY[reason]}]"
             parts.append(text)
@@ -256,6 +262,28 @@ def describe(req: Request) -> str:
     if req.product:
         what += f" of product {req.product!r} (annotation {GPU_PRODUCT})"
     return what
+
+
+def truth_detail(node: NodeState, threshold_mib: int) -> str:
+    """What the node's agent says that keeps devices from being placed on (annotation
+    agentaflow.gpu/device-holders): GPU memory used outside Kubernetes, pods the kubelet lists."""
+    truth = node.info.truth
+    if truth is None:
+        return ""
+    parts = []
+    for d, mib, pids in truth.external:
+        if d in node.external:
+            parts.append(
+                f"device {d} has {mib} MiB GPU memory used by processes outside Kubernetes"
+                f"{' (pids ' + ', '.join(map(str, pids[:5])) + ')' if pids else ''}, at or above "
+                f"external_memory_threshold_mib {threshold_mib}"
+            )
+    if truth.known and truth.holders:
+        held = ", ".join(f"{d} by {key}" for d, key, _ in truth.holders[:8])
+        parts.append(f"the kubelet says device(s) {held} are held")
+    if not parts:
+        return ""
+    return f"; {'; '.join(parts)} (annotation {HOLDERS_ANNOTATION})"
 
 
 def max_share(node: NodeState) -> int:

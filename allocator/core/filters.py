@@ -112,13 +112,25 @@ def dynamic(node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext
                 usable = ndev  # every device healthy and nothing else asked of them
             else:
                 usable = sum(1 for p in range(ndev) if device_ok(node, p, req))
-            if usable < req.gpus <= ndev:
+            if node.external and node.whole_free + external_free(node) >= req.gpus:
+                reasons.append(Reason.EXTERNAL_GPU_USE)  # it would fit but for processes outside Kubernetes
+            elif usable < req.gpus <= ndev:
                 reasons.append(Reason.UNHEALTHY_DEVICE)
             else:
                 reasons.append(Reason.NOT_ENOUGH_GPUS)
         else:
             reasons.append(Reason.NOT_ENOUGH_GPU_SHARE)
     return fit, reasons
+
+
+def external_free(node: NodeState) -> int:
+    """Devices nobody in the ledger holds that processes outside Kubernetes use (not placed on)."""
+    pos = node.pos
+    return sum(
+        1
+        for d in node.external
+        if d in pos and node.dev_owner[pos[d]] is None and not node.dev_nshares[pos[d]]
+    )
 
 
 def unplaceable_reason(node: NodeState) -> Reason:

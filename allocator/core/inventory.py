@@ -40,7 +40,8 @@ class NodeState:
     `dev_index[p]` (physical index of device position p), `dev_healthy[p]`, `dev_free_milli[p]`,
     `dev_free_mem[p]`, `dev_mem_total[p]`, `dev_owner[p]` (exclusive holder id or None), `dev_nshares[p]`,
     `unknown_gpus`, `whole_free` (devices a whole-GPU request may take), `free_milli` (free milli-GPU over
-    healthy devices, unknown whole GPUs deducted), `total_milli`.
+    healthy devices, unknown whole GPUs deducted), `total_milli`, `external` (device -> MiB used outside
+    Kubernetes at or above the threshold: such a device counts as not healthy).
     """
 
     __slots__ = (
@@ -64,9 +65,10 @@ class NodeState:
         "free_milli_raw",
         "total_milli",
         "holders",
+        "external",
     )
 
-    def __init__(self, info: NodeInfo):
+    def __init__(self, info: NodeInfo, external_threshold_mib: int = 0):
         self.info = info
         self.name = info.name
         self.leaf_key: LeafKey = (info.spine, info.leaf)
@@ -76,7 +78,11 @@ class NodeState:
         devs = sorted(info.devices, key=lambda d: d.index)
         self.dev_index = [d.index for d in devs]
         self.pos = {d.index: p for p, d in enumerate(devs)}
-        self.dev_healthy = [d.healthy for d in devs]
+        # devices whose GPU memory processes outside Kubernetes use at or above the threshold: not placed on
+        self.external: dict[int, int] = {}
+        if info.truth is not None and external_threshold_mib > 0:
+            self.external = {d: mib for d, mib, _ in info.truth.external if mib >= external_threshold_mib}
+        self.dev_healthy = [d.healthy and d.index not in self.external for d in devs]
         self.dev_mem_total = [d.memory_mib for d in devs]
         self.dev_free_milli = [MILLI_PER_GPU] * len(devs)
         self.dev_free_mem = list(self.dev_mem_total)

@@ -5,9 +5,9 @@ Time is always an argument; leases never decide where anything goes.
 
 from __future__ import annotations
 
-from allocator.core.books import Books, Reservation, slot_hid
+from allocator.core.books import TRUTH, Books, Reservation, slot_hid
 from allocator.core.inventory import Holding
-from allocator.core.model import Placement, ReservationState
+from allocator.core.model import GroupSlot, Placement, ReservationState
 
 
 class Leases:
@@ -33,6 +33,12 @@ class Leases:
         if placement.strategy == "round_robin":
             books.rr_cursor = placement.node
         return placement
+
+    def in_the_way(self, s: GroupSlot) -> bool:
+        """Whether a holding other than the node's "truth:" one holds a device of slot `s` (as planned: a
+        kubelet may have given another of the gang's pods that device)."""
+        node = self.books.index.nodes.get(s.node)
+        return node is not None and bool(node.conflicts(s.devices, s.shares) - {TRUTH + s.node})
 
     def confirm(self, id: str, now: float) -> bool:
         """A stored pod carrying `id` was seen: the reservation no longer expires."""
@@ -60,7 +66,13 @@ class Leases:
             group = books.groups.get(key)
             if group is not None:
                 others = any(who is not None and s != n for s, who in group.claims.items())
-                if res is not None and others and group.deadline > books.last_now and n in group.slots:
+                if (
+                    res is not None
+                    and others
+                    and group.deadline > books.last_now
+                    and n in group.slots
+                    and not self.in_the_way(group.slots[n])
+                ):
                     s = group.slots[n]
                     group.claims[n] = None
                     hid = slot_hid(key, n)

@@ -14,6 +14,7 @@ totals (`stats`) each live in their own module.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from allocator.core.adoption import Adoption
@@ -106,6 +107,12 @@ class Ledger:
         res = self._books.reservations.get(id)
         return None if res is None else res.placement
 
+    def issued(self, id: str) -> Placement | None:
+        """The placement as admission issued it (what its pod carries), even where the ledger has since moved
+        a pending reservation off a device the node's kubelet gives another pod."""
+        res = self._books.reservations.get(id)
+        return None if res is None else res.issued or res.placement
+
     def state_of(self, id: str) -> ReservationState | None:
         res = self._books.reservations.get(id)
         return None if res is None else res.state
@@ -159,5 +166,24 @@ class Ledger:
     def groups(self) -> dict[str, GroupState]:
         return dict(self._books.groups)
 
+    def device_corrections(self) -> list[list]:
+        """[pod, reservation id, node, devices its placement names, devices its node's kubelet says it holds]
+        for every stored pod the ledger records on the kubelet's devices (allocator.core.truth)."""
+        return self._adoption.truth.corrections()
+
+    def device_conflicts(self) -> list[list[str]]:
+        """[pod, reservation id, why] for every stored pod whose devices its node's kubelet says another pod
+        holds: counted as GPUs of unknown identity."""
+        return self._adoption.truth.conflicts()
+
+    def renew_external(self) -> None:
+        """Apply a changed `config.external_memory_threshold_mib` to every node."""
+        self._books.renew_external()
+
     def stats(self) -> LedgerStats:
-        return ledger_stats(self._books)
+        truth = self._adoption.truth
+        return replace(
+            ledger_stats(self._books),
+            device_corrections=len(truth.corrected),
+            device_conflicts=len(truth.displaced),
+        )

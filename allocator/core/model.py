@@ -57,6 +57,28 @@ class SelectorRequirement:
 
 
 @dataclass(frozen=True)
+class DeviceTruth:
+    """What the node agent read from the kubelet (PodResources) and NVML: who holds each device
+    (annotation agentaflow.gpu/device-holders). Sorted tuples, so equal annotations compare equal."""
+
+    source: str = "unavailable"  # "podresources": `holders` is the kubelet's word; "unavailable": unknown
+    holders: tuple[tuple[int, str, tuple[str, ...]], ...] = ()  # (device, "namespace/pod", containers)
+    external: tuple[tuple[int, int, tuple[int, ...]], ...] = ()  # (device, MiB, pids) used outside pods
+    unmapped: tuple[str, ...] = ()  # device ids the kubelet named that no probed device has
+
+    @property
+    def known(self) -> bool:
+        """Whether `holders` is the kubelet's word (an empty list then means nothing is held)."""
+        return self.source == "podresources"
+
+    def devices_of(self, key: str) -> tuple[int, ...]:
+        return tuple(d for d, k, _ in self.holders if k == key)
+
+    def holder_of(self) -> dict[int, str]:
+        return {d: k for d, k, _ in self.holders}
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """What one node offers, as read from its Node object (and its device annotation)."""
 
@@ -76,6 +98,7 @@ class NodeInfo:
     utilization_at: float | None = (
         None  # agentaflow.gpu/last-update, epoch seconds: when utilization was read
     )
+    truth: DeviceTruth | None = None  # agentaflow.gpu/device-holders (None: not published)
 
     def label(self, key: str, default: str | None = None) -> str | None:
         for k, v in self.labels:
@@ -223,6 +246,7 @@ class Reason(str, Enum):
         "(node label topology.scheduler/network-bandwidth-gbps missing or lower)"
     )
     SHARED_GPUS = "GPUs shared with other pods (topology.scheduler/latency-sensitive)"
+    EXTERNAL_GPU_USE = "GPU memory used by processes outside Kubernetes"
 
 
 @dataclass(frozen=True)

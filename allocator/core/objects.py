@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from allocator.core.device_truth import HOLDERS_ANNOTATION, parse_device_holders
 from allocator.core.model import Device, NodeInfo, Placement, Taint
 
 # Moved to their own modules; re-exported because callers import them from here
@@ -150,6 +151,11 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
         devices = _devices_from_annotation(annotations[DEVICES_ANNOTATION], product, gpu_mem, name, problems)
     if devices is None:
         devices = tuple(Device(index=i, product=product, memory_mib=gpu_mem) for i in range(max(0, gpus)))
+    truth = None
+    if HOLDERS_ANNOTATION in annotations:  # who holds each device, by the node agent (allocator.core.truth)
+        truth = parse_device_holders(
+            annotations[HOLDERS_ANNOTATION], name, {d.index for d in devices}, problems
+        )
 
     ready = True
     for cond in status.get("conditions") or []:
@@ -175,6 +181,7 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
         cheap=_is_true(labels.get(CHEAP_LABEL)),
         gpu_schedulable=labels.get(SCHEDULABLE_LABEL, "true").strip().lower() not in ("false", "0", "no"),
         utilization_at=utilization_timestamp(annotations.get(LAST_UPDATE_ANNOTATION)),
+        truth=truth,
     )
 
 

@@ -51,6 +51,12 @@ class LedgerStats:
     leaves: tuple[DomainStats, ...] = ()
     spines: tuple[DomainStats, ...] = ()
     conflicts: int = 0  # stored pods holding a placement they do not own (Ledger.conflicts)
+    # what the nodes' agents said against the ledger (allocator.core.truth): placements holding the kubelet's
+    # devices instead of their own, placements whose devices the kubelet says another pod holds, and pending
+    # reservations moved off such devices (since the ledger started; the others are current)
+    device_corrections: int = 0
+    device_conflicts: int = 0
+    devices_moved: int = 0
 
     @property
     def fragmentation(self) -> float:
@@ -111,4 +117,5 @@ def ledger_stats(books: Books) -> LedgerStats:
         leaves=tuple(leaf_stats),
         spines=spine_stats,
         conflicts=len(books.claims) - len(books.owner_of),
+        devices_moved=books.pending_moved,
     )

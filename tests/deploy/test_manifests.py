@@ -944,6 +944,7 @@ EXPORTED_METRICS = {
     "topology_scheduler_recovery_duration_seconds",
     "topology_scheduler_domain_fragmentation_ratio",
     "gpuledger_placement_conflicts",
+    "gpuledger_device_disagreements",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {
