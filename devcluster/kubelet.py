@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -301,19 +302,34 @@ class RealNode:
         self, devices: list[dict], resource: str = "nvidia.com/gpu", timeout: float = 30
     ) -> dict:
         """Publish GPUs the way a node without a device plugin does (visibility modes `runtime-uuids`,
-        `host-indices`): the node agent's `agentaflow.gpu/devices` annotation (`devices`, as
-        `devcluster.nodes.device_entries` makes them) and `resource` capacity PATCHed onto the Node's status,
-        as Kubernetes documents for extended resources. Returns the Node once the kubelet, which derives
-        allocatable from capacity, reports the count allocatable too."""
-        from devcluster.nodes import DEVICES_ANNOTATION
-
-        count = str(len(devices))
-        annotation = json.dumps(devices, separators=(",", ":"))
-        self.cp.kubectl("annotate", "node", self.name, "--overwrite", f"{DEVICES_ANNOTATION}={annotation}")
-        self.cp.kubectl(
-            "patch", "node", self.name, "--subresource=status", "--type=merge",
-            "-p", json.dumps({"status": {"capacity": {resource: count}}}),
-        )  # fmt: skip
+        `host-indices`): the real node agent (`python -m allocator.node_agent --once --advertise-capacity`,
+        its fake probe reporting `devices`, as `devcluster.nodes.device_entries` makes them) writes the
+        `agentaflow.gpu/devices` annotation and PATCHes `resource` capacity onto the Node's status. Returns
+        the Node once the kubelet, which derives allocatable from capacity, reports the count allocatable."""
+        count = str(sum(bool(d.get("healthy", True)) for d in devices))
+        fake = [
+            {
+                "index": d["index"],
+                "uuid": d["uuid"],
+                "product": d["product"],
+                "memory_mib": d["memoryMiB"],
+                "healthy": d.get("healthy", True),
+                "reason": d.get("reason", ""),
+            }
+            for d in devices
+        ]
+        argv = [
+            sys.executable, "-m", "allocator.node_agent", "--node", self.name, "--once",
+            "--kubeconfig", str(self.cp.kubeconfig), "--fake", json.dumps(fake),
+            "--pod-resources-socket", str(self.pod_resources_socket), "--advertise-capacity", resource,
+        ]  # fmt: skip
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        if proc.returncode != 0:
+            output = proc.stdout[-2000:] + proc.stderr[-2000:]
+            raise RuntimeError(f"the node agent exited {proc.returncode}: {output}")
 
         def allocatable():
             node = self.cp.get_json("node", self.name)

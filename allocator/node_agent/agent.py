@@ -76,6 +76,13 @@ def node_patch(reports: list[DeviceReport], now: datetime, holders: DeviceHolder
     return patch
 
 
+def capacity_patch(reports: list[DeviceReport], resource: str) -> dict:
+    """A Node status patch advertising the healthy GPUs as `resource` capacity, for nodes where no device
+    plugin does (`runtime-uuids` with the stock plugin switched off): kube-scheduler and the kubelet then
+    still count GPUs, and the kubelet derives allocatable from it."""
+    return {"status": {"capacity": {resource: str(sum(r.healthy for r in reports))}}}
+
+
 class NodeAgent:
     """Probes, patches the Node, sleeps; stops on `stop()` (SIGTERM in the DaemonSet).
 
@@ -95,6 +102,7 @@ class NodeAgent:
         proc_root: Path = DEFAULT_PROC_ROOT,
         holders_interval_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        advertise_resource: str | None = None,
     ):
         self.node_name = node_name
         self.probe = probe
@@ -104,6 +112,7 @@ class NodeAgent:
         self.resources, self.proc_root = tuple(resources), Path(proc_root)
         self.holders_interval_s = holders_interval_s
         self.clock = clock
+        self.advertise_resource = advertise_resource
         self.published_holders: str | None = None
         self._stop = threading.Event()
 
@@ -124,6 +133,8 @@ class NodeAgent:
     def _publish(self, reports: list[DeviceReport], holders: DeviceHolders, now: datetime | None) -> dict:
         patch = node_patch(reports, now or datetime.now(UTC), holders)
         self.core_api.patch_node(self.node_name, patch)
+        if self.advertise_resource:
+            self.core_api.patch_node_status(self.node_name, capacity_patch(reports, self.advertise_resource))
         self.published_holders = holders.annotation()
         return patch
 
@@ -190,6 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the host's /proc, to tell GPU processes in pods from others (hostPID, or the host's /proc "
         "mounted there)",
     )
+    parser.add_argument(
+        "--advertise-capacity",
+        metavar="RESOURCE",
+        help="also advertise the healthy GPUs as this extended resource's capacity on the Node status "
+        "(e.g. nvidia.com/gpu), for nodes where no device plugin does: visibility_mode runtime-uuids with "
+        "the stock plugin off (nvidia.com/gpu.deploy.device-plugin=false); never where a device plugin runs",
+    )
     return parser
 
 
@@ -229,6 +247,7 @@ def main(argv: list[str]) -> int:
         resources=resources,
         proc_root=args.proc_root,
         holders_interval_s=args.holders_interval,
+        advertise_resource=args.advertise_capacity,
     )
     if args.once:
         agent.publish_once()

@@ -93,3 +93,33 @@ def test_python_dash_m_runs_the_agent_with_its_arguments():
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["metadata"]["labels"]["agentaflow.gpu/count"] == "1"
+
+
+def test_capacity_patch_advertises_the_healthy_gpus():
+    from allocator.node_agent.agent import capacity_patch
+
+    reports = FakeProbe.from_spec("4xA100:81920,unhealthy=2").devices()
+    assert capacity_patch(reports, "nvidia.com/gpu") == {"status": {"capacity": {"nvidia.com/gpu": "3"}}}
+
+
+def test_agent_advertises_capacity_only_when_asked():
+    from allocator.node_agent.agent import NodeAgent
+    from allocator.node_agent.pod_resources import PodResourcesClient
+
+    class Api:
+        def __init__(self):
+            self.calls: list[tuple[str, dict]] = []
+
+        def patch_node(self, name, body):
+            self.calls.append(("node", body))
+
+        def patch_node_status(self, name, body):
+            self.calls.append(("status", body))
+
+    probe = FakeProbe.from_spec("2xA100:81920")
+    missing = PodResourcesClient("/nonexistent/kubelet.sock", 0.1)
+    quiet, loud = Api(), Api()
+    NodeAgent("n", probe, quiet, pod_resources=missing).publish_once()
+    NodeAgent("n", probe, loud, pod_resources=missing, advertise_resource="nvidia.com/gpu").publish_once()
+    assert [kind for kind, _ in quiet.calls] == ["node"]
+    assert loud.calls[1] == ("status", {"status": {"capacity": {"nvidia.com/gpu": "2"}}})

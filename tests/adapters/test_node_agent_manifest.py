@@ -68,7 +68,10 @@ def test_node_agent_may_only_read_and_patch_nodes():
         for r in docs
         if r["kind"] == "ClusterRole" and r["metadata"]["name"] == bindings[0]["roleRef"]["name"]
     ]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},  # --advertise-capacity
+    ]
 
 
 def test_dev_overlay_has_no_node_agent():
