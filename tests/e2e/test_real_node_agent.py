@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 
 from allocator.node_agent.holders import ANNOTATION
 from devcluster import images
+from devcluster.agent_process import AgentProcess
 from devcluster.device_plugin import FakeGPUPlugin
 from devcluster.kubelet import RealNode, missing_parts
 from devcluster.nodes import device_uuid
@@ -29,7 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 NODE = "real-node-agent"
 GPUS = 4
-REPO = Path(__file__).resolve().parents[2]
 HOST_PROCESS_MIB = 300  # GPU memory the fake probe says this test's own process holds on device 3
 
 
@@ -66,70 +64,15 @@ def plain_namespace(apiserver):
     apiserver.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
-class Agent:
-    """`python -m allocator.node_agent` for NODE as a process of its own; `restart` starts a fresh one."""
-
-    def __init__(self, apiserver, node: RealNode, processes: list[list[int]]):
-        self.apiserver, self.node, self.processes = apiserver, node, processes
-        self.proc: subprocess.Popen | None = None
-        self.log = Path(node.kubelet_log).with_name("node-agent.log")
-
-    def start(self) -> Agent:
-        gpus = [
-            {
-                "index": i,
-                "uuid": device_uuid(NODE, i),
-                "product": "NVIDIA-H100",
-                "memory_mib": 81559,
-                "healthy": True,
-            }
-            for i in range(GPUS)
-        ]
-        spec = json.dumps({"gpus": gpus, "processes": self.processes})
-        argv = [
-            sys.executable,
-            "-m",
-            "allocator.node_agent",
-            "--node",
-            NODE,
-            "--kubeconfig",
-            self.apiserver.kubeconfig,
-        ]
-        argv += ["--fake", spec, "--pod-resources-socket", str(self.node.pod_resources_socket)]
-        argv += ["--interval", "30", "--holders-interval", "0.5"]
-        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        with self.log.open("a") as log:
-            self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": path}
-            )
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def restart(self, processes: list[list[int]]) -> None:
-        self.stop()
-        self.processes = processes
-        self.start()
-
-
 def annotation(apiserver) -> str | None:
     return apiserver.get_json("node", NODE)["metadata"].get("annotations", {}).get(ANNOTATION)
 
 
-def wait_holders(apiserver, agent: Agent, predicate, what: str, timeout: float = 30) -> tuple[dict, str]:
+def wait_holders(
+    apiserver, agent: AgentProcess, predicate, what: str, timeout: float = 30
+) -> tuple[dict, str]:
     def seen():
-        if agent.proc is not None and agent.proc.poll() is not None:
-            raise RuntimeError(
-                f"the node agent exited {agent.proc.returncode}:\n{agent.log.read_text()[-3000:]}"
-            )
+        agent.check_alive()
         text = annotation(apiserver)
         return (json.loads(text), text) if text and predicate(json.loads(text)) else None
 
@@ -157,7 +100,7 @@ def test_agent_names_the_pod_on_its_devices_and_a_restart_loses_nothing(
     node, plugin = real_node
     started = time.monotonic()
     me = os.getpid()  # a process outside Kubernetes: the fake probe says it holds memory on device 3
-    agent = Agent(apiserver, node, [[3, me, HOST_PROCESS_MIB]]).start()
+    agent = AgentProcess(apiserver.kubeconfig, node, GPUS, [[3, me, HOST_PROCESS_MIB]]).start()
     try:
         external = {"3": {"memoryMiB": HOST_PROCESS_MIB, "pids": [me]}}
         wait_holders(

@@ -22,6 +22,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from devcluster import images
+from devcluster.agent_process import AgentProcess
 from devcluster.cluster import (
     ALICE,
     CONTROLLERS,
@@ -342,6 +343,107 @@ def test_pods_racing_for_the_gpus_never_share_a_device(placed, ns):
     assert not failed, {n: _reason(cp, ns, n) for n in list(failed)[:5]}
     assert peak["polls"] > 10
     cp.wait_for(lambda: _free_gpus(stack) == GPUS, timeout=30, what=f"all {GPUS} GPUs free in the ledger")
+
+
+# ------------------------------------------------------------------- the node agent's truth (device-plugin)
+@pytest.fixture
+def agent(placed):
+    """The real node agent on the real node: PodResources -> agentaflow.gpu/device-holders -> the ledger."""
+    cp, node, _, _ = placed
+    with AgentProcess(cp.kubeconfig, node, GPUS) as running:
+        yield running
+
+
+def _ledger_devices(stack: Stack, rid: str) -> set[int]:
+    """The devices the ledger records for reservation `rid` on NODE (its canonical snapshot)."""
+    return {d[0] for d in stack.call("snapshot")["nodes"][NODE]["devices"] if d[3] == rid}
+
+
+def _truth_devices(stack: Stack) -> set[int]:
+    return {d[0] for d in stack.call("snapshot")["nodes"][NODE]["devices"] if d[3] == f"truth:{NODE}"}
+
+
+def _printed_indices(cp, ns: str, name: str) -> set[int]:
+    printed = cp.wait_for(lambda: cp.kubectl("logs", "-n", ns, name).stdout, what=f"{name}'s output")
+    uuids = printed.strip().split(" ")[1].removeprefix("NV=").split(",")
+    by_uuid = {device_uuid(NODE, i): i for i in range(GPUS)}
+    return {by_uuid[u] for u in uuids}
+
+
+def test_the_ledger_records_the_devices_the_kubelet_gave(placed, ns, agent):
+    """device-plugin mode: gpuledger picks the node and the count, the kubelet the devices; with the node
+    agent reading PodResources the ledger's record becomes exactly what the container printed."""
+    cp, _, _, stack = placed
+    names = ["truth-a", "truth-b", "truth-c"]
+    for name in names:
+        create(cp, ns, gpu_pod(name, HOLD, gpus=2))
+    for name in names:
+        pod = wait_phase(cp, ns, name, ("Running",))
+        rid = stack.placement(pod).id
+        printed = _printed_indices(cp, ns, name)
+        assert len(printed) == 2
+        cp.wait_for(
+            lambda rid=rid, printed=printed: (agent.check_alive(), _ledger_devices(stack, rid) == printed)[1],
+            timeout=30,
+            what=f"the ledger recording {name}'s devices as the kubelet gave them ({sorted(printed)})",
+        )
+    status = stack.call("status")
+    corrected = {c[1] for c in status.get("device_corrections", [])}
+    for name in names:
+        pod = cp.get_json("pod", name, "-n", ns)
+        placement = stack.placement(pod)
+        if set(placement.devices) != _ledger_devices(stack, placement.id):  # the kubelet chose otherwise
+            assert placement.id in corrected
+    cp.kubectl("delete", "pod", "--all", "-n", ns, "--wait=true", "--timeout=60s")
+    cp.wait_for(lambda: _free_gpus(stack) == GPUS, timeout=30, what=f"all {GPUS} GPUs free in the ledger")
+
+
+def test_a_foreign_device_plugin_pod_holds_its_devices_by_identity(placed, ns, agent):
+    """A pod of a namespace that is not opted in takes GPUs through the plugin alone: the ledger holds exactly
+    those devices for it (not a per-node count), and never records them for its own pods."""
+    cp, node, _, stack = placed
+    plain = cp.create_namespace(f"rn-plain-{uuid.uuid4().hex[:6]}", admission=False)
+    try:
+        foreign = gpu_pod("foreign", HOLD, gpus=3)
+        foreign["spec"]["nodeName"] = (
+            NODE  # no scheduler runs: bound by hand, as the stock plugin's users are
+        )
+        create(cp, plain, foreign)
+        wait_phase(cp, plain, "foreign", ("Running",))
+        taken = _printed_indices(cp, plain, "foreign")
+        cp.wait_for(
+            lambda: (agent.check_alive(), _truth_devices(stack) == taken)[1],
+            timeout=30,
+            what=f"the ledger holding {sorted(taken)} for the foreign pod by identity",
+        )
+        assert stack.call("snapshot")["nodes"][NODE]["unknown_gpus"] == 0  # not counted a second time
+        names = [f"own-{i}" for i in range((GPUS - len(taken)) // 2)]
+        for name in names:
+            create(cp, ns, gpu_pod(name, HOLD, gpus=2))
+        ids = [stack.placement(wait_phase(cp, ns, n, ("Running",))).id for n in names]
+        for name, rid in zip(names, ids, strict=True):
+            printed = _printed_indices(cp, ns, name)
+            assert not printed & taken
+            cp.wait_for(
+                lambda rid=rid, printed=printed: _ledger_devices(stack, rid) == printed,
+                timeout=30,
+                what=f"{name} recorded on the devices it got",
+            )
+        assert _truth_devices(stack) == taken
+        holders: dict[str, list] = {}
+        for key, devices in node.pod_devices().items():
+            for device in devices:
+                holders.setdefault(device, []).append(key)
+        assert all(len(v) == 1 for v in holders.values()), holders
+        # one more GPU than the node has free is denied, never placed on the foreign pod's devices
+        over = create(
+            cp, ns, gpu_pod("too-many", HOLD, gpus=GPUS - len(taken) - 2 * len(names) + 1), check=False
+        )
+        assert over.returncode != 0 and "node(s)" in over.stderr
+    finally:
+        cp.force_delete("pods", namespace=plain)
+        cp.kubectl("delete", "namespace", plain, "--wait=false", check=False)
+        cp.kubectl("delete", "pod", "--all", "-n", ns, "--wait=true", "--timeout=60s", check=False)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
