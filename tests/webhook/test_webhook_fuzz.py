@@ -199,20 +199,118 @@ def test_handler_denials_always_have_messages(ann, dry):
         assert d.message
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    a=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
-    b=st.dictionaries(st.text(max_size=5), json_values, max_size=5),
-    shared=st.lists(st.text(max_size=5), max_size=3),
+_env = st.lists(
+    st.fixed_dictionaries(
+        {"name": st.sampled_from(["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "EPOCHS", "X"])},
+        optional={"value": st.text(max_size=5)},
+    ),
+    max_size=3,
 )
-def test_patch_diff_reproduces_the_mutated_object(a, b, shared):
+_container = st.fixed_dictionaries(
+    {"name": st.text(max_size=3)},
+    optional={
+        "env": _env,
+        "resources": st.sampled_from(
+            [{}, {"limits": {"nvidia.com/gpu": "1"}}, {"requests": {"nvidia.com/gpu": "0", "cpu": "1"}}]
+        ),
+        "futureField": json_values,
+    },
+)
+_meta_map = st.dictionaries(
+    st.sampled_from(["gpuledger.io/placement", "gpuledger.io/reservation-id", "app", "a/b~c", "team"]),
+    st.text(max_size=5),
+    max_size=3,
+)
+_spec = st.fixed_dictionaries(
+    {},
+    optional={
+        "containers": st.lists(_container, max_size=3),
+        "initContainers": st.lists(_container, max_size=2),
+        "schedulerName": st.sampled_from(["default-scheduler", "gpu-scheduler"]),
+        "tolerations": st.lists(
+            st.fixed_dictionaries({"key": st.sampled_from(["gpu", "other"]), "operator": st.just("Exists")}),
+            max_size=2,
+        ),
+        "affinity": st.sampled_from(
+            [
+                {},
+                {"podAffinity": {"x": 1}},
+                {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}
+                    }
+                },
+            ]
+        ),
+        "nodeName": st.sampled_from(["node-0000", "elsewhere"]),
+        "someUnknownField": json_values,
+    },
+)
+_pods = st.fixed_dictionaries(
+    {
+        "metadata": st.fixed_dictionaries(
+            {}, optional={"annotations": _meta_map | st.none(), "labels": _meta_map}
+        )
+    },
+    optional={"spec": _spec | st.none(), "status": json_values},
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pod=_pods,
+    binding=st.sampled_from(["affinity", "nodeName", "both"]),
+    visibility=st.sampled_from(["runtime-uuids", "host-indices", "device-plugin"]),
+    affinity_key=st.sampled_from(["kubernetes.io/hostname", "metadata.name"]),
+    take_over=st.booleans(),
+    tainted=st.booleans(),
+)
+def test_the_patch_turns_the_pod_into_the_mutated_pod_exactly(
+    pod, binding, visibility, affinity_key, take_over, tainted
+):
+    """`patch_of` compares only the members the mutating path writes: on random pods, through every mode,
+    applying it to the original gives the mutated pod, and the original is never touched."""
     import jsonpatch
 
-    from webhook.admission.patch import diff
+    from allocator.service import BindingMode, Placement, Taint
+    from webhook.admission import scheduler_name
+    from webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
 
-    for key in shared:  # shared subtrees, as the copy-on-write mutation leaves them
-        if key in a:
-            b[key] = a[key]
-    original = copy.deepcopy(a)
-    assert jsonpatch.apply_patch(a, diff(a, b)) == b
-    assert a == original  # diffing never touches the original
+    placement = Placement(
+        id="r1",
+        node="node-0000",
+        devices=(0, 3),
+        uuids=("GPU-a", "GPU-b"),
+        tolerated_taints=(Taint("gpu", "", "NoSchedule"),) if tainted else (),
+    )
+    original = copy.deepcopy(pod)
+    work = shallow_pod(pod)
+    strip_ledger_keys(work)
+    assert jsonpatch.apply_patch(pod, patch_of(pod, work)) == work  # the strip alone (no-GPU pods)
+    if take_over:
+        scheduler_name.take_over(work)
+    apply_placement(
+        work,
+        placement,
+        "signed",
+        binding_mode=BindingMode(binding),
+        visibility_mode=visibility,
+        affinity_key=affinity_key,
+    )
+    ops = patch_of(pod, work)
+    assert jsonpatch.apply_patch(pod, ops) == work
+    assert pod == original
+    # a reinvocation writing the same placement on the patched pod changes nothing
+    again = jsonpatch.apply_patch(pod, ops)
+    redo = shallow_pod(again)
+    strip_ledger_keys(redo)
+    redo["metadata"].setdefault("annotations", {})
+    apply_placement(
+        redo,
+        placement,
+        "signed",
+        binding_mode=BindingMode(binding),
+        visibility_mode=visibility,
+        affinity_key=affinity_key,
+    )
+    assert patch_of(again, redo) == []

@@ -33,7 +33,7 @@ from webhook.admission.patch import (
     LEDGER_PREFIX,
     _dict_at,
     apply_placement,
-    diff,
+    patch_of,
     shallow_pod,
     strip_ledger_keys,
 )
@@ -200,7 +200,7 @@ class AdmissionHandler:
             self.metrics.placement_decisions.labels("none", "other_scheduler").inc()
             return Decision(
                 True,
-                patch=diff(pod, work),
+                patch=patch_of(pod, work),
                 warnings=[*warnings, choice.warning],
                 outcome="other_scheduler",
                 message=choice.warning,
@@ -230,7 +230,7 @@ class AdmissionHandler:
                     )
                 if request is None:
                     return Decision(
-                        True, patch=diff(pod, work), warnings=warnings, outcome="no_gpu", message=""
+                        True, patch=patch_of(pod, work), warnings=warnings, outcome="no_gpu", message=""
                     )
                 strategy = request.strategy or "default"
                 if self.config.visibility_mode == "device-plugin" and request.is_shared:
@@ -292,7 +292,7 @@ class AdmissionHandler:
         seen.placement = result
         return Decision(
             True,
-            patch=diff(pod, work),
+            patch=patch_of(pod, work),
             warnings=warnings,
             node=result.node,
             devices=tuple(result.devices) + tuple(s.device for s in result.shares),
@@ -310,7 +310,7 @@ class AdmissionHandler:
         if self.config.fail_open:
             return Decision(
                 True,
-                patch=diff(pod, work),
+                patch=patch_of(pod, work),
                 outcome="unavailable",
                 warnings=[*warnings, f"gpuledger: {why}; admitted WITHOUT a GPU placement (fail_open)"],
             )

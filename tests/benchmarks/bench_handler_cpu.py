@@ -1,0 +1,149 @@
+"""CPU per admission inside the webhook process, without HTTP/TLS: body bytes -> AdmissionReview answer bytes.
+
+    .venv/bin/python tests/benchmarks/bench_handler_cpu.py              # ~20 s
+    .venv/bin/python tests/benchmarks/bench_handler_cpu.py --profile    # and a cProfile of the mutate path
+
+The part of an admission that is the webhook's own code: decode the body, `parse_review`, the handler
+(`mutate`: request, the ledger call, patch, signature; `validate`: signature, binding, the ledger claim),
+`encode_response`, encode the answer; against a no-op doing the same decode and a minimal answer. The ledger
+is in-process (`InProcessLedgerClient`, 1,000 nodes x 8 GPUs, emptied between repetitions), so its
+~30 us per decision is included; Ray and the network are not. Timed with `time.process_time` (CPU of this
+process), so other load on a shared machine moves it less than wall-clock rates. The bodies are the same
+3.5 KB pods as bench_webhook.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks.bench_webhook import _pod_body  # noqa: E402
+
+
+async def _drive(handler, bodies: list[bytes], route: str, loads, dumps, parse, encode) -> list[bytes]:
+    out = []
+    for body in bodies:
+        review = parse(loads(body))
+        decision = await (handler.mutate(review) if route == "mutate" else handler.validate(review))
+        out.append(dumps(encode(review.uid, decision, review.api_version)))
+    return out
+
+
+def _validate_bodies(mutate_bodies: list[bytes], answers: list[bytes]) -> list[bytes]:
+    """The mutated pods, as the API server would send them to the validating webhook."""
+    import jsonpatch
+
+    out = []
+    for body, answer in zip(mutate_bodies, answers, strict=True):
+        review = json.loads(body)
+        patch = json.loads(base64.b64decode(json.loads(answer)["response"]["patch"]))
+        review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"], patch)
+        review["request"]["object"]["metadata"]["uid"] = "u-" + review["request"]["uid"]
+        out.append(json.dumps(review, separators=(",", ":")).encode())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--admissions", type=int, default=3000, help="per repetition and route")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--json", help="write the figures here too")
+    args = p.parse_args(argv)
+
+    from allocator.service import LedgerService
+    from tests.webhook.webhook_support import cluster
+    from webhook.admission.handler import AdmissionHandler
+    from webhook.admission.review import encode_response, parse_review
+    from webhook.config import WebhookConfig
+    from webhook.ledger_client import InProcessLedgerClient
+
+    try:  # the app's codec, whichever this tree has (orjson since issue 13, the standard library before)
+        from webhook.admission.review import dumps, loads
+    except ImportError:
+        loads = json.loads
+
+        def dumps(o) -> bytes:
+            return json.dumps(o, separators=(",", ":")).encode()
+
+    config = WebhookConfig(hmac_key="bench-key", deadline_s=2.0)
+    service = LedgerService(
+        config.ledger_config(),
+        {"kind": "objects", "objects": cluster(args.nodes, 8, leaves=31, spines=3)},
+        0.0,
+    )
+    handler = AdmissionHandler(config, InProcessLedgerClient(service, time.time))
+    n = args.admissions
+
+    def noop(
+        body: bytes,
+    ) -> bytes:  # the no-op aiohttp handler of bench_webhook.py: the standard library's json
+        review = json.loads(body)
+        return json.dumps(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {"uid": review["request"]["uid"], "allowed": True},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    results: dict[str, list[float]] = {"noop": [], "mutate": [], "validate": []}
+    for r in range(args.repeat):
+        bodies = [_pod_body(i, f"r{r}") for i in range(n)]
+        t = time.process_time()
+        for b in bodies:
+            noop(b)
+        results["noop"].append((time.process_time() - t) / n * 1e6)
+        t = time.process_time()
+        answers = asyncio.run(_drive(handler, bodies, "mutate", loads, dumps, parse_review, encode_response))
+        results["mutate"].append((time.process_time() - t) / n * 1e6)
+        assert all(b'"allowed":true' in a for a in answers), answers[0][:300]
+        vbodies = _validate_bodies(bodies, answers)
+        t = time.process_time()
+        vanswers = asyncio.run(
+            _drive(handler, vbodies, "validate", loads, dumps, parse_review, encode_response)
+        )
+        results["validate"].append((time.process_time() - t) / n * 1e6)
+        assert all(b'"allowed":true' in a for a in vanswers), vanswers[0][:300]
+        service.sweep(time.time() + 1e6)  # nothing is stored: every reservation expires, the ledger empties
+
+    print(f"CPU per admission (us), {args.repeat} x {n}, median [min-max]:")
+    figures = {}
+    for k, v in results.items():
+        figures[k] = {"median_us": statistics.median(v), "min_us": min(v), "max_us": max(v)}
+        print(f"  {k:<9} {statistics.median(v):8.1f}  [{min(v):.1f}-{max(v):.1f}]")
+    print(
+        f"  mutate - noop {figures['mutate']['median_us'] - figures['noop']['median_us']:.1f} us, "
+        f"validate - noop {figures['validate']['median_us'] - figures['noop']['median_us']:.1f} us"
+    )
+    if args.profile:
+        bodies = [_pod_body(i, "prof") for i in range(n)]
+        prof = cProfile.Profile()
+        prof.enable()
+        answers = asyncio.run(_drive(handler, bodies, "mutate", loads, dumps, parse_review, encode_response))
+        prof.disable()
+        vbodies = _validate_bodies(bodies, answers)
+        prof.enable()
+        asyncio.run(_drive(handler, vbodies, "validate", loads, dumps, parse_review, encode_response))
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
