@@ -111,7 +111,7 @@ class LedgerSettings:
     weights and the per-leaf limits a gang gets when its request sets none (0 = no limit) apply from the
     next decision; the leaf/spine label keys need a rebuild (the nodes are filed under them)."""
 
-    default_strategy: str = "best_fit"
+    default_strategy: str = "fgd_host"
     scoring_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
     max_nodes_per_leaf: int = 0
     max_gpus_per_leaf: int = 0
