@@ -118,8 +118,9 @@ class Run:
     def unallocated_at_100_artifact(self) -> float:
         """100 - the mean allocation % over the pods whose arrival rounds to 100% of capacity (arrived in
         [99.5%, 100.5%)): how the artifact's `merge_alloc_discrete.py` reads its logs."""
-        lo, hi = 0.995 * self.capacity_milli, 1.005 * self.capacity_milli
-        values = [a for x, a in zip(self.arrived, self.allocated) if lo <= x < hi]
+        cap = self.capacity_milli
+        pairs = zip(self.arrived, self.allocated, strict=True)
+        values = [a for x, a in pairs if 995 * cap <= 1000 * x < 1005 * cap]
         if not values:
             return self.unallocated_at_100
         return 100.0 - 100.0 * sum(values) / len(values) / self.capacity_milli

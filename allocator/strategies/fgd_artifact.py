@@ -5,8 +5,13 @@ Three switches, each one difference between our `fgd` and the artifact's plug-in
 
 * `quantize`: the artifact's node score is `int64(sigmoid(-increase / 1000) * 100)`, an integer 0..100, so
   every increase in (0, ~40] milli scores 49, a small decrease scores 50 like no change, and so on;
-* `random_ties`: kube-scheduler's `selectHost` takes a uniformly random node among those with the highest
-  score (reservoir sampling on the seeded global generator); ours takes the lowest node name;
+* `ties`: which of the nodes with the best score wins. The artifact builds on a fork of kube-scheduler
+  1.20.5 (`github.com/mental2008/kubernetes v1.20.5-minor`) whose `selectHost` keeps "the smallest
+  lexicographical order if the score remains the same" (stock 1.20 picks at random among them), and it
+  renames every node `%04d-<name>` with the prefix from a permutation drawn with the run's seed
+  (`syncClusterResourceList`): ties go by a seeded random node order that stays fixed for the whole run
+  (`"order"`). Ours go by node name (`"name"`); `"random"` is stock kube-scheduler's reservoir sampling, a
+  fresh uniform draw among the tied nodes for every pod;
 * `first_device`: for a share the artifact keeps the first device index with the highest score; ours keeps
   the smallest increase, then the fullest device, then the lowest index.
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 import weakref
+from functools import partial
 
 from allocator.core.model import DeviceShare
 from allocator.core.plugin import Fit, device_ok
@@ -30,14 +36,17 @@ def artifact_score(increase: float) -> int:
 
 
 class ArtifactFGD(FragmentationGradientDescent):
-    """`fgd` with any of the artifact's score quantisation, random tie-break and share device pick."""
+    """`fgd` with any of the artifact's score quantisation, tie-break and share device pick."""
 
     name = "fgd_artifact"
 
-    def __init__(self, quantize: bool = True, random_ties: bool = True, first_device: bool = True) -> None:
+    def __init__(self, quantize: bool = True, ties: str = "order", first_device: bool = True) -> None:
         super().__init__()
-        self.quantize, self.random_ties, self.first_device = quantize, random_ties, first_device
+        if ties not in ("name", "order", "random"):
+            raise ValueError(f"ties={ties!r} is not accepted: expected name, order or random")
+        self.quantize, self.ties, self.first_device = quantize, ties, first_device
         self._rngs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._ranks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _key(self, increase: float) -> float:
         """What the walk sorts by (lower first): the increase, or minus the artifact's integer score."""
@@ -70,48 +79,65 @@ class ArtifactFGD(FragmentationGradientDescent):
 
     def candidates(self, request, ctx, leaves):
         walk = super().candidates(request, ctx, leaves)
-        if not self.random_ties or walk is None:
+        if self.ties == "name" or walk is None:
             return walk
-        return self._shuffled_ties(walk, request, ctx)
+        return self._reordered_ties(walk, request, ctx)
 
-    def _shuffled_ties(self, walk, request, ctx):
-        """The walk with each run of equal keys in a seeded random order: the first feasible node of the top
-        run is uniform among that run's feasible nodes, as `selectHost` picks among equal top scores."""
-        rng = self._rngs.get(ctx.index)
-        if rng is None:
-            rng = self._rngs[ctx.index] = random.Random(request.seed)
+    def _rank(self, ctx, request):
+        """node name -> its place in the run's fixed random node order (the artifact's `%04d-` prefix)."""
+        ranks = self._ranks.get(ctx.index)
+        if ranks is None:
+            names = sorted(ctx.index.nodes)
+            order = list(range(len(names)))
+            random.Random(request.seed).shuffle(order)
+            ranks = self._ranks[ctx.index] = dict(zip(names, order, strict=True))
+        return ranks
+
+    def _reordered_ties(self, walk, request, ctx):
+        """The walk with each run of equal keys reordered: by the fixed node order, or freshly at random."""
         index = ctx.index
+        if self.ties == "order":
+            ranks, rng = self._rank(ctx, request), None
+        else:
+            ranks, rng = None, self._rngs.get(index)
+            if rng is None:
+                rng = self._rngs[index] = random.Random(request.seed)
         run: list = []
         current = None
         for node in walk:
             key = self._last_evaluation[4][0] if self._last_evaluation else None
             if run and key != current:
-                yield from _drain(run, rng, self, request, ctx, index)
+                yield from self._drain(run, ranks, rng, request, ctx)
                 run = []
             current = key
             run.append((node, self._last_evaluation))
         if run:
-            yield from _drain(run, rng, self, request, ctx, index)
+            yield from self._drain(run, ranks, rng, request, ctx)
+
+    def _drain(self, run, ranks, rng, request, ctx):
+        """Yield a run's nodes in tie order, restoring each node's hint for the ledger's asks."""
+        index = ctx.index
+        if ranks is not None:
+            run.sort(key=lambda item: ranks.get(item[0].name, len(ranks)))
+            run.reverse()  # popped from the end: lowest rank first
+        while run:
+            if rng is not None:
+                i = rng.randrange(len(run))
+                run[i], run[-1] = run[-1], run[i]
+            node, hint = run.pop()
+            moved = index.touched_base + len(index.touched)
+            self._last_evaluation = (node, request, ctx, moved, hint[4])
+            yield node
 
 
-def _drain(run, rng, strategy, request, ctx, index):
-    """Yield the run's nodes in random order (swap-pop), restoring each node's hint for the ledger."""
-    while run:
-        i = rng.randrange(len(run))
-        run[i], run[-1] = run[-1], run[i]
-        node, hint = run.pop()
-        moved = index.touched_base + len(index.touched)
-        strategy._last_evaluation = (node, request, ctx, moved, hint[4])
-        yield node
-
-
-VARIANTS = {
-    # name: (quantize, random_ties, first_device)
-    "fgd_artifact": (True, True, True),
-    "fgd_quantized": (True, False, False),
-    "fgd_quantized_random": (True, True, False),
-    "fgd_random_ties": (False, True, False),
-    "fgd_first_device": (False, False, True),
+VARIANTS: dict[str, tuple[bool, str, bool]] = {
+    # name: (quantize, ties, first_device); `fgd` itself is (False, "name", False)
+    "fgd_artifact": (True, "order", True),  # all three as the artifact runs FGD
+    "fgd_quantized": (True, "name", False),
+    "fgd_node_order": (False, "order", False),
+    "fgd_first_device": (False, "name", True),
+    "fgd_random_ties": (False, "random", False),  # stock kube-scheduler's selectHost, for comparison
+    "fgd_quantized_random": (True, "random", False),
 }
 
 
@@ -119,11 +145,12 @@ def register_variants() -> None:
     """Make the variants selectable by name (the simulator does this; the webhook never does)."""
     from allocator.core.registry import register
 
-    for name, (quantize, random_ties, first_device) in VARIANTS.items():
-        register(name, lambda n=name, q=quantize, r=random_ties, f=first_device: _named(n, q, r, f))
+    for name in VARIANTS:
+        register(name, partial(_named, name))
 
 
-def _named(name: str, quantize: bool, random_ties: bool, first_device: bool) -> ArtifactFGD:
-    strategy = ArtifactFGD(quantize, random_ties, first_device)
+def _named(name: str) -> ArtifactFGD:
+    quantize, ties, first_device = VARIANTS[name]
+    strategy = ArtifactFGD(quantize, ties, first_device)
     strategy.name = name
     return strategy
