@@ -126,7 +126,7 @@ class ArtifactFGD(FragmentationGradientDescent):
                 run[i], run[-1] = run[-1], run[i]
             node, hint = run.pop()
             moved = index.touched_base + len(index.touched)
-            self._last_evaluation = (node, request, ctx, moved, hint[4])
+            self._last_evaluation = (node, request, ctx, moved, hint[4], hint[5])
             yield node
 
 
