@@ -134,6 +134,7 @@ VARIANTS: dict[str, tuple[bool, str, bool]] = {
     # name: (quantize, ties, first_device); `fgd` itself is (False, "name", False)
     "fgd_artifact": (True, "order", True),  # all three as the artifact runs FGD
     "fgd_quantized": (True, "name", False),
+    "fgd_quantized_order": (True, "order", False),
     "fgd_node_order": (False, "order", False),
     "fgd_first_device": (False, "name", True),
     "fgd_random_ties": (False, "random", False),  # stock kube-scheduler's selectHost, for comparison
