@@ -124,7 +124,7 @@ class LedgerSettings:
     memory threshold apply from the next decision; the leaf/spine label keys need a rebuild (the nodes are
     filed under them)."""
 
-    default_strategy: str = "best_fit"
+    default_strategy: str = "fgd_host"
     scoring_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
     max_nodes_per_leaf: int = 0
     max_gpus_per_leaf: int = 0

@@ -89,7 +89,7 @@ def sample_workloads() -> list[tuple[str, dict]]:
         },
     }
     return [
-        ("2 GPUs, default strategy (best fit)", _pod("train-small", gpus=2)),
+        ("2 GPUs, default strategy (fgd_host)", _pod("train-small", gpus=2)),
         ("1 GPU, least-loaded", _pod("notebook", {"agentaflow.gpu/scheduling-strategy": "least-loaded"})),
         (
             "4 GPUs, distributed: emptiest leaf",

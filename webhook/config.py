@@ -59,7 +59,7 @@ class WebhookConfig:
     # internal deadline for one admission, kept below the webhook's timeoutSeconds
     deadline_s: float = 2.0
     # live ledger settings: pushed to the ledger at start and when the file changes (webhook.config_watch)
-    default_strategy: str = "best_fit"
+    default_strategy: str = "fgd_host"
     # the `balanced` strategy's weights (the topology scheduler's scoringWeights); a weight left out counts 0
     scoring_weights: dict = field(default_factory=lambda: dict(DEFAULT_SCORING_WEIGHTS))
     # per-leaf limits for a gang (Job/StatefulSet placed all-or-nothing): max_nodes_per_leaf,

@@ -220,7 +220,9 @@ class FragmentationGradientDescent(Strategy):
     # ------------------------------------------------------------------ the Strategy interface
     def _evaluate_for(self, node, request, ctx):
         """`_evaluate`, where the ledger's second ask for a node (devices, then score, nothing changed in
-        between: the index's change log has not moved) is answered from the first."""
+        between: the index's change log has not moved and the node's free state is the same) is answered
+        from the first. The free state is compared too: a gang's successive probes hold devices on the node
+        itself (`NodeState.apply`), which the index's change log does not record."""
         index = ctx.index
         moved = index.touched_base + len(index.touched)
         last = self._last_evaluation
@@ -230,10 +232,11 @@ class FragmentationGradientDescent(Strategy):
             and last[1] is request
             and last[2] is ctx
             and last[3] == moved
+            and last[5] == (node.cpu_free, node.mem_free, node.dev_free_milli)
         ):
             return last[4]
         result = self._evaluate(node, request, self._cache(ctx))
-        self._last_evaluation = (node, request, ctx, moved, result)
+        self._last_evaluation = (node, request, ctx, moved, result, _free_state(node))
         return result
 
     def choose_devices(self, node, request, ctx):
@@ -277,7 +280,7 @@ class FragmentationGradientDescent(Strategy):
         index = ctx.index
         moved = index.touched_base + len(index.touched)
         for node, result in walk:
-            self._last_evaluation = (node, request, ctx, moved, result)
+            self._last_evaluation = (node, request, ctx, moved, result, _free_state(node))
             yield node
 
     def _class_key(self, node) -> tuple | None:
@@ -340,6 +343,12 @@ class FragmentationGradientDescent(Strategy):
                 ranked.append((result[0], node.name, node))
         ranked.sort(key=_rank_key)
         return (item[2] for item in ranked)
+
+
+def _free_state(node) -> tuple:
+    """What `_evaluate_for` compares to tell that a node's free state has not moved since its last answer
+    (a copy of the device list: the node's own list changes in place)."""
+    return node.cpu_free, node.mem_free, list(node.dev_free_milli)
 
 
 def _rank_key(item):

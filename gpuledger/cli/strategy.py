@@ -26,7 +26,7 @@ CONFIG_PREFIX = "gpuledger-config"
 CONFIG_KEY = "config.yaml"
 STRATEGY_KEY = "default_strategy"
 STRATEGY_ENV = "SCHEDULING_STRATEGY"  # overrides the file (webhook.config.STRATEGY_ENV)
-BUILTIN_DEFAULT = "best_fit"
+BUILTIN_DEFAULT = "fgd_host"
 _LINE = re.compile(r"^default_strategy\s*:.*$", re.M)
 
 

@@ -270,7 +270,7 @@ async def test_settings_reach_the_live_actor_from_the_api_and_the_config_file(ra
     assert ray.get(handle.get_settings.remote())["default_strategy"] == "priority"
 
     path = tmp_path / "config.yaml"
-    path.write_text("default_strategy: best_fit\n")  # the config the actor was created with
+    path.write_text("default_strategy: fgd_host\n")  # the config the actor was created with
     watcher = ConfigWatcher(
         path,
         lambda: WebhookConfig.from_file(path),
@@ -299,7 +299,7 @@ async def test_settings_reach_the_live_actor_from_the_api_and_the_config_file(ra
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass  # still restarting (a loaded machine can take longer than one ping's timeout)
         await asyncio.sleep(0.05)
-    assert ray.get(handle.get_settings.remote())["default_strategy"] == "best_fit"
+    assert ray.get(handle.get_settings.remote())["default_strategy"] == "fgd_host"
     assert await watcher.check(20.0) is False  # the re-push is not due yet
     assert await watcher.check(31.0) is True
     assert ray.get(handle.get_settings.remote())["default_strategy"] == "round_robin"

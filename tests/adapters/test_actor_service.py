@@ -149,7 +149,7 @@ def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
 def test_set_default_strategy_is_live_recorded_and_rejects_unknown_names(caplog):
     s = svc(cluster(2, 8))
     [a] = s.admit([AdmitCall(Request(id="a", gpus=2))], NOW)
-    assert a.strategy == "best_fit" and s.get_settings()["changed_by"] == "config (ledger start)"
+    assert a.strategy == "fgd_host" and s.get_settings()["changed_by"] == "config (ledger start)"
     with caplog.at_level(logging.INFO, logger="gpuledger.service"):
         settings = s.set_default_strategy("Priority", "alice", NOW + 5)  # any accepted spelling
     assert (settings["default_strategy"], settings["changed_by"], settings["changed_at"]) == (
@@ -160,9 +160,9 @@ def test_set_default_strategy_is_live_recorded_and_rejects_unknown_names(caplog)
     assert settings["history"][-1] == {
         "at": NOW + 5,
         "by": "alice",
-        "changes": {"default_strategy": ["best_fit", "priority"]},
+        "changes": {"default_strategy": ["fgd_host", "priority"]},
     }
-    assert "ledger settings changed by alice: default_strategy 'best_fit' -> 'priority'" in caplog.text
+    assert "ledger settings changed by alice: default_strategy 'fgd_host' -> 'priority'" in caplog.text
     [b] = s.admit([AdmitCall(Request(id="b", gpus=2))], NOW + 6)
     assert b.strategy == "priority"  # the next decision, no rebuild
     status = s.status()
@@ -235,7 +235,7 @@ def test_rebuild_times_are_kept_for_the_recovery_histogram():
     s.resync(cluster(1, 8), NOW + 1)
     stats = s.stats()
     assert stats.recoveries == Recoveries("inc-1", 2, (0.25, 0.5))
-    assert stats.settings["default_strategy"] == "best_fit" and "history" not in stats.settings
+    assert stats.settings["default_strategy"] == "fgd_host" and "history" not in stats.settings
     assert stats.gpus_total == 8  # still the ledger's totals
     d = json.loads(json.dumps(stats.as_dict()))
     assert d["recoveries"] == {"incarnation": "inc-1", "count": 2, "recent": [0.25, 0.5]}

@@ -56,20 +56,20 @@ def test_strategy_shows_and_changes_the_live_default(apiserver, stack, installed
     shown = cli("strategy", "--system-namespace", system, "-o", "json")
     assert shown.code == 0, shown.err
     data = shown.json()
-    assert data["effective"] == "best_fit" and data["configMap"] == f"{system}/{cm_name}"
+    assert data["effective"] == "fgd_host" and data["configMap"] == f"{system}/{cm_name}"
     assert "priority" in data["available"]
     status = cli("status", "--system-namespace", system, "--source", "nodes", "-o", "json").json()
-    assert status["strategy"]["effective"] == "best_fit"
+    assert status["strategy"]["effective"] == "fgd_host"
     (row,) = cli("strategy", "--system-namespace", system).table()
-    assert row["STRATEGY"] == "best_fit" and cm_name in row["SOURCE"]
+    assert row["STRATEGY"] == "fgd_host" and cm_name in row["SOURCE"]
 
     changed = cli("strategy", "leastLoaded", "--system-namespace", system)
     assert changed.code == 0, changed.err
-    assert "best_fit -> least_utilized" in changed.out
+    assert "fgd_host -> least_utilized" in changed.out
     text = apiserver.get_json("configmap", cm_name, "-n", system)["data"]["config.yaml"]
     before = (REPO / "manifests" / "config" / "config.yaml").read_text()
     assert (
-        text.replace("default_strategy: least_utilized", "default_strategy: best_fit") == before
+        text.replace("default_strategy: least_utilized", "default_strategy: fgd_host") == before
     )  # comments kept
 
     # the webhook's reload takes the file from there: the mounted file, loaded and pushed to the live ledger
@@ -84,7 +84,7 @@ def test_strategy_shows_and_changes_the_live_default(apiserver, stack, installed
         assert asyncio_run(watcher.check(0.0))
         assert stack.call("get_settings")["default_strategy"] == "least_utilized"
     finally:
-        stack.call("set_default_strategy", "best_fit", "tests/cli restore")
+        stack.call("set_default_strategy", "fgd_host", "tests/cli restore")
 
 
 async def _push(stack, settings, who):

@@ -176,7 +176,7 @@ def test_workload_rows_and_queue_order():
 def test_strategy_edit_keeps_the_file_and_loads():
     text = (REPO / "manifests" / "config" / "config.yaml").read_text()
     edited = strategy.with_strategy(text, "priority")
-    assert edited.replace("default_strategy: priority", "default_strategy: best_fit") == text
+    assert edited.replace("default_strategy: priority", "default_strategy: fgd_host") == text
     assert WebhookConfig.from_document(__import__("yaml").safe_load(edited)).default_strategy == "priority"
     assert strategy.with_strategy("fail_open: false\n", "fgd") == "fail_open: false\ndefault_strategy: fgd\n"
     assert strategy.canonical("leastLoaded") == "least_utilized"

@@ -80,3 +80,26 @@ def test_median_over_seeds():
     assert doc["unallocated_at_100_by_seed"] == {"1": 10.0, "2": 5.0, "3": 1.0}
     assert doc["curve"]["arrived_pct"] == list(range(101))
     assert doc["curve"]["allocation_pct"][-1] == pytest.approx(95)
+
+
+def test_artifact_order_shuffles_the_trace_then_appends_the_draws():
+    pods = [Request(f"p{i}", gpus=1) for i in range(20)]
+    arrivals = build_arrivals(pods, 10_000, ratio=3.0, seed=5, artifact_order=True)
+    head, tail = arrivals[:20], arrivals[20:]
+    assert sorted(r.id for r in head) == sorted(r.id for r in pods) and [r.id for r in head] != [
+        r.id for r in pods
+    ]
+    assert len(tail) == 10 and all("#" in r.id for r in tail)
+    assert [r.id for r in tail] == [f"{r.id.split('#')[0]}#{k}" for k, r in enumerate(tail)]  # drawn order
+
+
+def test_the_artifacts_reading_of_100_percent_is_a_mean_around_it():
+    # capacity 10000: the pods whose arrival lands in [99.5%, 100.5%) count: 9950 and 10000 arrived
+    run = Run(
+        "x", 0, 10_000, arrived=[9000, 9950, 10_000, 10_050, 10_100], allocated=[9000, 9900, 9950, 9950, 9950]
+    )
+    assert run.unallocated_at_100 == pytest.approx(0.5)
+    assert run.unallocated_at_100_artifact == pytest.approx(100 - (9900 + 9950) / 2 / 100)
+    assert StrategyResult("x", [run]).as_json()["unallocated_at_100_artifact"] == pytest.approx(
+        run.unallocated_at_100_artifact, abs=1e-4
+    )

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.core.model import Device, NodeInfo, Placement, Request
+from allocator.core.model import Device, GroupSpec, NodeInfo, Placement, Request
 from allocator.core.plugin import ScoreContext
 from allocator.strategies import register
 from allocator.strategies.fgd import FragmentationGradientDescent
 from allocator.strategies.fgd_host import HostAwareFGD
-from allocator.strategies.fragmentation import TargetWorkload
-from tests.strategies.support import ledger
+from allocator.strategies.fragmentation import PodShape, TargetWorkload
+from tests.strategies.support import ledger, node_info
 
 
 class _FullScanFGD(FragmentationGradientDescent):
@@ -183,3 +183,15 @@ def test_fgd_denials_from_the_kept_diagnosis_equal_the_full_walk(seed):
         assert kept == full
         denials += isinstance(led.reserve(request, 0.0), Placement) is False
     assert denials > 10
+
+
+@pytest.mark.parametrize("strategy", ["fgd", "fgd_host"])
+def test_a_gang_on_one_node_gets_distinct_devices(strategy):
+    # the gang planner probes a node by holding the first pod's devices on the node itself (no index change):
+    # each next pod must see them taken, not be answered from the first pod's evaluation
+    nodes = [node_info("n0", 8, cpu=96_000), node_info("n1", 8, cpu=96_000)]
+    led = ledger(strategy, nodes, TargetWorkload.from_shapes([PodShape(8000, 4, 1000)]))
+    first = led.reserve(Request("g0", gpus=4, group=GroupSpec("job/ml/g", 4), seed=1), 0.0)
+    assert isinstance(first, Placement), first
+    held = [(s.node, d) for s in first.group_plan for d in s.devices]
+    assert len(held) == len(set(held)) == 16

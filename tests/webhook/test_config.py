@@ -97,7 +97,7 @@ def test_the_topology_scheduler_config_map_is_accepted_as_written(tmp_path):
         "historicalPerformance": 0.1,
     }
     assert cfg.topology_constraints == {"max_nodes_per_leaf": 4, "max_gpus_per_leaf": 32}
-    assert cfg.default_strategy == "best_fit"  # everything else keeps its default
+    assert cfg.default_strategy == "fgd_host"  # everything else keeps its default
     # the other spelling of its kind (the doc shows both)
     other = TOPOLOGY_SCHEDULER_CONFIG.replace("kind: SchedulerConfig", "kind: TopologySchedulerConfig")
     assert (
@@ -220,8 +220,8 @@ def test_scheduling_strategy_overrides_the_file(tmp_path):
     assert (cfg.default_strategy, cfg.fail_open) == ("priority", True)
     assert cfg.ledger_settings().default_strategy == "priority"
     assert (
-        load_config(args_for(), {"SCHEDULING_STRATEGY": " "}).default_strategy == "best_fit"
-    )  # empty: unset
+        load_config(args_for(), {"SCHEDULING_STRATEGY": " "}).default_strategy == "fgd_host"
+    )  # empty: unset (the built-in default)
     with pytest.raises(
         ValueError, match=r"SCHEDULING_STRATEGY='fastest' is not accepted: expected one of .*priority"
     ):
@@ -263,13 +263,13 @@ def admit_one(service: LedgerService, rid: str) -> Placement:
 
 
 def test_a_changed_file_reaches_the_live_ledger(tmp_path, caplog):
-    path = write(tmp_path / "config.yaml", "default_strategy: best_fit\n")
+    path = write(tmp_path / "config.yaml", "default_strategy: fgd_host\n")
     service = LedgerService(config().ledger_config(), {"kind": "objects", "objects": cluster(4, 8)}, now=NOW)
     watcher, push = watcher_for(path, service)
     run = asyncio.run
     assert run(watcher.check(0.0)) is False  # the first push: the ledger already has these settings
     assert push.calls == 1 and watcher.last_answer["applied"] is False
-    assert admit_one(service, "a").strategy == "best_fit"
+    assert admit_one(service, "a").strategy == "fgd_host"
     assert run(watcher.check(1.0)) is False and push.calls == 1  # unchanged file, re-push not due
 
     write(
@@ -288,8 +288,8 @@ def test_a_changed_file_reaches_the_live_ledger(tmp_path, caplog):
         f"config file {path} (sha256 "
     )
     assert settings["changed_by"].endswith("via replica-a")
-    assert settings["history"][-1]["changes"]["default_strategy"] == ["best_fit", "priority"]
-    assert "default_strategy 'best_fit' -> 'priority'" in caplog.text
+    assert settings["history"][-1]["changes"]["default_strategy"] == ["fgd_host", "priority"]
+    assert "default_strategy 'fgd_host' -> 'priority'" in caplog.text
     assert service.stats().settings["default_strategy"] == "priority"  # shown in the stats the webhook polls
     assert service.status()["settings_changed_by"] == settings["changed_by"]
     assert watcher.reloads == 1
