@@ -54,6 +54,7 @@ def test_device_event_names_the_pod():
 
 
 def test_the_external_threshold_is_a_live_setting_checked_by_name():
+    import dataclasses
     import json
 
     import pytest
@@ -69,7 +70,8 @@ def test_the_external_threshold_is_a_live_setting_checked_by_name():
     service.resync([busy], 0.0)
     (denied,) = service.admit([AdmitCall(Request("r1", gpus=1))], 1.0)
     assert "2000 MiB" in denied.message and "external_memory_threshold_mib 1024" in denied.message
-    answer = service.apply_config(LedgerSettings(external_memory_threshold_mib=4096), "alice", 2.0)
+    changed = dataclasses.replace(service.settings, external_memory_threshold_mib=4096)
+    answer = service.apply_config(changed, "alice", 2.0)
     assert answer["changes"] == {"external_memory_threshold_mib": [1024, 4096]}
     (placed,) = service.admit([AdmitCall(Request("r2", gpus=1))], 3.0)
     assert placed.devices == (0,)

@@ -18,7 +18,7 @@ from devcluster.nodes import create_nodes, make_node
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-AGENT_SA = "system:serviceaccount:gpuledger-system:gpuledger-node-agent"
+AGENT_SA = "system:serviceaccount:gpuledger-node-agent:gpuledger-node-agent"
 ISOLATION = Taint("gpuledger.test/isolated", "node-agent", "NoSchedule")  # keeps other tests' pods off it
 
 
@@ -91,8 +91,9 @@ def test_node_agent_identity_can_only_read_and_patch_nodes(apiserver):
         and d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
     assert len(rbac) == 3
-    if apiserver.kubectl("get", "namespace", "gpuledger-system", check=False).returncode != 0:
-        apiserver.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuledger-system"}})
+    agent_namespace = "gpuledger-node-agent"  # its own (Pod Security privileged: hostPID, PodResources)
+    if apiserver.kubectl("get", "namespace", agent_namespace, check=False).returncode != 0:
+        apiserver.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": agent_namespace}})
     apiserver.apply(rbac)
 
     def can(verb: str, resource: str, *extra: str) -> bool:

@@ -334,10 +334,13 @@ class AdmissionHandler:
                 refused = decision.allowed and env_guard.refusal(pod, self.key, self.config)
                 return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else decision
             if review.operation == "UPDATE":
+                decision = self._validate_update(review)  # a changed placement is named as such first
+                if not decision.allowed:
+                    return decision
                 pod = review.object or {}
                 if refused := env_guard.refusal(pod, self.key, self.config, before=review.old_object or {}):
                     return _forbidden(f"{_pod_name(review, pod)}: {refused}")  # e.g. `kubectl debug --env`
-                return self._validate_update(review)
+                return decision
             return Decision(True, outcome="allowed")
         except Exception as exc:
             log.exception("validating admission %s failed", review.uid)
