@@ -109,8 +109,11 @@ class NodeClasses:
                 info.gpu_schedulable,
                 info.product,
                 info.label(kube.ACCELERATOR_LABEL, "") or "",
-                tuple((d.product, d.memory_mib, d.healthy) for d in info.devices),
+                tuple([(d.product, d.memory_mib, d.healthy) for d in info.devices]),
                 info.taints,
+                len(node.dev_index),  # the lengths of what follows in the key, so equal keys line up
+                *node.dev_index,
+                *node.dev_mem_total,
             )
             cached = self._static[node.name] = (info, static)
         return (
@@ -118,14 +121,12 @@ class NodeClasses:
             node.cpu_free,
             node.mem_free,
             node.unknown_gpus,
-            tuple(node.dev_index),
-            tuple(node.dev_healthy),
-            tuple(node.dev_free_milli),
-            tuple(node.dev_free_mem),
-            tuple(node.dev_mem_total),
-            tuple([o is None for o in node.dev_owner]),
-            tuple(node.dev_nshares),
-            tuple(sorted(node.external)),
+            *node.dev_healthy,
+            *node.dev_free_milli,
+            *node.dev_free_mem,
+            *[o is None for o in node.dev_owner],
+            *node.dev_nshares,
+            *sorted(node.external),
         )
 
 
