@@ -39,6 +39,7 @@ class Adoption:
         # growing heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
         was_enabled = gc.isenabled()
         gc.disable()
+        self.books.index.defer_fit_order()
         try:
             # streamed: what a pod holds on a node not seen yet is applied when the node arrives
             for obj in kube.iter_objects(objects):

@@ -316,6 +316,12 @@ class ClusterIndex:
             self._fit_stale = False
         return self._by_fit
 
+    def defer_fit_order(self) -> None:
+        """Stop keeping best fit's order on every change until `fit_buckets` is next read (a bulk load:
+        one sort at the end instead of a sorted insert per change)."""
+        self._fit_stale = True
+        self._by_fit = {}
+
     def _size(self, node: NodeState, delta: int) -> None:
         """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""
         cpu, gpus = node.info.cpu_milli, len(node.dev_index)
