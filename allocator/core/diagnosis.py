@@ -1,5 +1,6 @@
 """Denials: why no node takes a request, counted per reason over every node with the closest near misses, kept
-current per request shape by re-classifying only the nodes touched since (O(changes), not O(nodes)).
+current per request shape by re-classifying only the nodes touched since (O(changes), not O(nodes)); a shape
+that reads no labels is counted by node class (allocator.core.node_classes), so a new one costs O(classes).
 A diagnosis only explains: it never chooses a node and never changes what is held.
 """
 
