@@ -39,11 +39,13 @@ class Adoption:
         # growing heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
         was_enabled = gc.isenabled()
         gc.disable()
+        self.books.index.begin_bulk()
         try:
             # streamed: what a pod holds on a node not seen yet is applied when the node arrives
             for obj in kube.iter_objects(objects):
                 self.apply_one(obj, now)
         finally:
+            self.books.index.end_bulk()
             if was_enabled:
                 gc.enable()
 

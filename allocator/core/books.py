@@ -105,7 +105,7 @@ class Books:
         # pods carrying a validly signed placement (allocator.core.claims): pod key -> its claim, the holders
         # of each reservation id, the owner chosen among them, and the other holders by the node they use
         self.claims: dict[str, Claim] = {}
-        self.holders_of: dict[str, set[str]] = {}
+        self.holders_of: dict[str, tuple[str, ...]] = {}
         self.owner_of: dict[str, Claim] = {}
         self.foreign_on: dict[str, set[str]] = {}
         self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)

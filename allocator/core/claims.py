@@ -24,7 +24,7 @@ FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<na
 _NO_TIME = "~"  # sorts after every RFC 3339 timestamp: a pod without creationTimestamp comes last
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """One stored pod's claim on the reservation id its placement carries."""
 
@@ -113,16 +113,19 @@ class Claims:
         nodes: set[str] = set()
         rids: list[str] = []
         if old is not None:
-            holders = books.holders_of.get(old.rid, set())
-            holders.discard(key)
-            if not holders:
+            holders = tuple(k for k in books.holders_of.get(old.rid, ()) if k != key)
+            if holders:
+                books.holders_of[old.rid] = holders
+            else:
                 books.holders_of.pop(old.rid, None)
             self._unforeign(old)
             nodes |= {old.node, old.placement.node}
             rids.append(old.rid)
         if claim is not None:
             books.claims[key] = claim
-            books.holders_of.setdefault(claim.rid, set()).add(key)
+            holders = books.holders_of.get(claim.rid, ())
+            if key not in holders:  # a tuple, not a set: most ids have one holder (48 bytes, not 216)
+                books.holders_of[claim.rid] = (*holders, key)
             if claim.rid not in rids:
                 rids.append(claim.rid)
         if self.truth is not None:  # a pod the kubelet lists: its devices leave (or join) the node's truth

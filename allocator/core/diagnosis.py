@@ -1,5 +1,6 @@
 """Denials: why no node takes a request, counted per reason over every node with the closest near misses, kept
-current per request shape by re-classifying only the nodes touched since (O(changes), not O(nodes)).
+current per request shape by re-classifying only the nodes touched since (O(changes), not O(nodes)); a shape
+that reads no labels is counted by node class (allocator.core.node_classes), so a new one costs O(classes).
 A diagnosis only explains: it never chooses a node and never changes what is held.
 """
 
@@ -22,11 +23,24 @@ from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.filters import Filters, dynamic, static_signature, unplaceable_reason
 from allocator.core.inventory import NodeState
 from allocator.core.model import Denial, NearMiss, Reason, Request
+from allocator.core.node_classes import ClassDiagnosis, NodeClasses
 from allocator.core.plugin import ScoreContext, Strategy
 
 _DEFAULT_CHOICE = Strategy()  # classifies for strategies whose device choice refuses as the default's does
 DIAGNOSIS_LIMIT = 16  # request shapes whose denial diagnosis is kept current
 NEAR_MISSES = 3
+NAMED = 3  # a reason that covers at most this many nodes names them (the one node NotReady, say)
+
+
+class Counts(Counter):
+    """Nodes per reason; `names` holds the node names of each reason that covers at most NAMED nodes."""
+
+    names: dict[Reason, tuple[str, ...]]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.names = {}
+
 
 # the annotation or pod field that asked for what a reason says no node has (a denial names it)
 ASKED_BY: dict[Reason, str] = {
@@ -49,7 +63,7 @@ class _Diagnosis:
     """Every node's denial classification for one request shape: counts per reason, the nodes that fit, and
     the near-miss keys in order; `seq` is the position in `ClusterIndex.touched` it is current up to."""
 
-    __slots__ = ("_keys", "counts", "first", "fitting", "misses", "near", "seq")
+    __slots__ = ("_keys", "counts", "first", "fitting", "misses", "named", "near", "seq")
 
     def __init__(self) -> None:
         self.seq = 0
@@ -59,6 +73,26 @@ class _Diagnosis:
         self.near: list[tuple] = []  # sorted near-miss keys (closest first), the node name last
         self.misses: dict[str, NearMiss] = {}  # near misses built so far, valid until their node is touched
         self._keys: dict[str, tuple] = {}  # node -> its key in `near`
+        self.named: dict[Reason, set[str]] = {}  # reason -> nodes counted under it
+
+    def reason_of(self, name: str) -> Reason | None:
+        return self.first[name]
+
+    def names(self, reason: Reason, limit: int, exclude) -> list[str] | None:
+        group = self.named.get(reason, ())
+        if len(group) > limit + len(exclude):
+            return None
+        out = sorted(n for n in group if n not in exclude)
+        return out if len(out) <= limit else None
+
+    def nearest(self, count: int, exclude) -> list[str]:
+        out: list[str] = []
+        for key in self.near:
+            if len(out) == count:
+                break
+            if key[-1] not in exclude:
+                out.append(key[-1])
+        return out
 
     def add(self, name: str, reason: Reason | None, key: tuple | None, bulk: bool = False) -> None:
         """Count a node in; `bulk` appends its key unsorted (the caller sorts `near` once at the end)."""
@@ -67,7 +101,10 @@ class _Diagnosis:
             self.fitting += 1
         else:
             self.counts[reason] = self.counts.get(reason, 0) + 1
+        if reason is not None:
+            self.named.setdefault(reason, set()).add(name)
         if key is not None:
+            key = (*key, name)
             self._keys[name] = key
             if bulk:
                 self.near.append(key)
@@ -86,6 +123,10 @@ class _Diagnosis:
                 self.counts[reason] = left
             else:
                 del self.counts[reason]
+            group = self.named[reason]
+            group.discard(name)
+            if not group:
+                del self.named[reason]
         self.misses.pop(name, None)
         key = self._keys.pop(name, None)
         if key is not None:
@@ -98,13 +139,14 @@ class Diagnoser:
     def __init__(self, books: Books, filters: Filters):
         self.books = books
         self.filters = filters
-        self.diagnoses: OrderedDict[tuple, _Diagnosis] = OrderedDict()  # request shape -> diagnosis, LRU
+        self.diagnoses: OrderedDict[tuple, _Diagnosis | ClassDiagnosis] = OrderedDict()  # shape -> it, LRU
+        self.classes = NodeClasses(books.index)
 
     def classify(
         self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext
     ) -> tuple[Reason | None, tuple | None]:
-        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key, or
-        None)."""
+        """(the reason a denial counts the node under, or None when it fits; its near-miss sort key without
+        the name, or None)."""
         if not node.placeable:
             return unplaceable_reason(node), None
         reason, _ = self.filters.static(node, req)
@@ -113,7 +155,7 @@ class Diagnoser:
         _, reasons = dynamic(node, req, strategy, ctx)
         if not reasons:
             return None, None
-        return reasons[0], (-node.whole_free, -max_share(node), -node.cpu_free, -node.mem_free, node.name)
+        return reasons[0], (-node.whole_free, -max_share(node), -node.cpu_free, -node.mem_free)
 
     def near_miss(self, node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext) -> NearMiss:
         _, reasons = dynamic(node, req, strategy, ctx)
@@ -126,21 +168,26 @@ class Diagnoser:
     def diagnose_full(self, req: Request, strategy: Strategy, ctx: ScoreContext, exclude=frozenset()):
         """(per-reason node counts, the closest near misses, nodes that fit), by classifying every node.
         The reference `diagnose` must equal; also the path for strategies with their own device choice."""
-        counts: Counter[Reason] = Counter()
+        counts = Counts()
         misses: list[tuple] = []
         fitting = 0
+        named: dict[Reason, list[str]] = {}
         for node in self.books.index.nodes.values():
             if node.name in exclude:
-                counts[Reason.LEAF_CONSTRAINT] += 1
-                continue
-            reason, key = self.classify(node, req, strategy, ctx)
+                reason: Reason | None = Reason.LEAF_CONSTRAINT
+                key = None
+            else:
+                reason, key = self.classify(node, req, strategy, ctx)
             if reason is None:
                 fitting += 1
                 continue
             counts[reason] += 1
+            if counts[reason] <= NAMED:
+                named.setdefault(reason, []).append(node.name)
             if key is not None:
-                misses.append(key)
+                misses.append((*key, node.name))
         misses.sort()
+        counts.names = {r: tuple(sorted(names)) for r, names in named.items() if counts[r] <= NAMED}
         nodes = self.books.index.nodes
         near = tuple(self.near_miss(nodes[key[-1]], req, strategy, ctx) for key in misses[:NEAR_MISSES])
         return counts, near, fitting
@@ -154,43 +201,46 @@ class Diagnoser:
             strategy = _DEFAULT_CHOICE  # it refuses a node exactly when the default device choice does
         diag = self.diagnosis(req, strategy, ctx)
         nodes = self.books.index.nodes
-        counts = Counter(dict(diag.counts.items()))
+        counts = Counts(diag.counts)
         fitting = diag.fitting
-        if exclude:
-            excluded = 0
-            for name in exclude:
-                if name not in nodes:
+        excluded = [name for name in exclude if name in nodes]
+        for name in excluded:
+            reason = diag.reason_of(name)
+            if reason is None:
+                fitting -= 1
+                continue
+            left = counts[reason] - 1
+            if left:
+                counts[reason] = left
+            else:
+                del counts[reason]
+        if excluded:
+            counts[Reason.LEAF_CONSTRAINT] += len(excluded)
+        for reason, n in counts.items():
+            if n <= NAMED:
+                if reason == Reason.LEAF_CONSTRAINT and excluded:
+                    if n == len(excluded):
+                        counts.names[reason] = tuple(sorted(excluded))
                     continue
-                excluded += 1
-                reason = diag.first[name]
-                if reason is None:
-                    fitting -= 1
-                    continue
-                left = counts[reason] - 1
-                if left:
-                    counts[reason] = left
-                else:
-                    del counts[reason]
-            if excluded:
-                counts[Reason.LEAF_CONSTRAINT] += excluded
+                names = diag.names(reason, NAMED, exclude)
+                if names is not None:
+                    counts.names[reason] = tuple(names)
         near: list[NearMiss] = []
-        for key in diag.near:
-            if len(near) == NEAR_MISSES:
-                break
-            name = key[-1]
-            if name not in exclude:
-                miss = diag.misses.get(name)
-                if miss is None:
-                    miss = diag.misses[name] = self.near_miss(nodes[name], req, strategy, ctx)
-                near.append(miss)
+        for name in diag.nearest(NEAR_MISSES, exclude):
+            miss = diag.misses.get(name)
+            if miss is None:
+                miss = diag.misses[name] = self.near_miss(nodes[name], req, strategy, ctx)
+            near.append(miss)
         return counts, tuple(near), fitting
 
-    def diagnosis(self, req: Request, strategy: Strategy, ctx: ScoreContext) -> _Diagnosis:
+    def diagnosis(self, req: Request, strategy: Strategy, ctx: ScoreContext) -> _Diagnosis | ClassDiagnosis:
         shape = (static_signature(req), req.gpus, req.gpu_milli, req.cpu_milli, req.memory_mib)
+        if not (req.node_selector or req.affinity_terms or req.network_bandwidth_gbps is not None):
+            return self.class_diagnosis(shape, req, strategy, ctx)  # labels do not matter: count by class
         index = self.books.index
         log, base = index.touched, index.touched_base
         diag = self.diagnoses.get(shape)
-        if diag is None or diag.seq < base:
+        if not isinstance(diag, _Diagnosis) or diag.seq < base:
             diag = _Diagnosis()
             for node in index.nodes.values():
                 diag.add(node.name, *self.classify(node, req, strategy, ctx), bulk=True)
@@ -209,6 +259,21 @@ class Diagnoser:
         diag.seq = base + len(log)
         return diag
 
+    def class_diagnosis(self, shape: tuple, req: Request, strategy: Strategy, ctx: ScoreContext):
+        """The shape's diagnosis by node class: a new shape costs one classification per class."""
+        classes = self.classes
+        classes.refresh()
+        diag = self.diagnoses.get(shape)
+        if isinstance(diag, ClassDiagnosis) and diag.current():
+            self.diagnoses.move_to_end(shape)
+            return diag
+        diag = self.diagnoses[shape] = ClassDiagnosis(
+            classes, lambda node: self.classify(node, req, strategy, ctx)
+        )
+        if len(self.diagnoses) > DIAGNOSIS_LIMIT:
+            self.diagnoses.popitem(last=False)
+        return diag
+
     def denial(
         self, req, strategy_name, counts: Counter, near: tuple[NearMiss, ...], prefix: str = ""
     ) -> Denial:
@@ -216,6 +281,9 @@ class Diagnoser:
         parts = []
         for reason, n in by_reason:
             text = f"{n} node(s) {reason.value}"
+            names = getattr(counts, "names", {}).get(reason, ())
+            if names and len(names) == n:
+                text += f" ({', '.join(names)})"
             best = next((m for m in near if m.reasons and m.reasons[0] == reason), None)
             if best is not None:
                 if reason == Reason.NOT_ENOUGH_GPUS:

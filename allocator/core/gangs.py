@@ -13,6 +13,7 @@ from allocator.core.books import Books, GroupState, Reservation, slot_hid
 from allocator.core.diagnosis import Diagnoser, describe
 from allocator.core.filters import dynamic, tolerated_gpu_taints
 from allocator.core.inventory import Holding, LeafKey
+from allocator.core.leaf_caps import LeafCaps
 from allocator.core.model import Denial, GroupSlot, Placement, Reason, Request, ReservationState, Taint
 from allocator.core.selection import Choice, Selector, device_uuids, placement
 from allocator.core.topology import plan_leaves
@@ -40,6 +41,7 @@ class Gangs:
         self.books = books
         self.selector = selector
         self.diagnoser = diagnoser
+        self.leaf_caps = LeafCaps(books.index)  # per gang shape, each leaf's bound, kept current
 
     def decide_group(self, req, strategy, name, ctx, now):
         books = self.books
@@ -71,19 +73,6 @@ class Gangs:
         def per_node(free: int) -> int:
             return min(free // per_pod, pod_limit) if per_pod else 1  # a shared pod: one per node
 
-        def upper(leaf: LeafKey) -> int:
-            b = books.index.leaves.get(leaf)
-            if b is None:
-                return 0
-            total, nodes = 0, 0
-            for k in sorted((k for k, names in b.by_free.items() if names and k >= per_pod), reverse=True):
-                take = min(len(b.by_free[k]), node_limit - nodes)
-                total += take * per_node(k)
-                nodes += take
-                if nodes >= node_limit:
-                    break
-            return min(total, pod_limit)
-
         def exact_choices(leaf: LeafKey) -> list[list[Choice]]:
             got = exact.get(leaf)
             if got is None:
@@ -105,13 +94,17 @@ class Gangs:
             return min(sum(len(fits) for fits in exact[leaf][:node_limit]), pod_limit)
 
         def attempt(leaves_allowed: set[LeafKey] | None):
-            caps = {}
-            for leaf in topo.order():
-                if leaves_allowed is not None and leaf not in leaves_allowed:
-                    continue
-                caps[leaf] = capacity(leaf) if leaf in exact else upper(leaf)
+            caps, spines = self.leaf_caps.bounds(topo, per_pod, node_limit, pod_limit)
+            if leaves_allowed is not None:
+                caps = {leaf: cap for leaf, cap in caps.items() if leaf in leaves_allowed}
+                spines = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
+            for leaf in exact:
+                if leaf in caps:
+                    new = capacity(leaf)
+                    spines[leaf[0]] += new - caps[leaf]
+                    caps[leaf] = new
             while True:
-                plan = plan_leaves(topo, caps, spec.size, spread, prefer_spare=req.latency_sensitive)
+                plan = plan_leaves(topo, caps, spec.size, spread, req.latency_sensitive, spines)
                 if plan is None:
                     return None
                 stale = [leaf for leaf, _ in plan if leaf not in exact]
@@ -119,7 +112,9 @@ class Gangs:
                     return plan
                 for leaf in stale:
                     exact_choices(leaf)
-                    caps[leaf] = capacity(leaf)
+                    new = capacity(leaf)
+                    spines[leaf[0]] += new - caps[leaf]
+                    caps[leaf] = new
 
         domain = self.selector.domain_leaves(req.preferred_domain)
         plan = attempt(set(domain)) if domain else None

@@ -293,6 +293,7 @@ class ClusterIndex:
         self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
         self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
+        self._bulk = False  # a bulk load: nodes added are filed by `end_bulk`
 
     # ------------------------------------------------------------------ best fit's order
     def fit_key(self, node: NodeState) -> int:
@@ -315,6 +316,22 @@ class ClusterIndex:
             self._by_fit = by_fit
             self._fit_stale = False
         return self._by_fit
+
+    def begin_bulk(self) -> None:
+        """A bulk load (a rebuild): nodes added from now on are filed in the buckets only by `end_bulk`, and
+        best fit's order is sorted once when next read, instead of a sorted insert into lists of every node
+        per change (each a move of up to the whole list)."""
+        self._bulk = True
+        self._fit_stale = True
+        self._by_fit = {}
+
+    def end_bulk(self) -> None:
+        """File every placeable node added during the bulk load, in name order (each insert appends)."""
+        self._bulk = False
+        for name in self.sorted_names():
+            node = self.nodes[name]
+            if node.placeable and name not in self._key:
+                self._file(node)
 
     def _size(self, node: NodeState, delta: int) -> None:
         """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""
@@ -417,7 +434,7 @@ class ClusterIndex:
         self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
         self.utilization_nodes += node.info.utilization_at is not None
         self._size(node, 1)
-        if node.placeable:
+        if node.placeable and not self._bulk:
             self._file(node)
 
     def remove(self, name: str) -> NodeState | None:

@@ -13,7 +13,7 @@ from enum import Enum
 MILLI_PER_GPU = 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class Device:
     """One physical GPU on a node."""
 
@@ -175,7 +175,7 @@ class Request:
         return self.gpus > 0 or self.is_shared
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class DeviceShare:
     """A share of one device held by a non-exclusive placement."""
 
@@ -184,7 +184,7 @@ class DeviceShare:
     memory_mib: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class GroupSlot:
     """One pod's place in a group plan: slot number, node and exclusive devices."""
 
@@ -195,7 +195,7 @@ class GroupSlot:
     shares: tuple[DeviceShare, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class Placement:
     """A reservation's answer: where the pod goes and on which devices."""
 

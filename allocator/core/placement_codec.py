@@ -13,6 +13,7 @@ import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from sys import intern
 from typing import Any
 
 from allocator.core.model import DeviceShare, GroupSlot, Placement, Taint
@@ -158,15 +159,15 @@ def placement_from_dict(d: dict) -> Placement:
     deadline = get("deadline")
     return Placement(
         id=pid,
-        node=node,
+        node=intern(node),  # one copy of each node name, device uuid and strategy name across placements
         devices=_ints(get("devices")),
         shares=_shares(get("shares")),
-        uuids=tuple(map(str, uuids)) if uuids else (),
+        uuids=tuple(intern(str(u)) for u in uuids) if uuids else (),
         cpu_milli=ascii_int(get("cpu", 0)),
         memory_mib=ascii_int(get("mem", 0)),
         group=get("group"),
         slot=None if slot is None else ascii_int(slot),
-        strategy=str(get("strategy", "")),
+        strategy=intern(str(get("strategy", ""))),
         score=ascii_float(get("score", 0.0)),
         tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
         group_plan=tuple(

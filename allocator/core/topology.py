@@ -66,6 +66,26 @@ def _best_window(
     return None
 
 
+def _one_leaf(
+    topo: Topology, caps: dict[LeafKey, int], spine_caps: dict[str, int], size: int, prefer_spare: bool
+) -> LeafKey | None:
+    """The leaf `plan_leaves`' window search picks when some single leaf holds `size`: the tightest (or
+    with `prefer_spare` the most spare), then the first spine, then the first leaf in it."""
+    best = None
+    for si, spine in enumerate(topo.spines):
+        if spine_caps[spine] < size:
+            continue
+        for start, leaf in enumerate(topo.leaves_of[spine]):
+            cap = caps.get(leaf, 0)
+            if cap >= size:
+                if cap == size and not prefer_spare:
+                    return leaf  # no spare: nothing later in topology order ranks before it
+                rank = (size - cap if prefer_spare else cap - size, si, start)
+                if best is None or rank < best[0]:
+                    best = (rank, leaf)
+    return None if best is None else best[1]
+
+
 def _fill(leaves: Iterable[LeafKey], caps: dict[LeafKey, int], need: int) -> list[tuple[LeafKey, int]]:
     out = []
     for leaf in leaves:
@@ -79,17 +99,27 @@ def _fill(leaves: Iterable[LeafKey], caps: dict[LeafKey, int], need: int) -> lis
 
 
 def plan_leaves(
-    topo: Topology, caps: dict[LeafKey, int], size: int, spread: bool = False, prefer_spare: bool = False
+    topo: Topology,
+    caps: dict[LeafKey, int],
+    size: int,
+    spread: bool = False,
+    prefer_spare: bool = False,
+    spine_caps: dict[str, int] | None = None,
 ) -> list[tuple[LeafKey, int]] | None:
     """How many pods of a gang of `size` go to which leaf, given each leaf's capacity (the pods its nodes can
     take), or None when the cluster cannot hold the gang. `prefer_spare` (latency-sensitive gangs) breaks
-    ties between equally narrow windows towards the least loaded one instead of the tightest."""
+    ties between equally narrow windows towards the least loaded one instead of the tightest. `spine_caps`,
+    when given, is each spine's sum of `caps` (kept by the caller)."""
     if size <= 0:
         return []
-    spine_caps = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
+    if spine_caps is None:
+        spine_caps = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
     if sum(spine_caps.values()) < size:
         return None
     if not spread:
+        one = _one_leaf(topo, caps, spine_caps, size, prefer_spare)
+        if one is not None:  # a window of one leaf is the narrowest: the same answer as the search below
+            return [(one, size)]
         best = None  # (width, spare, spine position, start)
         for si, spine in enumerate(topo.spines):
             if spine_caps[spine] < size:

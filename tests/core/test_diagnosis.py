@@ -21,6 +21,8 @@ PROBES = [
     Request(id="probe-tol", gpus=2, tolerations=(Toleration(key="dedicated", operator="Exists"),)),
     Request(id="probe-prod", gpus=1, product="H100"),
     Request(id="probe-cpu", cpu_milli=20000),
+    # a request that reads labels: diagnosed node by node (the others by node class)
+    Request(id="probe-sel", gpus=1, node_selector=(("gpu-orchestrator/cheap-node", "true"),)),
 ]
 
 change = st.one_of(
@@ -167,3 +169,66 @@ def test_a_diagnosis_behind_a_trimmed_change_log_is_rebuilt():
     answer = led.reserve(req, 0.0)
     assert answer == uncached_answer(led, req)
     assert any("3000m cpu" in m.detail for m in answer.near_misses)
+
+
+shape = st.fixed_dictionaries(
+    {
+        "gpus": st.integers(0, 8),
+        "milli": st.sampled_from([0, 0, 250, 600, 1000]),
+        "gpu_mem": st.sampled_from([0, 0, 12000, 50000]),
+        "cpu": st.sampled_from([0, 1000, 20000]),
+        "product": st.sampled_from(["", "", "H100", "A100"]),
+        "latency": st.booleans(),
+        "tolerate": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(node_spec, min_size=1, max_size=12),
+    st.lists(st.tuples(st.integers(1, 8), st.integers(0, 19)), max_size=30),
+    st.lists(shape, min_size=1, max_size=6),
+)
+def test_first_denial_of_a_new_shape_counted_by_class_equals_the_full_walk(specs, load, shapes):
+    """Each shape asked for the first time on a random cluster (repeated node specs make classes of more
+    than one node): the class count gives the full walk's counts, names, near misses and denial text."""
+    led = Ledger(LedgerConfig(placement_key=b"k"))
+    for o in node_objects(specs + specs[: len(specs) // 2]):
+        led.apply_object(o, 0.0)
+    for i, (gpus, milli) in enumerate(load):
+        if milli % 2:
+            req = Request(id=f"l{i}", gpus=gpus, cpu_milli=500)
+        else:
+            req = Request(id=f"l{i}", gpu_milli=max(50, milli * 50))
+        led.reserve(req, 0.0)
+    for j, s in enumerate(shapes):
+        req = Request(
+            id=f"q{j}",
+            gpus=s["gpus"],
+            gpu_milli=0 if s["gpus"] else s["milli"],
+            gpu_memory_mib=s["gpu_mem"],
+            cpu_milli=s["cpu"],
+            product=s["product"] or None,
+            latency_sensitive=s["latency"],
+            tolerations=(Toleration(key="dedicated", operator="Exists"),) if s["tolerate"] else (),
+        )
+        counts, near, fitting = cached(led, req)
+        full = full_walk(led, req)
+        assert (counts, near, fitting) == full
+        assert counts.names == full[0].names
+        assert led.explain(req, with_scores=False).result == uncached_answer(led, req)
+
+
+def test_a_reason_that_covers_few_nodes_names_them():
+    led = Ledger()
+    for i in range(5):
+        led.apply_object(node(f"n{i}", 2), 0.0)
+    led.apply_object(node("n3", 2, ready=False), 0.0)
+    for i in range(8):
+        assert isinstance(led.reserve(Request(id=f"w{i}", gpus=1), 0.0), Placement)
+    d = led.reserve(Request(id="d", gpus=1), 0.0)
+    assert isinstance(d, Denial)
+    assert "4 node(s) not enough GPUs (best: n0 has 0 free)" in d.message
+    assert "1 node(s) node not ready or cordoned (n3)" in d.message
+    assert d == uncached_answer(led, Request(id="d", gpus=1))

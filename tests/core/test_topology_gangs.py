@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from allocator.core.ledger import Ledger, LedgerConfig, slot_hid
 from allocator.core.model import Denial, GroupSpec, PinnedDevices, Placement, Request
 from allocator.core.topology import Topology, plan_leaves
@@ -325,3 +328,64 @@ def test_claim_of_a_group_restored_without_slots():
     )
     assert rebuilt.groups()["g"].slots == {}
     assert isinstance(rebuilt.reserve(gang("b", "g", 2), 100.0), Placement)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=5), min_size=1, max_size=4),
+    st.integers(1, 8),
+    st.booleans(),
+)
+def test_one_leaf_shortcut_picks_what_the_window_search_picks(spine_caps_lists, size, prefer_spare):
+    from allocator.core.topology import _best_window
+
+    caps = {(f"s{i}", f"l{j}"): c for i, row in enumerate(spine_caps_lists) for j, c in enumerate(row)}
+    topo = Topology.build(list(caps), ())
+    best = None  # the window search over every spine, as plan_leaves did before the shortcut
+    for si, spine in enumerate(topo.spines):
+        if sum(caps[leaf] for leaf in topo.leaves_of[spine]) < size:
+            continue
+        w = _best_window(topo.leaves_of[spine], caps, size, prefer_spare)
+        rank = (w[0], -w[1] if prefer_spare else w[1], si, w[2]) if w is not None else None
+        if rank is not None and (best is None or rank < best):
+            best = rank
+    plan = plan_leaves(topo, caps, size, prefer_spare=prefer_spare)
+    if best is not None and best[0] == 1:
+        assert plan == [(topo.leaves_of[topo.spines[best[2]]][best[3]], size)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["place", "release", "gang", "cordon", "remove"]), st.integers(0, 40))
+    ),
+)
+def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
+    from allocator.core.leaf_caps import LeafCaps, upper
+
+    led = Ledger()
+    objs = [node(f"n{i}", 1 + i % 4, leaf=f"l{i % 5}", spine=f"s{i % 2}") for i in range(12)]
+    for o in objs:
+        led.apply_object(o, 0.0)
+    caps = LeafCaps(led.index)
+    placed: list[str] = []
+    for step, (kind, a) in enumerate(ops):
+        if kind == "place":
+            r = led.reserve(Request(id=f"p{step}", gpus=1 + a % 3), 0.0)
+            placed += [r.id] if isinstance(r, Placement) else []
+        elif kind == "gang":
+            r = led.reserve(Request(id=f"g{step}", gpus=1, group=GroupSpec(key=f"job/g{step}", size=2)), 0.0)
+            placed += [r.id] if isinstance(r, Placement) else []
+        elif kind == "release" and placed:
+            led.release(placed.pop(a % len(placed)))
+        elif kind == "cordon":
+            led.apply_object(
+                node(f"n{a % 12}", 1 + a % 4, leaf=f"l{a % 5}", spine=f"s{a % 2}", unschedulable=True), 0.0
+            )
+        elif kind == "remove":
+            led.delete_object(objs[a % 12])
+        topo = led._books.topology()
+        for shape in ((1, 2, 2), (2, 16, 16)):
+            got = caps.bounds(topo, *shape)
+            fresh = {leaf: upper(led.index.leaves.get(leaf), *shape) for leaf in topo.order()}
+            assert got == (fresh, {s: sum(fresh[leaf] for leaf in topo.leaves_of[s]) for s in topo.spines})
