@@ -45,11 +45,11 @@ def check(live: Ledger, nodes: dict[str, dict], objects: list[dict]) -> None:
             assert not (owner and shares), f"{name}:{index} held whole and shared"
 
 
-# derandomize: a fixed stream of examples, all passing. Random search finds, rarely (one failing example in
-# several thousand runs' worth seen so far), a known gap: two reservations of different ids both placed on one device (the second admitted
-# while the kubelet's truth had moved the first elsewhere, then the truth changed back) are resolved in event
-# order live but in list order by a rebuild, so the device's owner differs. No device is ever held twice;
-# docs/webhook.md "Device truth from the node" records it, and the session notes the falsifying sequence.
+# derandomize: a fixed stream of examples, all passing. Random search finds, rarely, a known gap: two
+# reservations of different ids both placed on one device (the second admitted while the kubelet's truth had
+# moved the first elsewhere, then the truth changed again) are resolved in event order live but in list order
+# by a rebuild, so the device's owner differs. No device is ever held twice; docs/webhook.md "Device truth
+# from the node" records it.
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_rebuild_equals_live_with_node_truth_mixed_in(data):
