@@ -65,8 +65,12 @@ demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,apiserver)
 	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
 
 # every benchmark, one after another (each prints ratios to a baseline measured in the same run)
+# BENCH_SCALE= (empty) skips the 65,000-node row (a few minutes, about 1 GB)
+BENCH_SCALE ?= --scale
 bench: venv apiserver
 	$(PY) tests/benchmarks/bench_allocator.py
+	$(if $(strip $(BENCH_SCALE)),$(PY) tests/benchmarks/bench_allocator.py $(BENCH_SCALE))
+	$(PY) tests/benchmarks/bench_handler_cpu.py
 	$(PY) tests/benchmarks/bench_webhook.py --in-process
 	$(PY) tests/benchmarks/bench_pod_create.py
 	$(PY) tests/benchmarks/bench_simulator.py
