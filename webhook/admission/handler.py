@@ -28,9 +28,17 @@ from allocator.service import (
 )
 from webhook import batcher, events
 from webhook.admission import chain, env_guard, scheduler_name
+from webhook.admission.common import (
+    _annotations,
+    _forbidden,
+    _labels,
+    _ledger_keys,
+    _pod_name,
+    describe_event,
+    describe_placement,
+)
 from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
 from webhook.admission.patch import (
-    LEDGER_PREFIX,
     _dict_at,
     apply_placement,
     patch_of,
@@ -43,55 +51,6 @@ from webhook.ledger_client import LedgerClient, LedgerUnavailable
 from webhook.metrics import WebhookMetrics
 
 log = logging.getLogger("gpuledger.webhook")
-
-
-def _annotations(obj: dict | None) -> dict:
-    meta = (obj or {}).get("metadata")
-    value = meta.get("annotations") if isinstance(meta, dict) else None
-    return value if isinstance(value, dict) else {}
-
-
-def _labels(obj: dict | None) -> dict:
-    meta = (obj or {}).get("metadata")
-    value = meta.get("labels") if isinstance(meta, dict) else None
-    return value if isinstance(value, dict) else {}
-
-
-def _ledger_keys(obj: dict | None) -> dict[str, object]:
-    keys = {f"annotation {k}": v for k, v in _annotations(obj).items() if str(k).startswith(LEDGER_PREFIX)}
-    keys.update({f"label {k}": v for k, v in _labels(obj).items() if str(k).startswith(LEDGER_PREFIX)})
-    return keys
-
-
-def _pod_name(review: Review, pod: dict) -> str:
-    meta = _dict_at(pod, "metadata")
-    name = (
-        review.name
-        or meta.get("name")
-        or (f"{meta.get('generateName')}<generated>" if meta.get("generateName") else "<unnamed>")
-    )
-    return f"pod {review.namespace or meta.get('namespace') or 'default'}/{name}"
-
-
-def describe_placement(p: Placement) -> str:
-    devices = (
-        ",".join(map(str, p.devices)) if p.devices else ",".join(f"{s.device}({s.milli}m)" for s in p.shares)
-    )
-    group = f" group {p.group} slot {p.slot}" if p.group else ""
-    return f"node {p.node} devices [{devices}] by {p.strategy or 'default'}{group}"
-
-
-def describe_event(p: Placement) -> str:
-    """The GPUPlaced Event's message: node, devices, strategy, gang slot, reservation."""
-    devices = (
-        ",".join(map(str, p.devices)) if p.devices else ",".join(f"{s.device}({s.milli}m)" for s in p.shares)
-    )
-    uuids = f" ({','.join(p.uuids)})" if p.uuids and all(p.uuids) else ""
-    group = f", gang {p.group} slot {p.slot}" if p.group else ""
-    return (
-        f"gpuledger placed the pod on node {p.node}, GPU devices [{devices}]{uuids}, strategy "
-        f"{p.strategy or 'default'}{group}, reservation {p.id}"
-    )
 
 
 class _Seen:
@@ -500,10 +459,6 @@ def _event_target(review: Review, owners: chain.OwnerChain, namespace: str) -> e
     if not name:
         return None
     return events.ObjectRef("v1", "Pod", namespace, str(name), str(meta.get("uid") or ""))
-
-
-def _forbidden(message: str) -> Decision:
-    return Decision(False, code=403, reason="Forbidden", outcome="denied", message=f"gpuledger: {message}")
 
 
 def _summary(request) -> str:
