@@ -1,5 +1,6 @@
-"""The admission decisions: decode -> ask the ledger -> encode the patch. No HTTP here, so tests and
-`gpuledger explain` drive exactly the code the server runs.
+"""AdmissionHandler, the admission decisions: decode -> ask the ledger -> encode the patch (the mutating side
+here, the validating side in validation.py). No HTTP here, so tests and `gpuledger explain` drive exactly
+the code the server runs; never answers without a Decision (a bug is a 500 denial, never a dropped request).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 
 from allocator.service import (
     PLACEMENT_ANNOTATION,
-    RESERVATION_ID_KEY,
     AdmitCall,
     AnnotationError,
     Denial,
@@ -31,21 +31,19 @@ from webhook.admission import chain, env_guard, scheduler_name
 from webhook.admission.common import (
     _annotations,
     _forbidden,
-    _labels,
-    _ledger_keys,
     _pod_name,
     describe_event,
     describe_placement,
 )
 from webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
 from webhook.admission.patch import (
-    _dict_at,
     apply_placement,
     patch_of,
     shallow_pod,
     strip_ledger_keys,
 )
 from webhook.admission.review import Decision, Review
+from webhook.admission.validation import Validating
 from webhook.config import WebhookConfig
 from webhook.ledger_client import LedgerClient, LedgerUnavailable
 from webhook.metrics import WebhookMetrics
@@ -69,7 +67,7 @@ def reservation_ids() -> Callable[[], str]:
     return lambda: f"{prefix}{next(counter):016x}"
 
 
-class AdmissionHandler:
+class AdmissionHandler(Validating):
     def __init__(
         self,
         config: WebhookConfig,
@@ -282,141 +280,6 @@ class AdmissionHandler:
             "(fail_open: false). Retry in a moment.",
         )
 
-    # ------------------------------------------------------------------ validate
-    async def validate(self, review: Review) -> Decision:
-        try:
-            if review.kind not in ("Pod", "") or review.sub_resource not in ("", "ephemeralcontainers"):
-                return Decision(True, outcome="allowed")
-            if review.operation == "CREATE":
-                decision = await self._validate_create(review)  # the placement's own checks speak first
-                pod = review.object or {}
-                refused = decision.allowed and env_guard.refusal(pod, self.key, self.config)
-                return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else decision
-            if review.operation == "UPDATE":
-                decision = self._validate_update(review)  # a changed placement is named as such first
-                if not decision.allowed:
-                    return decision
-                pod = review.object or {}
-                if refused := env_guard.refusal(pod, self.key, self.config, before=review.old_object or {}):
-                    return _forbidden(f"{_pod_name(review, pod)}: {refused}")  # e.g. `kubectl debug --env`
-                return decision
-            return Decision(True, outcome="allowed")
-        except Exception as exc:
-            log.exception("validating admission %s failed", review.uid)
-            self.metrics.handler_failures.labels("validate").inc()
-            return Decision(
-                False,
-                code=500,
-                reason="InternalError",
-                outcome="error",
-                message=f"gpuledger webhook internal error ({type(exc).__name__}: {exc})",
-            )
-
-    async def _validate_create(self, review: Review) -> Decision:
-        pod = review.object
-        if pod is None:
-            return Decision(
-                False,
-                code=400,
-                reason="BadRequest",
-                outcome="invalid",
-                message="AdmissionReview request.object is missing or not an object",
-            )
-        who = _pod_name(review, pod)
-        annotations, labels = _annotations(pod), _labels(pod)
-        text = annotations.get(PLACEMENT_ANNOTATION)
-        label = labels.get(RESERVATION_ID_KEY)
-        if text is None:
-            if label is not None:
-                return _forbidden(
-                    f"{who}: label {RESERVATION_ID_KEY}={label!r} without a placement annotation; "
-                    "only the gpuledger webhook writes gpuledger.io/* (remove it)"
-                )
-            return Decision(True, outcome="allowed")
-        decoded = decode_bound(str(text), self.key)
-        if decoded is None:
-            return _forbidden(
-                f"{who}: annotation {PLACEMENT_ANNOTATION} has a bad signature or is malformed; "
-                "accepted: only a placement written by the gpuledger webhook (remove it)"
-            )
-        placement, binding = decoded
-        mismatch = binding_mismatch(binding, _named(pod, review.name), review.namespace)
-        if mismatch:  # checked before the claim below, which a copy must not take from its original
-            return _forbidden(
-                f"{who}: annotation {PLACEMENT_ANNOTATION} was issued for another pod: {mismatch}"
-                f"{await self._whose(placement.id)}; a copied placement annotation cannot be reused "
-                "(remove it)"
-            )
-        if label != placement.id:
-            return _forbidden(
-                f"{who}: label {RESERVATION_ID_KEY}={label!r} does not match the placement's "
-                f"reservation id {placement.id!r}"
-            )
-        spec = _dict_at(pod, "spec")
-        if spec.get("nodeName") and spec.get("nodeName") != placement.node:
-            return _forbidden(
-                f"{who}: spec.nodeName={spec.get('nodeName')!r} differs from the placement's "
-                f"node {placement.node!r}"
-            )
-        if review.dry_run:
-            return Decision(True, outcome="allowed")  # dry runs reserve nothing: the signature is the check
-        try:
-            async with asyncio.timeout(self.config.deadline_s):
-                held = await self.ledger.claim(placement.id)
-        except TimeoutError:
-            return self._unavailable(
-                pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
-            )
-        except LedgerUnavailable as exc:
-            return self._unavailable(pod, pod, [], f"the GPU ledger is unavailable ({exc})")
-        if isinstance(held, Unavailable):
-            return self._unavailable(pod, pod, [], held.message)
-        if held is None:
-            return _forbidden(
-                f"{who}: placement {placement.id!r} matches no live reservation "
-                "(expired, released or never made)"
-            )
-        if (held.placement.node, held.placement.devices, held.placement.shares) != (
-            placement.node,
-            placement.devices,
-            placement.shares,
-        ):
-            return _forbidden(
-                f"{who}: placement {placement.id!r} differs from the ledger's reservation "
-                f"({describe_placement(held.placement)})"
-            )
-        if held.confirmed or held.claimed:
-            return _forbidden(
-                f"{who}: placement {placement.id!r} belongs to another pod "
-                f"({'stored' if held.confirmed else 'already admitted'}); "
-                "a copied placement annotation cannot be reused"
-            )
-        return Decision(True, outcome="allowed")
-
-    async def _whose(self, rid: str) -> str:
-        """Words on who holds `rid` for a copy's denial (best effort: "" when the ledger cannot say)."""
-        try:
-            async with asyncio.timeout(self.config.deadline_s):
-                held = await self.ledger.lookup(rid)
-        except (TimeoutError, LedgerUnavailable):
-            return ""
-        if held is None or isinstance(held, Unavailable):
-            return ""
-        state = "stored" if held.confirmed else "already admitted" if held.claimed else "reserved"
-        return f"; placement {rid!r} belongs to another pod ({state})"
-
-    def _validate_update(self, review: Review) -> Decision:
-        before, after = _ledger_keys(review.old_object), _ledger_keys(review.object)
-        if before == after or review.username in self.config.privileged_usernames:
-            return Decision(True, outcome="allowed")
-        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        who = _pod_name(review, review.object or review.old_object or {})
-        return _forbidden(
-            f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
-            "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
-            f"({', '.join(self.config.privileged_usernames) or 'no user configured'})"
-        )
-
 
 def _prior_placement(pod: dict, namespace: str, key: bytes) -> Placement | None:
     """The validly signed placement a pod already carries for itself (a reinvocation), else None."""
@@ -427,14 +290,6 @@ def _prior_placement(pod: dict, namespace: str, key: bytes) -> Placement | None:
     if decoded is None or binding_mismatch(decoded[1], pod, namespace):
         return None
     return decoded[0]
-
-
-def _named(pod: dict, name: str) -> dict:
-    """The pod with the AdmissionReview's name filled in where its metadata has none yet."""
-    meta = _dict_at(pod, "metadata")
-    if not name or meta.get("name"):
-        return pod
-    return {**pod, "metadata": {**meta, "name": name}}
 
 
 def _inherited_from(exc: AnnotationError, inputs: chain.Inputs) -> str:
