@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from allocator.core import objects as kube
 from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
 from allocator.core.claims import Claims, claim_of
-from allocator.core.inventory import Holding
 from allocator.core.leases import Leases
 from allocator.core.model import GroupSlot, Placement, ReservationState
+from allocator.core.node_state import Holding
 from allocator.core.truth import Truth
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from allocator.core import objects as kube
-from allocator.core.inventory import ClusterIndex, Holding, NodeState
+from allocator.core.inventory import ClusterIndex
 from allocator.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
+from allocator.core.node_state import Holding, NodeState
 from allocator.core.plugin import DEFAULT_BALANCED_WEIGHTS
 from allocator.core.topology import Topology
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocator.core.books import Books
-from allocator.core.inventory import Holding
 from allocator.core.leases import Leases
 from allocator.core.model import DeviceShare, Placement
+from allocator.core.node_state import Holding
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
 _NO_TIME = "~"  # sorts after every RFC 3339 timestamp: a pod without creationTimestamp comes last

@@ -21,9 +21,9 @@ from allocator.core.annotation_values import (
 from allocator.core.books import Books
 from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.filters import Filters, dynamic, static_signature, unplaceable_reason
-from allocator.core.inventory import NodeState
 from allocator.core.model import Denial, NearMiss, Reason, Request
 from allocator.core.node_classes import ClassDiagnosis, NodeClasses
+from allocator.core.node_state import NodeState
 from allocator.core.plugin import ScoreContext, Strategy
 
 _DEFAULT_CHOICE = Strategy()  # classifies for strategies whose device choice refuses as the default's does

@@ -8,8 +8,8 @@ from __future__ import annotations
 from allocator.core import objects as kube
 from allocator.core.annotation_values import NETWORK_BANDWIDTH_LABEL, node_bandwidth_gbps
 from allocator.core.books import Books, StaticVerdicts
-from allocator.core.inventory import NodeState
 from allocator.core.model import MILLI_PER_GPU, Reason, Request, Taint
+from allocator.core.node_state import NodeState
 from allocator.core.plugin import ScoreContext, Strategy, device_ok, product_matches
 
 HARD_EFFECTS = ("NoSchedule", "NoExecute")

@@ -12,9 +12,9 @@ from allocator.core.annotation_values import GPU_COUNT, GPU_MEMORY, GPU_MILLI
 from allocator.core.books import Books, GroupState, Reservation, slot_hid
 from allocator.core.diagnosis import Diagnoser, describe
 from allocator.core.filters import dynamic, tolerated_gpu_taints
-from allocator.core.inventory import Holding, LeafKey
 from allocator.core.leaf_caps import LeafCaps
 from allocator.core.model import Denial, GroupSlot, Placement, Reason, Request, ReservationState, Taint
+from allocator.core.node_state import Holding, LeafKey
 from allocator.core.selection import Choice, Selector, device_uuids, placement
 from allocator.core.topology import plan_leaves
 

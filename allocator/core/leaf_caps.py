@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from allocator.core.inventory import ClusterIndex, LeafKey, _Buckets
+from allocator.core.inventory import ClusterIndex, _Buckets
+from allocator.core.node_state import LeafKey
 from allocator.core.topology import Topology
 
 SHAPES = 8  # gang shapes (GPUs per pod, node and pod limits per leaf) whose bounds are kept current

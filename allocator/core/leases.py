@@ -6,8 +6,8 @@ Time is always an argument; leases never decide where anything goes.
 from __future__ import annotations
 
 from allocator.core.books import TRUTH, Books, Reservation, slot_hid
-from allocator.core.inventory import Holding
 from allocator.core.model import GroupSlot, Placement, ReservationState
+from allocator.core.node_state import Holding
 
 
 class Leases:

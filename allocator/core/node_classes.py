@@ -10,8 +10,9 @@ import heapq
 from bisect import bisect_left, insort
 
 from allocator.core import objects as kube
-from allocator.core.inventory import ClusterIndex, NodeState
+from allocator.core.inventory import ClusterIndex
 from allocator.core.model import NodeInfo
+from allocator.core.node_state import NodeState
 
 Move = tuple[str, int | None, int | None]  # (node, class id before, class id after; None = not there)
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from allocator.core.model import MILLI_PER_GPU, DeviceShare, Reason, Request
 
 if TYPE_CHECKING:
-    from allocator.core.inventory import ClusterIndex, LeafKey, NodeState
+    from allocator.core.inventory import ClusterIndex
+    from allocator.core.node_state import LeafKey, NodeState
 
 DEFAULT_BALANCED_WEIGHTS = {
     "resourceAvailability": 0.4,

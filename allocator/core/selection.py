@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from allocator.core.books import Books, StaticVerdicts
 from allocator.core.filters import Filters, dynamic
-from allocator.core.inventory import LeafKey, NodeState
 from allocator.core.model import Placement, Request, Taint
+from allocator.core.node_state import LeafKey, NodeState
 from allocator.core.plugin import Fit, ScoreContext, Strategy
 
 

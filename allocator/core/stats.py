@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from allocator.core.books import Books
-from allocator.core.inventory import LeafKey
 from allocator.core.model import MILLI_PER_GPU, ReservationState
+from allocator.core.node_state import LeafKey
 
 
 @dataclass(frozen=True)

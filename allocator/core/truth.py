@@ -21,9 +21,9 @@ from dataclasses import replace
 from allocator.core.books import TRUTH, Books
 from allocator.core.claims import Claim, Claims
 from allocator.core.device_truth import HOLDERS_ANNOTATION
-from allocator.core.inventory import Holding, NodeState
 from allocator.core.leases import Leases
 from allocator.core.model import DeviceTruth, Placement, ReservationState
+from allocator.core.node_state import Holding, NodeState
 
 
 class Truth:

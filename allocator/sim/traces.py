@@ -217,6 +217,7 @@ def request_from_yaml(obj: dict, index: int) -> Request:
 
     A pod that needs no GPU still takes CPU and memory on its node, so it becomes a CPU-only Request.
     """
+    from allocator.core import pod_spec
     from allocator.core import request as pod_request  # the webhook's pure pod -> Request parser
 
     meta = obj.get("metadata") or {}
@@ -225,7 +226,7 @@ def request_from_yaml(obj: dict, index: int) -> Request:
         request = pod_request.request_from_pod(obj, None, reservation_id=request_id)
         if request is not None:
             return request
-        cpu_milli, memory_mib = pod_request._container_resources(obj)
+        cpu_milli, memory_mib = pod_spec.container_resources(obj)
     except pod_request.AnnotationError as exc:
         raise TraceError(f"pod {request_id!r}: {exc}") from None
     return Request(id=request_id, name=request_id, cpu_milli=cpu_milli, memory_mib=memory_mib)

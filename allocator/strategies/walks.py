@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from allocator.core.model import MILLI_PER_GPU, Request
 
 if TYPE_CHECKING:
-    from allocator.core.inventory import ClusterIndex, LeafKey, NodeState
+    from allocator.core.inventory import ClusterIndex
+    from allocator.core.node_state import LeafKey, NodeState
 
 
 def bucket_walk(

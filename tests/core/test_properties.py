@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from allocator import strategies as registry
-from allocator.core.inventory import NodeState
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import (
     MILLI_PER_GPU,
@@ -27,6 +26,7 @@ from allocator.core.model import (
     Request,
     Toleration,
 )
+from allocator.core.node_state import NodeState
 from tests.core.core_factory import node, pod
 
 KEY = b"prop"

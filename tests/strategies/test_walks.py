@@ -72,8 +72,8 @@ def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
     """Heterogeneous CPU and GPU counts, unhealthy devices, shares, CPU-only pods, releases, GPUs held by
     pods of unknown identity, nodes added later (maxima change) and soft domains: the best-fit walk places
     every request exactly where scoring every node with the same score does."""
-    from allocator.core.inventory import Holding
     from allocator.core.model import Device, NodeInfo
+    from allocator.core.node_state import Holding
 
     def info(i, cpu, gpus, unhealthy, leaf):
         devices = tuple(Device(index=d, memory_mib=40960, healthy=d >= unhealthy) for d in range(gpus))
