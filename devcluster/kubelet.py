@@ -33,9 +33,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from devcluster.cluster import CACHE, KUBELET_CLIENT_USER, ControlPlane, binary_path, free_port
+from devcluster.binaries import CACHE, binary_path, free_port
+from devcluster.cluster import ControlPlane
 from devcluster.containerd import CNI_BIN_DIR, RUNTIME_BINARIES, Containerd, mounts_under, tail
 from devcluster.device_plugin import DEVICE_PLUGIN_DIR
+from devcluster.users import KUBELET_CLIENT_USER
 
 # the node's InternalIP lives on `lo`: the kubelet refuses a 127/8 node IP, and the apiserver dials
 # InternalIP. TEST-NET-2 (RFC 5737) is never routed, so nothing off this machine asks for it.
