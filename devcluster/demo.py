@@ -19,16 +19,12 @@ from dataclasses import dataclass
 
 import yaml
 
-from devcluster.cluster import (
-    ALICE,
-    ControlPlane,
-    ControlPlaneError,
-    ExistingCluster,
-    KubeClient,
-    missing_binaries,
-)
+from devcluster.binaries import ControlPlaneError, missing_binaries
+from devcluster.cluster import ControlPlane
 from devcluster.demo_queue import run_queue
+from devcluster.kubeclient import ExistingCluster, KubeClient
 from devcluster.nodes import LEAF_LABEL, SPINE_LABEL, create_nodes, make_sample_cluster
+from devcluster.users import ALICE
 from devcluster.webhooks import MUTATING
 
 IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from devcluster.cluster import REPO, ControlPlaneError, KubeClient, free_port
+from devcluster.binaries import REPO, ControlPlaneError, free_port
+from devcluster.kubeclient import KubeClient
 
 IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"
 RESOURCE = "gpuworkloads.agentaflow.io"

@@ -20,7 +20,8 @@ import yaml
 
 from certs import pki
 from devcluster import webhooks
-from devcluster.cluster import REPO, WEBHOOK_USER, free_port
+from devcluster.binaries import REPO, free_port
+from devcluster.users import WEBHOOK_USER
 
 HMAC_KEY = "gpuledger-serve-test-key"
 

@@ -21,7 +21,9 @@ from allocator.cluster_sync import ClusterSync, RayLedgerTarget, SyncConfig
 from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
 from certs import pki
 from devcluster import webhooks
-from devcluster.cluster import WEBHOOK_USER, KubeClient, free_port
+from devcluster.binaries import free_port
+from devcluster.kubeclient import KubeClient
+from devcluster.users import WEBHOOK_USER
 from webhook.config import WebhookConfig
 
 if TYPE_CHECKING:

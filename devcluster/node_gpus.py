@@ -1,0 +1,82 @@
+"""What a real node's kubelet says about GPUs: the devices it assigned each container (PodResources `List`),
+and GPUs published the way a node without a device plugin does, through the real node agent.
+
+It reads the kubelet and runs the agent once; it never starts, stops or reconfigures the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from devcluster.kubeclient import KubeClient
+
+
+def pod_devices(socket: Path, resource: str = "nvidia.com/gpu") -> dict[tuple[str, str, str], list[str]]:
+    """(namespace, pod, container) -> the `resource` device ids the kubelet assigned, from PodResources
+    `List` (the kubelet's own record of running pods; terminated pods are not listed)."""
+    import grpc  # type: ignore[import-untyped]  # no stubs here, as in device_plugin.py
+
+    from devcluster import kubelet_api
+
+    api = kubelet_api.load()
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = api.podresources_grpc.PodResourcesListerStub(channel)
+        listed = stub.List(api.podresources.ListPodResourcesRequest(), timeout=10)
+    return {
+        (p.namespace, p.name, c.name): [
+            d for dev in c.devices if dev.resource_name == resource for d in dev.device_ids
+        ]
+        for p in listed.pod_resources
+        for c in p.containers
+    }
+
+
+def advertise_gpus(
+    cp: KubeClient,
+    node_name: str,
+    socket: Path,
+    devices: list[dict],
+    resource: str = "nvidia.com/gpu",
+    timeout: float = 30,
+) -> dict:
+    """Publish GPUs the way a node without a device plugin does (visibility modes `runtime-uuids`,
+    `host-indices`): the real node agent (`python -m allocator.node_agent --once --advertise-capacity`,
+    its fake probe reporting `devices`, as `devcluster.nodes.device_entries` makes them) writes the
+    `agentaflow.gpu/devices` annotation and PATCHes `resource` capacity onto the Node's status. Returns
+    the Node once the kubelet, which derives allocatable from capacity, reports the count allocatable."""
+    count = str(sum(bool(d.get("healthy", True)) for d in devices))
+    fake = [
+        {
+            "index": d["index"],
+            "uuid": d["uuid"],
+            "product": d["product"],
+            "memory_mib": d["memoryMiB"],
+            "healthy": d.get("healthy", True),
+            "reason": d.get("reason", ""),
+        }
+        for d in devices
+    ]
+    argv = [
+        sys.executable, "-m", "allocator.node_agent", "--node", node_name, "--once",
+        "--kubeconfig", str(cp.kubeconfig), "--fake", json.dumps(fake),
+        "--pod-resources-socket", str(socket), "--advertise-capacity", resource,
+    ]  # fmt: skip
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    if proc.returncode != 0:
+        output = proc.stdout[-2000:] + proc.stderr[-2000:]
+        raise RuntimeError(f"the node agent exited {proc.returncode}: {output}")
+
+    def allocatable():
+        node = cp.get_json("node", node_name)
+        return node if node["status"].get("allocatable", {}).get(resource) == count else None
+
+    return cp.wait_for(
+        allocatable, timeout=timeout, what=f"the kubelet reporting {count} {resource} allocatable"
+    )
