@@ -7,6 +7,8 @@ about expiring reservations before the ledger drops one whose pod was stored aft
 
 The `kubernetes` watch client blocks, so each watch runs in its own thread; one forwarding thread owns every
 call to the ledger, which keeps those calls ordered and batched (one actor call per batch, not per event).
+Moved out, each its own idea: the targets (allocator.sync_targets), config and counters (sync_config), the
+expiry check (sync_expiry) and the conflict Events (sync_conflicts); every old name still imports from here.
 """
 
 from __future__ import annotations
@@ -15,128 +17,34 @@ import contextlib
 import json
 import logging
 import queue
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from allocator.device_events import DeviceTruthReports
+from allocator.sync_config import NODE, POD, RESERVATION_LABEL, SyncConfig, SyncStats
+from allocator.sync_conflicts import ConflictReports, conflict_event
+from allocator.sync_expiry import ExpiryChecks, batches
+from allocator.sync_targets import LedgerTarget, LocalLedgerTarget, RayLedgerTarget
+
+# names importable from here as before the split (tests, devcluster and the webhook's serve import them)
+__all__ = [
+    "NODE",
+    "POD",
+    "RESERVATION_LABEL",
+    "ClusterSync",
+    "LedgerTarget",
+    "LocalLedgerTarget",
+    "RayLedgerTarget",
+    "SyncConfig",
+    "SyncStats",
+    "batches",
+    "conflict_event",
+    "slim",
+]
 
 log = logging.getLogger("gpuledger.sync")
-
-RESERVATION_LABEL = "gpuledger.io/reservation-id"
-NODE, POD = "Node", "Pod"
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
-
-class LedgerTarget(Protocol):
-    """What the sync needs of the ledger: the Ray actor's batched methods (docs/architecture.md), called
-    blocking."""
-
-    def apply_events(self, events: list[tuple[str, dict]]) -> Any: ...
-
-    def resync(self, objects: list[dict]) -> Any: ...
-
-    def expiry_candidates(self, now: float) -> list[str]: ...
-
-    def confirm(self, ids: list[str]) -> Any: ...
-
-    def release(self, ids: list[str]) -> Any: ...
-
-    def status(self) -> dict: ...
-
-
-class RayLedgerTarget:
-    """The named Ray actor behind the `LedgerTarget` methods; each call waits for its result."""
-
-    def __init__(self, handle, timeout_s: float = 60.0):
-        self.handle, self.timeout_s = handle, timeout_s
-
-    def _call(self, method: str, *args):
-        import ray
-
-        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
-
-    def apply_events(self, events):
-        return self._call("apply_events", events)
-
-    def resync(self, objects):
-        return self._call("resync", objects)
-
-    def expiry_candidates(self, now):
-        return self._call("expiry_candidates", now)
-
-    def confirm(self, ids):
-        return self._call("confirm", ids)
-
-    def release(self, ids):
-        return self._call("release", ids)
-
-    def status(self):
-        return self._call("status")
-
-
-class LocalLedgerTarget:
-    """A `LedgerService` in this process (no Ray): the same methods, with `now` from `clock`."""
-
-    def __init__(self, service, clock: Callable[[], float] = time.time):
-        self.service, self.clock = service, clock
-        self._lock = threading.Lock()  # the sync's thread and a caller's may share the service
-
-    def apply_events(self, events):
-        with self._lock:
-            return self.service.apply_events(events, self.clock())
-
-    def resync(self, objects):
-        with self._lock:
-            return self.service.resync(objects, self.clock())
-
-    def expiry_candidates(self, now):
-        with self._lock:
-            return self.service.expiry_candidates(now)
-
-    def confirm(self, ids):
-        with self._lock:
-            return self.service.confirm(ids, self.clock())
-
-    def release(self, ids):
-        with self._lock:
-            return self.service.release(ids)
-
-    def status(self):
-        with self._lock:
-            return self.service.status()
-
-
-@dataclass
-class SyncConfig:
-    batch_max: int = 500  # events per ledger call
-    batch_linger_s: float = 0.02  # after the first event, how long to gather more into the same call
-    watch_timeout_s: int = 240  # server-side watch timeout; the watch resumes from its last resourceVersion
-    list_page_size: int = 500
-    expiry_interval_s: float = 5.0
-    status_interval_s: float = 2.0  # how often to ask whether the ledger restarted empty
-    retry_backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait after a failure
-    watch_retries: int = 5  # consecutive failures of one watch before a full resync
-    reservation_label: str = RESERVATION_LABEL
-
-
-@dataclass
-class SyncStats:
-    events_applied: int = 0
-    batches: int = 0
-    resyncs: int = 0
-    gone: int = 0  # 410s: the watch fell out of the API server's window
-    watch_errors: int = 0
-    target_errors: int = 0
-    expiry_confirmed: int = 0
-    expiry_released: int = 0
-    conflicts: int = 0  # placement conflicts that appeared (a pod holding a placement it does not own)
-    conflict_events: int = 0  # Events posted on such pods
-    last_error: str = ""
-    resync_reasons: list[str] = field(default_factory=list)
 
 
 class _Gone(Exception):
@@ -154,34 +62,7 @@ def slim(obj: dict, kind: str | None = None) -> dict:
     return obj
 
 
-def conflict_event(pod: str, rid: str, why: str, now: float) -> dict:
-    """A core/v1 Warning Event on `pod` ("namespace/name") that holds reservation `rid` without owning it."""
-    namespace, _, name = pod.partition("/")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{name[:200]}.gpuledger-conflict-", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
-        "reason": "PlacementConflict",
-        "type": "Warning",
-        "message": (
-            f"gpuledger: this pod carries placement {rid} but does not own it ({why}); its GPUs are "
-            "counted as foreign use on its node, never given to it"
-        )[:1024],
-        "source": {"component": "gpuledger-sync"},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-
-
-def batches(items: list, size: int) -> Iterable[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
-class ClusterSync:
+class ClusterSync(ExpiryChecks, ConflictReports):
     """Watch Nodes and Pods of every namespace into a `LedgerTarget`. `start()` runs it; `stop()` ends it."""
 
     def __init__(
@@ -292,69 +173,6 @@ class ClusterSync:
         self.stats.resync_reasons.append(reason)
         self._synced.set()
         log.info("resynced %d nodes and %d pods (%s)", len(nodes), len(pods), reason)
-
-    # ------------------------------------------------------------------ expiry
-    def pods_carrying(self, ids: list[str]) -> set[str]:
-        """Which reservation ids a stored pod carries, asked of the API itself rather than the watch."""
-        label = self.config.reservation_label
-        found: set[str] = set()
-        as_label = [i for i in ids if len(i) <= 63 and _LABEL_VALUE.match(i)]
-        for chunk in batches(as_label, 50):
-            resp = self._raw_list(POD)(
-                label_selector=f"{label} in ({','.join(chunk)})", _preload_content=False
-            )
-            for pod in json.loads(resp.data).get("items") or []:
-                found.add(((pod.get("metadata") or {}).get("labels") or {}).get(label, ""))
-        odd = set(ids) - set(as_label)
-        if odd:  # ids that cannot be label values are looked for in annotations
-            pods, _ = self.list_objects(POD)
-            for pod in pods:
-                value = ((pod.get("metadata") or {}).get("annotations") or {}).get(label)
-                if value in odd:
-                    found.add(value)
-        return found & set(ids)
-
-    def check_expiry(self, now: float) -> tuple[list[str], list[str]]:
-        """Confirm candidates a stored pod carries; release the rest. Returns (confirmed, released)."""
-        ids = list(self.target.expiry_candidates(now))
-        if not ids:
-            return [], []
-        stored = self.pods_carrying(ids)
-        confirmed = [i for i in ids if i in stored]
-        released = [i for i in ids if i not in stored]
-        if confirmed:
-            self.target.confirm(confirmed)
-        if released:
-            self.target.release(released)
-        self.stats.expiry_confirmed += len(confirmed)
-        self.stats.expiry_released += len(released)
-        if released:
-            log.info("released %d expired reservations with no stored pod", len(released))
-        return confirmed, released
-
-    # ------------------------------------------------------------------ conflicts
-    def report_conflicts(self, conflicts: list) -> list[tuple[str, str, str]]:
-        """Count the placement conflicts that appeared since the last status and post a Warning Event on each
-        such pod (best effort). Returns the new ones as (pod, reservation id, why)."""
-        current = {
-            (str(c[0]), str(c[1])): str(c[2])
-            for c in conflicts
-            if isinstance(c, (list, tuple)) and len(c) >= 3
-        }
-        new = [(pod, rid, current[(pod, rid)]) for pod, rid in sorted(set(current) - self._conflicts_seen)]
-        self._conflicts_seen = set(current)
-        for pod, rid, why in new:
-            self.stats.conflicts += 1
-            log.warning("placement conflict: pod %s holds reservation %s it does not own: %s", pod, rid, why)
-            if "/" not in pod:
-                continue  # a nameless pod: nothing to attach an Event to
-            with contextlib.suppress(Exception):  # an Event is a courtesy: never let it stop the sync
-                self.core.create_namespaced_event(
-                    pod.split("/", 1)[0],
-                    conflict_event(pod, rid, why, self.clock()),  # type: ignore[arg-type]  # a plain dict body is sent as is
-                )
-                self.stats.conflict_events += 1
-        return new
 
     # ------------------------------------------------------------------ threads
     def _backoff(self, failures: int) -> float:

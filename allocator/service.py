@@ -4,7 +4,7 @@ The Ray actor (allocator.ray_actor) and the in-process client (webhook.ledger_cl
 the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`
 (and the clock that times rebuilds is an argument). The live settings (allocator.settings: default strategy,
 scoring weights, gang limits, label keys) change here, through `apply_config` or `set_default_strategy`, and
-every change is recorded (who, when, what).
+every change is recorded (who, when, what): that half lives in allocator.live_settings (LiveSettings).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from allocator.core.objects import (
     iter_objects,
 )
 from allocator.core.request import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
+from allocator.live_settings import SETTINGS_HISTORY, LiveSettings
 from allocator.settings import (
     DEFAULT_SCORING_WEIGHTS,
     LedgerSettings,
@@ -93,7 +94,6 @@ __all__ = [
 
 log = logging.getLogger("gpuledger.service")
 
-SETTINGS_HISTORY = 20  # settings changes kept (who, when, what) for get_settings()
 MAX_CONFLICTS_REPORTED = 500  # placement conflicts listed in status() (all are counted in stats())
 RECENT_RECOVERIES = 64  # rebuild durations kept for the webhook's histogram
 
@@ -148,7 +148,7 @@ class ServiceStats(LedgerStats):
         return d
 
 
-class LedgerService:
+class LedgerService(LiveSettings):
     def __init__(
         self,
         config: LedgerConfig,
@@ -291,73 +291,6 @@ class LedgerService:
 
     def explain(self, request: Request) -> Explanation:
         return self.ledger.explain(self._with_leaf_limits(request))
-
-    # ---------------------------------------------------------------- live settings
-    def _record(self, now: float, who: str, changes: dict) -> dict:
-        return {"at": now, "by": who, "changes": changes}
-
-    def _use(self, settings: LedgerSettings, who: str, now: float) -> dict:
-        """Make `settings` live (the ledger reads them at its next decision) and record who and when."""
-        old, new = self.settings.as_dict(), settings.as_dict()
-        changes = {k: [old[k], new[k]] for k in new if old[k] != new[k]}
-        relabel = settings.labels != self.settings.labels
-        self.settings = settings
-        self.config = settings.applied_to(self.config)
-        if relabel:
-            self._rebuild_for_labels(now)
-        else:
-            self.ledger.config = self.config  # read at each decision: live from the next admission
-            if "external_memory_threshold_mib" in changes:
-                self.ledger.renew_external()
-        if changes:
-            self.changed_by, self.changed_at = who, now
-            self._history.append(self._record(now, who, changes))
-            log.info(
-                "ledger settings changed by %s: %s",
-                who,
-                ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()),
-            )
-        return changes
-
-    def _rebuild_for_labels(self, now: float) -> None:
-        """New label keys file every node anew: rebuild now from a readable source; a ledger fed from the API
-        turns unsynced, so the cluster sync resyncs it (admissions answer Unavailable until then)."""
-        if not self.rebuild_from_source(now):
-            self.synced = False
-            log.warning(
-                "leaf/spine label keys changed: the ledger waits for a full resync from the cluster sync"
-            )
-
-    def apply_config(self, settings: LedgerSettings, who: str, now: float) -> dict:
-        """A replica's config (at its start, or reloaded): applied unless it is the config applied last, so a
-        runtime change survives replicas re-pushing an unchanged config. The answer says which."""
-        fingerprint = settings.fingerprint()
-        if fingerprint == self._config_fingerprint:
-            return {"applied": False, "changes": {}, "settings": self.get_settings()}
-        self._config_fingerprint = fingerprint
-        changes = self._use(settings, who, now)
-        return {"applied": True, "changes": changes, "settings": self.get_settings()}
-
-    def set_default_strategy(self, name: str, who: str, now: float) -> dict:
-        """The runtime switch (`gpuledger strategy NAME`): ValueError listing the accepted names if
-        unknown."""
-        if not str(who or "").strip():
-            raise ValueError(
-                f"who={who!r} is not accepted: expected who asks for the change (a user or component)"
-            )
-        settings = replace(self.settings, default_strategy=check_strategy(name, "strategy"))
-        self._use(settings, str(who), now)
-        return self.get_settings()
-
-    def get_settings(self) -> dict[str, Any]:
-        """The live settings, who changed them last and when, and the recent changes (newest last)."""
-        return {
-            **self.settings.as_dict(),
-            "changed_by": self.changed_by,
-            "changed_at": self.changed_at,
-            "config_fingerprint": self._config_fingerprint,
-            "history": list(self._history),
-        }
 
     # ---------------------------------------------------------------- lifecycle
     def _forget(self, rid: str) -> None:

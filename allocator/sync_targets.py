@@ -1,0 +1,91 @@
+"""Where the cluster sync sends what it saw: a `LedgerTarget` (the service's batched methods, called
+blocking), backed by the named Ray actor or by a `LedgerService` in this process.
+
+These only relay calls; they never read the API or decide anything about a reservation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class LedgerTarget(Protocol):
+    """What the sync needs of the ledger: the Ray actor's batched methods (docs/architecture.md), called
+    blocking."""
+
+    def apply_events(self, events: list[tuple[str, dict]]) -> Any: ...
+
+    def resync(self, objects: list[dict]) -> Any: ...
+
+    def expiry_candidates(self, now: float) -> list[str]: ...
+
+    def confirm(self, ids: list[str]) -> Any: ...
+
+    def release(self, ids: list[str]) -> Any: ...
+
+    def status(self) -> dict: ...
+
+
+class RayLedgerTarget:
+    """The named Ray actor behind the `LedgerTarget` methods; each call waits for its result."""
+
+    def __init__(self, handle, timeout_s: float = 60.0):
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def _call(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
+
+    def apply_events(self, events):
+        return self._call("apply_events", events)
+
+    def resync(self, objects):
+        return self._call("resync", objects)
+
+    def expiry_candidates(self, now):
+        return self._call("expiry_candidates", now)
+
+    def confirm(self, ids):
+        return self._call("confirm", ids)
+
+    def release(self, ids):
+        return self._call("release", ids)
+
+    def status(self):
+        return self._call("status")
+
+
+class LocalLedgerTarget:
+    """A `LedgerService` in this process (no Ray): the same methods, with `now` from `clock`."""
+
+    def __init__(self, service, clock: Callable[[], float] = time.time):
+        self.service, self.clock = service, clock
+        self._lock = threading.Lock()  # the sync's thread and a caller's may share the service
+
+    def apply_events(self, events):
+        with self._lock:
+            return self.service.apply_events(events, self.clock())
+
+    def resync(self, objects):
+        with self._lock:
+            return self.service.resync(objects, self.clock())
+
+    def expiry_candidates(self, now):
+        with self._lock:
+            return self.service.expiry_candidates(now)
+
+    def confirm(self, ids):
+        with self._lock:
+            return self.service.confirm(ids, self.clock())
+
+    def release(self, ids):
+        with self._lock:
+            return self.service.release(ids)
+
+    def status(self):
+        with self._lock:
+            return self.service.status()
