@@ -166,6 +166,8 @@ class Adoption:
             books.slot_of[p.id] = (p.group, p.slot)
         elif displaced or not self.make_room(p):
             self.count_instead(key, p, displaced)
+            if not displaced:  # another holding has its devices: revisited in claim order (claims.contend)
+                self.claims.bump(key, p.node)
             return
         books.hold(Holding(p.id, p.node, p.devices, p.shares, p.cpu_milli, p.memory_mib))
         books.reservations[p.id] = Reservation(p, ReservationState.CONFIRMED, now)

@@ -111,6 +111,7 @@ class Books:
         self.foreign_on: dict[str, set[str]] = {}
         self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
         self.on_truth: Any = None  # called with (node, old truth, new truth): a node's device truth changed
+        self.on_overlap: Any = None  # called with (node, holder ids): a node arrived whose holdings overlap
         self.on_truth_yield: Any = (
             None  # called with a node whose "truth:" holding gave way to another holding
         )
@@ -131,11 +132,19 @@ class Books:
         if old is None or old.leaf_key != (node.spine, node.leaf):
             self.topology_cache = None
         state = NodeState(node, self.config.external_memory_threshold_mib)
+        overlap: set[str] = set()  # holdings recorded while the node was unknown may name one device twice
         for hid in sorted(self.node_holders.get(node.name, ())):
-            state.apply(self.holdings[hid])
+            h = self.holdings[hid]
+            for d in h.devices:
+                p = state.pos.get(d)
+                if p is not None and state.dev_owner[p] is not None:
+                    overlap |= {hid, state.dev_owner[p] or ""}
+            state.apply(h)
         self.index.add(state)
         for cache in self.filter_cache.values():
             cache.pop(node.name, None)
+        if overlap and self.on_overlap is not None:
+            self.on_overlap(node.name, overlap)
         was = old.info.truth if old is not None else None
         if was != node.truth and self.on_truth is not None:
             self.on_truth(node.name, was, node.truth)

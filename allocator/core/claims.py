@@ -7,6 +7,8 @@ The rule: the owner of a reservation id is its bound holder with the earliest cr
 by the smallest uid, then by namespace/name. A foreign holder (a copy issued for another pod, or a bound
 holder that is not the owner) holds the devices its placement names by identity where no other holding on
 the node has them, in the same order, and counts as GPUs of unknown identity where they are held already.
+Owners of different ids naming one device contend in the same order (`contend`): the earlier holds it, the
+later is counted instead until it frees.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core.books import Books
+from allocator.core.books import TRUTH, Books
 from allocator.core.leases import Leases
-from allocator.core.model import DeviceShare, Placement
+from allocator.core.model import DeviceShare, Placement, ReservationState
 from allocator.core.node_state import Holding
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
@@ -91,7 +93,12 @@ class Claims:
         self._settling = False
         self._freed: set[str] = set()
         self.truth: Any = None  # allocator.core.truth.Truth, told of every claim change
+        # node -> owners counted instead because another holding had their devices (`contend` revisits them)
+        self.bumped: dict[str, set[str]] = {}
+        self.deferred: set[str] | None = None  # nodes to `contend` on once a batch of changes is done
+        self._contending = False
         books.on_freed = self._on_freed
+        books.on_overlap = self.overlapped
 
     def _on_freed(self, node: str, hid: str) -> None:
         if hid.startswith(FOREIGN):
@@ -134,6 +141,11 @@ class Claims:
             self.settle(rid, now, nodes)
         if self.truth is not None:
             self.truth.refresh_listing(key, {c.node for c in (old, claim) if c is not None})
+        for node in sorted({c.placement.node for c in (old, claim) if c is not None}):
+            if self.deferred is not None:
+                self.deferred.add(node)
+            elif node in self.bumped:
+                self.contend(now, node)
 
     def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
         """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
@@ -180,6 +192,83 @@ class Claims:
         self._freed = set()
         for node in sorted(nodes):
             self.refresh(node)
+
+    # ------------------------------------------------------------------------------------------ contention
+    def bump(self, key: str, node: str) -> None:
+        """The owner `key` is counted instead: another holding has devices its placement names on `node`."""
+        self.bumped.setdefault(node, set()).add(key)
+
+    def overlapped(self, node: str, hids: set[str]) -> None:
+        """A node (re)appeared with holdings that overlap (held while the ledger did not know the node)."""
+        keys = {self.books.owner_of[h].key for h in hids if h in self.books.owner_of}
+        self.contend(self.books.last_now if self.books.last_now > float("-inf") else 0.0, node, keys)
+
+    def contend(self, now: float, node: str, extra: Iterable[str] = ()) -> None:
+        """Give the devices of `node` that owners of different ids contend for canonically: in claim order
+        (creation time, uid, key), each owner holds its devices where no earlier one (and no confirmed holding
+        outside the contest) has them, and the others are counted instead, whatever order the changes came in.
+        Only the bumped owners and the owners holding what they want take part: a rebuild stays linear."""
+        books = self.books
+        state = books.index.nodes.get(node)
+        if self._contending or state is None:
+            return
+        members = {k: c for k in self.bumped.pop(node, set()) | set(extra) if (c := self._member(k, node))}
+        for c in list(members.values()):
+            for d in c.placement.devices:
+                pos = state.pos.get(d)
+                hid = state.dev_owner[pos] if pos is not None else None
+                owner = books.owner_of.get(hid) if hid is not None else None
+                if owner is not None and owner.key not in members and self._member(owner.key, node):
+                    members[owner.key] = owner
+        if not members:
+            return
+        contest = sorted(members.values(), key=lambda c: c.order)
+        rids = {c.rid for c in contest}
+        taken: set[int] = set()
+        for hid in books.node_holders.get(node, ()):
+            if hid not in rids and not self._gives_way(hid):
+                h = books.holdings[hid]
+                taken.update(h.devices)
+                taken.update(s.device for s in h.shares)
+        changed = False
+        for c in contest:
+            wins = not taken.intersection(c.placement.devices)
+            taken.update(c.placement.devices)
+            changed |= wins != (c.key not in books.pods and c.rid in books.holdings)
+            if not wins:
+                self.bump(c.key, node)
+        if not changed:
+            return
+        self._contending = True
+        try:
+            self.bumped.pop(node, None)
+            for c in contest:  # all out, then back in claim order (adopting counts a loser instead again)
+                counted = books.pods.pop(c.key, None)
+                if counted is not None:
+                    self.leases.release(counted)
+                self.leases.release(c.rid)
+            for c in contest:
+                self.settle(c.rid, now)
+        finally:
+            self._contending = False
+        if self.truth is not None:
+            self.truth.refresh(node)
+
+    def _member(self, key: str, node: str) -> Claim | None:
+        """The claim of `key` when it owns its id and holds (or would hold) whole devices of `node` alone."""
+        c = self.books.claims.get(key)
+        if c is None or c.displaced or c.placement.node != node or c.placement.shares or c.placement.group:
+            return None
+        owner = self.books.owner_of.get(c.rid)
+        return c if owner is not None and owner.key == key else None
+
+    def _gives_way(self, hid: str) -> bool:
+        """Whether an owner's adoption moves the holding `hid` aside (or, foreign use, recounts it after)."""
+        books = self.books
+        if hid.startswith((TRUTH, FOREIGN)) or (hid in books.slot_of and hid not in books.reservations):
+            return True
+        res = books.reservations.get(hid)
+        return res is not None and res.state == ReservationState.RESERVED
 
     def _unforeign(self, c: Claim) -> None:
         books = self.books

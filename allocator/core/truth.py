@@ -112,14 +112,24 @@ class Truth:
                 if fresh != c:
                     changes.append((k, fresh))
         now = books.last_now if math.isfinite(books.last_now) else 0.0
-        # all out, then all in: two claims swapping devices never meet half-moved
-        for k, _ in changes:
-            self.claims.put(k, None, now)
-        for k, fresh in changes:
-            self.claims.put(k, fresh, now)
+        # all out, then all in: two claims swapping devices never meet half-moved; contention for a device
+        # between owners of different ids is settled once all are in, in claim order (Claims.contend)
+        outer, self.claims.deferred = self.claims.deferred, {name}
+        try:
+            for k, _ in changes:
+                self.claims.put(k, None, now)
+            for k, fresh in changes:
+                self.claims.put(k, fresh, now)
+        finally:
+            deferred, self.claims.deferred = self.claims.deferred, outer
         for k in sorted(old_keys | new_keys):
             self._recount(k)
         self.refresh(name)
+        for node in sorted(deferred):
+            if outer is not None:
+                outer.add(node)
+            else:
+                self.claims.contend(now, node)
 
     def claim_changed(self, key: str, old: Claim | None, new: Claim | None) -> None:
         """Called by Claims.put before it settles: keep the indexes, and let a newly listed claim's devices
