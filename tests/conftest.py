@@ -25,6 +25,19 @@ def require_binaries(with_controllers: bool = True) -> None:
         pytest.skip(message)
 
 
+def require_real_node() -> None:
+    """A real node's missing parts (kubelet, containerd, runc, CNI, root...) skip the test locally and fail it
+    in CI, as `require_binaries` does."""
+    from devcluster.kubelet import missing_parts
+
+    lacking = missing_parts()
+    if lacking:
+        message = "a real node needs: " + "; ".join(lacking)
+        if _in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def apiserver():
     """etcd + kube-apiserver + workload controllers, shared by the whole session."""

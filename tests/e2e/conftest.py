@@ -8,6 +8,7 @@ import time
 import pytest
 import yaml
 
+from devcluster import images
 from devcluster.nodes import create_nodes, make_sample_cluster
 from devcluster.stack import Stack
 
@@ -122,3 +123,36 @@ def gpu_pod_yaml(name: str, gpus: int = 1, annotations: dict | None = None, spec
         },
     }
     return yaml.safe_dump(pod)
+
+
+def busybox_pod(
+    name: str,
+    command: str,
+    gpus: int = 0,
+    *,
+    node: str | None = None,
+    host: str | None = None,
+    annotations: dict | None = None,
+    namespace: str | None = None,
+) -> dict:
+    """A pod the real node can run (the locally built test image, never pulled) running `sh -c command`,
+    bound by `spec.nodeName` to `node` or selecting `host` by its hostname label, asking for `gpus` GPUs."""
+    container: dict = {
+        "name": "main",
+        "image": images.TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
+    }
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    metadata: dict = {"name": name}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    spec: dict = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container]}
+    if node is not None:
+        spec["nodeName"] = node
+    if host is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": host}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

@@ -7,17 +7,18 @@ gpuledger's placement.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
 import grpc
 import pytest
 
-from devcluster import images, kubelet_api
+from devcluster import kubelet_api
 from devcluster.device_plugin import FakeGPUPlugin
-from devcluster.kubelet import RealNode, missing_parts
+from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
+from tests.conftest import require_real_node
+from tests.e2e.conftest import busybox_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
@@ -29,12 +30,7 @@ PRINT_ENV = "echo CUDA=$CUDA_VISIBLE_DEVICES NV=$NVIDIA_VISIBLE_DEVICES"
 @pytest.fixture(scope="module")
 def real_node(apiserver):
     """One real node with the fake plugin advertising GPUS devices, for the whole module."""
-    lacking = missing_parts()
-    if lacking:
-        message = "a real node needs: " + "; ".join(lacking)
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_real_node()
     started = time.monotonic()
     with RealNode(apiserver, name=NODE) as node:
         ready = time.monotonic()
@@ -64,25 +60,7 @@ def plain_namespace(apiserver):
 
 
 def pod(name: str, command: str, gpus: int = 0) -> dict:
-    container = {
-        "name": "main",
-        "image": images.TEST_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": ["sh", "-c", command],
-    }
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": NODE,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [container],
-        },
-    }
+    return busybox_pod(name, command, gpus, node=NODE)
 
 
 def run_pod(

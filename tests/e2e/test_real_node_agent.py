@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from allocator.node_agent.holders import ANNOTATION
-from devcluster import images
 from devcluster.agent_process import AgentProcess
 from devcluster.device_plugin import FakeGPUPlugin
-from devcluster.kubelet import RealNode, missing_parts
+from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
+from tests.conftest import require_real_node
+from tests.e2e.conftest import busybox_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
@@ -34,12 +35,7 @@ HOST_PROCESS_MIB = 300  # GPU memory the fake probe says this test's own process
 @pytest.fixture(scope="module")
 def real_node(apiserver):
     """One real node with the fake plugin advertising GPUS devices, for the whole module."""
-    lacking = missing_parts()
-    if lacking:
-        message = "a real node needs: " + "; ".join(lacking)
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_real_node()
     started = time.monotonic()
     with (
         RealNode(apiserver, name=NODE) as node,
@@ -112,25 +108,7 @@ def test_agent_names_the_pod_on_its_devices_and_a_restart_loses_nothing(
         first_publish = time.monotonic() - started
 
         command = "echo NV=$NVIDIA_VISIBLE_DEVICES; trap 'exit 0' TERM; sleep 3600 & wait"
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "holds-two", "namespace": plain_namespace},
-            "spec": {
-                "nodeName": NODE,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": images.TEST_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", command],
-                        "resources": {"limits": {"nvidia.com/gpu": "2"}},
-                    }
-                ],
-            },
-        }
+        pod = busybox_pod("holds-two", command, 2, node=NODE, namespace=plain_namespace)
         apiserver.apply(pod)
         running = apiserver.wait_for(
             lambda: (lambda p: p if p["status"].get("phase") == "Running" else None)(

@@ -21,7 +21,6 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from devcluster import images
 from devcluster.agent_process import AgentProcess
 from devcluster.cluster import (
     ALICE,
@@ -31,10 +30,11 @@ from devcluster.cluster import (
     node_lifecycle_args,
 )
 from devcluster.device_plugin import FakeGPUPlugin
-from devcluster.kubelet import RealNode, missing_parts
+from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
 from devcluster.stack import Stack, e2e_webhook_config, placements_by_device
-from tests.conftest import require_binaries
+from tests.conftest import require_binaries, require_real_node
+from tests.e2e.conftest import busybox_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode, pytest.mark.ray, pytest.mark.slow]
 
@@ -54,12 +54,7 @@ HOLD = f"{PRINT_ENV}; trap 'exit 0' TERM; sleep 3600 & wait"
 def placed():
     """Control plane (with node lifecycle) + real node with GPUS fake GPUs + the product, for the module."""
     require_binaries()
-    lacking = missing_parts()
-    if lacking:
-        message = "a real node needs: " + "; ".join(lacking)
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_real_node()
     started = time.monotonic()
     lifecycle = node_lifecycle_args(GRACE_S)
     cp = ControlPlane(controllers=(*CONTROLLERS, NODE_LIFECYCLE_CONTROLLER), extra_controller_args=lifecycle)
@@ -97,25 +92,7 @@ def _schedulable(cp, gpus: int):
 
 def gpu_pod(name: str, command: str, gpus: int = 1, annotations: dict | None = None) -> dict:
     """A pod as a user writes it: a GPU count and a node selector; gpuledger adds the node and the limits."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": images.TEST_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", command],
-                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                }
-            ],
-        },
-    }
+    return busybox_pod(name, command, gpus, host=NODE, annotations=annotations or {})
 
 
 def create(cp, ns: str, obj: dict, check: bool = True, dry_run: bool = False):

@@ -9,16 +9,16 @@ this module in `nodeName` binding (no scheduler runs) and each mode in turn, the
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import yaml
 
-from devcluster import images
 from devcluster.cluster import ALICE
-from devcluster.kubelet import RealNode, missing_parts
+from devcluster.kubelet import RealNode
 from devcluster.nodes import device_entries, device_uuid
+from tests.conftest import require_real_node
+from tests.e2e.conftest import busybox_pod
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode, pytest.mark.ray]
 
@@ -33,12 +33,7 @@ HOLD = f"{PRINT_ENV}; trap 'exit 0' TERM; sleep 3600 & wait"
 def visible(apiserver, stack):
     """A plugin-less real node advertising GPUS GPUs, known to the suite's ledger; the webhook binding by
     nodeName for the module."""
-    lacking = missing_parts()
-    if lacking:
-        message = "a real node needs: " + "; ".join(lacking)
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_real_node()
     started = time.monotonic()
     with RealNode(apiserver, name=NODE, index=2) as node:
         node.advertise_gpus(device_entries(NODE, GPUS, PRODUCT, MEMORY_MIB))
@@ -55,27 +50,7 @@ def visible(apiserver, stack):
 
 
 def gpu_pod(name: str, command: str, gpus: int) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": NODE},
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": images.TEST_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", command],
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
-                    }
-                ],
-            },
-        }
-    )
+    return yaml.safe_dump(busybox_pod(name, command, gpus, host=NODE))
 
 
 def run(apiserver, namespace: str, name: str, command: str, gpus: int, phases=("Succeeded", "Failed")):

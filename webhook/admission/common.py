@@ -61,3 +61,11 @@ def describe_event(p: Placement) -> str:
 
 def _forbidden(message: str) -> Decision:
     return Decision(False, code=403, reason="Forbidden", outcome="denied", message=f"gpuledger: {message}")
+
+
+def _bad_request(message: str) -> Decision:
+    """A review the webhook cannot read (400): the API server sent something malformed, not the user."""
+    return Decision(False, code=400, reason="BadRequest", outcome="invalid", message=message)
+
+
+MISSING_OBJECT = "AdmissionReview request.object is missing or not an object"

@@ -29,7 +29,9 @@ from allocator.service import (
 from webhook import batcher, events
 from webhook.admission import chain, env_guard, scheduler_name
 from webhook.admission.common import (
+    MISSING_OBJECT,
     _annotations,
+    _bad_request,
     _forbidden,
     _pod_name,
     describe_event,
@@ -125,21 +127,9 @@ class AdmissionHandler(Validating):
             return Decision(True, outcome="allowed")
         pod = review.object
         if pod is None:
-            return Decision(
-                False,
-                code=400,
-                reason="BadRequest",
-                outcome="invalid",
-                message="AdmissionReview request.object is missing or not an object",
-            )
+            return _bad_request(MISSING_OBJECT)
         if not isinstance(pod.get("metadata", {}), dict):
-            return Decision(
-                False,
-                code=400,
-                reason="BadRequest",
-                outcome="invalid",
-                message="pod metadata is not an object",
-            )
+            return _bad_request("pod metadata is not an object")
         who = _pod_name(review, pod)
         work = shallow_pod(pod)
         removed = strip_ledger_keys(work)

@@ -18,7 +18,9 @@ from allocator.service import (
 )
 from webhook.admission import env_guard
 from webhook.admission.common import (
+    MISSING_OBJECT,
     _annotations,
+    _bad_request,
     _forbidden,
     _labels,
     _ledger_keys,
@@ -78,13 +80,7 @@ class Validating:
     async def _validate_create(self, review: Review) -> Decision:
         pod = review.object
         if pod is None:
-            return Decision(
-                False,
-                code=400,
-                reason="BadRequest",
-                outcome="invalid",
-                message="AdmissionReview request.object is missing or not an object",
-            )
+            return _bad_request(MISSING_OBJECT)
         who = _pod_name(review, pod)
         annotations, labels = _annotations(pod), _labels(pod)
         text = annotations.get(PLACEMENT_ANNOTATION)
