@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from allocator.ledger_channel import ChannelInfo, ChannelServer
 from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings, Request
 
 ACTOR_NAME = "gpu-ledger"
@@ -48,6 +49,7 @@ class LedgerActor:
         self.calls = 0
         self.items = 0
         self._sweeper: asyncio.Task | None = None
+        self.channel = ChannelServer(lambda method, args: getattr(self, method)(*args))
 
     def _tick(self, n: int = 1) -> None:
         self.calls += 1
@@ -78,9 +80,23 @@ class LedgerActor:
         self._tick(len(ids))
         return self.service.lookup(ids)
 
-    async def claim(self, ids: list[str]) -> list:
+    async def claim(self, ids: list[str | tuple[str, str]]) -> list:
         self._tick(len(ids))
         return self.service.claim(ids)
+
+    async def open_channel(self, mode: str = "loopback") -> ChannelInfo:
+        """Where a replica on `mode`'s terms reaches the direct channel (allocator.ledger_channel)."""
+        if mode not in ("loopback", "node-ip"):
+            raise ValueError(f"ledger_channel={mode!r}: expected loopback or node-ip")
+        host = "127.0.0.1" if mode == "loopback" else ray.util.get_node_ip_address()
+        port = await self.channel.listen(host)
+        return ChannelInfo(
+            host=host,
+            port=port,
+            token=self.channel.token.hex(),
+            node_id=ray.get_runtime_context().get_node_id(),
+            incarnation=self.incarnation,
+        )
 
     async def explain(self, request: Request):
         self._tick()
@@ -133,6 +149,7 @@ class LedgerActor:
             "started_at": self.started_at,
             "calls": self.calls,
             "items": self.items,
+            "channel_connections": self.channel.connections,
         }
 
     async def stats(self):

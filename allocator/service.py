@@ -176,7 +176,8 @@ class LedgerService(LiveSettings):
         # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
         self._pending: dict[str, Request] = {}
         # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
-        self._claimed: set[str] = set()
+        # reservation id -> who claimed it (the admission request's uid; "" when the caller named none)
+        self._claimed: dict[str, str] = {}
         self.rebuild_from_source(now)
 
     # ---------------------------------------------------------------- sources
@@ -216,7 +217,7 @@ class LedgerService(LiveSettings):
                 lost += 1
                 del self._pending[rid]
         self.ledger = fresh
-        self._claimed &= set(self._pending)
+        self._claimed = {rid: who for rid, who in self._claimed.items() if rid in self._pending}
         self.synced = True
         self.rebuilds += 1
         seconds = max(0.0, self.timer() - started)
@@ -277,15 +278,23 @@ class LedgerService(LiveSettings):
             return [self._unsynced() for _ in ids]
         return [self._held(i) for i in ids]
 
-    def claim(self, ids: Iterable[str]) -> list[Held | Unavailable | None]:
-        """The validating webhook's check: each reservation as it was, then marked claimed by this pod."""
+    def claim(self, items: Iterable[str | tuple[str, str]]) -> list[Held | Unavailable | None]:
+        """The validating webhook's check: each reservation as it was, then marked claimed by this pod.
+
+        An item is a reservation id or (id, claimer): the same claimer asking again (a retried call whose
+        answer was lost) gets the answer the first call got, not "already admitted".
+        """
         if not self.synced:
-            return [self._unsynced() for _ in ids]
+            return [self._unsynced() for _ in items]
         out: list[Held | Unavailable | None] = []
-        for rid in ids:
+        for item in items:
+            rid, who = (item, "") if isinstance(item, str) else item
             held = self._held(rid)
             if held is not None and not held.confirmed:
-                self._claimed.add(rid)
+                if held.claimed and who and self._claimed.get(rid) == who:
+                    held = replace(held, claimed=False)
+                elif not held.claimed:
+                    self._claimed[rid] = who
             out.append(held)
         return out
 
@@ -295,7 +304,7 @@ class LedgerService(LiveSettings):
     # ---------------------------------------------------------------- lifecycle
     def _forget(self, rid: str) -> None:
         self._pending.pop(rid, None)
-        self._claimed.discard(rid)
+        self._claimed.pop(rid, None)
 
     def confirm(self, ids: Iterable[str], now: float) -> list[bool]:
         ids = list(ids)

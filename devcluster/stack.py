@@ -110,7 +110,7 @@ class Stack:
         def app():
             served = create_app(
                 config,
-                RayLedgerClient(handle),
+                RayLedgerClient(handle, channel=config.ledger_channel),
                 KubeOwners(api_client, ttl_s=config.owner_cache_ttl_s, timeout_s=config.deadline_s),
                 event_writer=KubeEventWriter(api_client),  # Events as the webhook's identity, under its RBAC
             )

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from allocator.ledger_channel import CHANNEL_MODES
 from allocator.service import (
     DEFAULT_SCORING_WEIGHTS,
     BindingMode,
@@ -58,6 +59,9 @@ class WebhookConfig:
     fail_open: bool = False
     # internal deadline for one admission, kept below the webhook's timeoutSeconds
     deadline_s: float = 2.0
+    # how admissions reach the ledger actor: a direct channel on 127.0.0.1 when the actor runs on this Ray
+    # node (loopback), on the actor node's IP (node-ip: replicas on other nodes), or Ray calls only (off)
+    ledger_channel: str = "loopback"
     # live ledger settings: pushed to the ledger at start and when the file changes (webhook.config_watch)
     default_strategy: str = "fgd_host"
     # the `balanced` strategy's weights (the topology scheduler's scoringWeights); a weight left out counts 0
@@ -96,6 +100,10 @@ class WebhookConfig:
         if self.affinity_key not in AFFINITY_KEYS:
             raise ValueError(
                 f"affinity_key={self.affinity_key!r}: expected one of {', '.join(AFFINITY_KEYS)}"
+            )
+        if self.ledger_channel not in CHANNEL_MODES:
+            raise ValueError(
+                f"ledger_channel={self.ledger_channel!r}: expected one of {', '.join(CHANNEL_MODES)}"
             )
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s={self.deadline_s!r}: expected a positive number of seconds")

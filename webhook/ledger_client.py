@@ -7,10 +7,12 @@ Ray client's business (webhook.batcher), invisible to the handler.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from allocator.ledger_channel import CHANNEL_METHODS, CHANNEL_MODES, ChannelError
 from allocator.service import (
     AdmitCall,
     Denial,
@@ -22,6 +24,9 @@ from allocator.service import (
     Unavailable,
 )
 from webhook.batcher import Batcher
+from webhook.ledger_channel import LedgerChannel
+
+log = logging.getLogger("gpuledger.ledger_client")
 
 
 class LedgerUnavailable(RuntimeError):
@@ -36,7 +41,7 @@ class LedgerClient(Protocol):
 
     async def lookup(self, reservation_id: str) -> Held | Unavailable | None: ...
 
-    async def claim(self, reservation_id: str) -> Held | Unavailable | None: ...
+    async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None: ...
 
     async def status(self) -> dict[str, Any]: ...
 
@@ -60,8 +65,8 @@ class InProcessLedgerClient:
     async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
         return self.service.lookup([reservation_id])[0]
 
-    async def claim(self, reservation_id: str) -> Held | Unavailable | None:
-        return self.service.claim([reservation_id])[0]
+    async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None:
+        return self.service.claim([(reservation_id, claimer)])[0]
 
     async def status(self) -> dict[str, Any]:
         return self.service.status()
@@ -79,26 +84,84 @@ class InProcessLedgerClient:
 class RayLedgerClient:
     """The shared ledger actor, with concurrent admissions (and lookups) coalesced into one call each.
 
-    A failed call is retried while the actor restarts: reservations are keyed by id, so a retry of an
-    admission that did reach the old actor returns the same placement. The handler's deadline bounds it.
+    The critical-path calls (admit, lookup, claim) go over the direct channel (allocator.ledger_channel)
+    when `channel` allows it and the actor is reachable so; otherwise, and whenever the channel fails, over
+    Ray. A failed call is retried while the actor restarts: reservations are keyed by id and claims by the
+    admission's uid, so a retry of a call that did reach the actor returns the same answer. The handler's
+    deadline bounds it.
     """
 
     def __init__(
-        self, handle: Any, max_batch: int = 1024, max_in_flight: int = 1, retry_backoff_s: float = 0.05
+        self,
+        handle: Any,
+        max_batch: int = 1024,
+        max_in_flight: int = 1,
+        retry_backoff_s: float = 0.05,
+        channel: str = "loopback",
+        channel_retry_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        if channel not in CHANNEL_MODES:
+            raise ValueError(f"ledger_channel={channel!r}: expected one of {', '.join(CHANNEL_MODES)}")
         self.handle = handle
         self.retry_backoff_s = retry_backoff_s
+        self.channel_mode, self.channel_retry_s, self.clock = channel, channel_retry_s, clock
+        self.channel: LedgerChannel | None = None
+        self.channel_failed_at: float | None = None
+        self.channel_calls = 0
+        self._opening = asyncio.Lock()
         self.admissions: Batcher[AdmitCall, Placement | Denial | Unavailable] = Batcher(
             lambda calls: self._call("admit", calls), max_batch, max_in_flight
         )
         self.lookups: Batcher[str, Held | Unavailable | None] = Batcher(
             lambda ids: self._call("lookup", ids), max_batch, max_in_flight
         )
-        self.claims: Batcher[str, Held | Unavailable | None] = Batcher(
-            lambda ids: self._call("claim", ids), max_batch, max_in_flight
+        self.claims: Batcher[tuple[str, str], Held | Unavailable | None] = Batcher(
+            lambda items: self._call("claim", items), max_batch, max_in_flight
         )
 
     async def _call(self, method: str, *args: Any) -> Any:
+        if method in CHANNEL_METHODS and self.channel_mode != "off":
+            channel = await self._channel()
+            if channel is not None:
+                try:
+                    answer = await channel.call(method, *args)
+                    self.channel_calls += 1
+                    return answer
+                except ChannelError as exc:
+                    self._channel_down(channel, exc)
+        return await self._ray_call(method, *args)
+
+    async def _channel(self) -> LedgerChannel | None:
+        """The open channel, or a new one; None while it is unusable (retried every channel_retry_s)."""
+        if self.channel is not None and not self.channel.closed:
+            return self.channel
+        failed_at = self.channel_failed_at
+        if failed_at is not None and self.clock() - failed_at < self.channel_retry_s:
+            return None
+        async with self._opening:
+            if self.channel is not None and not self.channel.closed:
+                return self.channel
+            try:
+                info = await self.handle.open_channel.remote(self.channel_mode)
+                if self.channel_mode == "loopback" and info["node_id"] != _own_ray_node():
+                    raise ChannelError("the ledger actor runs on another Ray node (ledger_channel: node-ip)")
+                self.channel = await LedgerChannel.connect(info)
+            except Exception as exc:  # noqa: BLE001 - any failure: Ray calls until the next try
+                self._channel_down(None, exc)
+                return None
+            self.channel_failed_at = None
+            log.info("ledger channel open to %s:%s", info["host"], info["port"])
+            return self.channel
+
+    def _channel_down(self, channel: LedgerChannel | None, exc: BaseException) -> None:
+        if self.channel_failed_at is None:
+            log.warning("ledger channel unusable, using Ray calls: %s", exc)
+        self.channel_failed_at = self.clock()
+        if channel is not None and channel is self.channel:
+            self.channel = None
+
+    async def _ray_call(self, method: str, *args: Any) -> Any:
         import ray.exceptions as rex
 
         retriable = (rex.RayActorError, rex.ActorUnavailableError, rex.ActorDiedError)
@@ -120,17 +183,25 @@ class RayLedgerClient:
     async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
         return await self.lookups.submit(reservation_id)
 
-    async def claim(self, reservation_id: str) -> Held | Unavailable | None:
-        return await self.claims.submit(reservation_id)
+    async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None:
+        return await self.claims.submit((reservation_id, claimer))
 
     async def status(self) -> dict[str, Any]:
-        return await self._call("status")
+        return await self._ray_call("status")
 
     async def stats(self) -> Any:
-        return await self._call("stats")
+        return await self._ray_call("stats")
 
     async def explain(self, request: Request) -> Explanation:
-        return await self._call("explain", request)
+        return await self._ray_call("explain", request)
 
     async def close(self) -> None:
-        return None
+        if self.channel is not None:
+            await self.channel.close()
+            self.channel = None
+
+
+def _own_ray_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()

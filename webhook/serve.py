@@ -122,7 +122,8 @@ async def _run(
     from webhook.transport.tls import ReloadingTLS
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
-    app = create_app(config, RayLedgerClient(handle), owners, event_writer=event_writer)
+    ledger = RayLedgerClient(handle, channel=config.ledger_channel)
+    app = create_app(config, ledger, owners, event_writer=event_writer)
     server = await start_server(app, args.host, args.port, tls)
     watcher = None
     if args.config:

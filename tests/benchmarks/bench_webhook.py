@@ -334,8 +334,11 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         return ReloadingTLS(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"), poll_interval_s=5)
 
     config = WebhookConfig(hmac_key="bench-key", deadline_s=2.0)
-    client = RayLedgerClient(handle)
+    client = RayLedgerClient(handle)  # as shipped: the direct ledger channel (allocator.ledger_channel)
     webhook = await start_server(create_app(config, client), "127.0.0.1", 0, tls())
+    ray_only = await start_server(
+        create_app(config, RayLedgerClient(handle, channel="off")), "127.0.0.1", 0, tls()
+    )
     noop = await start_server(noop_app(), "127.0.0.1", 0, tls())
     inproc = None
     if args.in_process:  # the same webhook on an in-process ledger: what Ray adds
@@ -349,7 +352,8 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     tune_gc()  # as `gpuledger serve` does
     results = {}
     try:
-        await run_load(webhook.port, ca_file, 400, 20)  # warm up both paths
+        await run_load(webhook.port, ca_file, 400, 20)  # warm up every path
+        await run_load(ray_only.port, ca_file, 400, 20)
         await run_load(noop.port, ca_file, 400, 20)
         await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
         for name, in_flight, n in (("throughput", 100, args.requests), ("latency", 20, args.requests // 2)):
@@ -363,11 +367,16 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
             # release everything (nothing is ever stored): each phase starts from an empty 8,000-GPU ledger
             await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
             results[f"noop_{name}"] = await run_load(noop.port, ca_file, n, in_flight)
+            results[f"rayonly_{name}"] = await run_load(ray_only.port, ca_file, n, in_flight)
+            await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
             if inproc is not None:
                 results[f"inproc_{name}"] = await run_load(inproc.port, ca_file, n, in_flight)
                 service.sweep(time.time() + 1e6)
     finally:
+        results["channel_calls"] = client.channel_calls
+        await client.close()
         await webhook.stop()
+        await ray_only.stop()
         await noop.stop()
         if inproc is not None:
             await inproc.stop()
@@ -460,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         ("no-op aiohttp, 100 in flight", nt),
         ("webhook, 20 in flight", lt),
         ("no-op aiohttp, 20 in flight", nl),
+        ("webhook Ray calls only, 100", results["rayonly_throughput"]),
+        ("webhook Ray calls only, 20", results["rayonly_latency"]),
     ]
     if "inproc_throughput" in results:
         rows += [
@@ -469,6 +480,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, r in rows:
         print(f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['statuses']}")
     print()
+    rt, rl = results["rayonly_throughput"], results["rayonly_latency"]
+    print(
+        f"issue 13 rows: throughput at 100 in flight / no-op: {t['rate'] / nt['rate']:.2f}x (goal >= 0.6; "
+        f"Ray calls only: {rt['rate'] / nt['rate']:.2f}x); p99 at 20 in flight / no-op p99: "
+        f"{lt['p99_ms'] / nl['p99_ms']:.2f}x (goal <= 2; Ray calls only: {rl['p99_ms'] / nl['p99_ms']:.2f}x); "
+        f"ledger calls over the channel: {results['channel_calls']}"
+    )
     print(
         f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
         f"webhook / raw Ray admission rate: {t['rate'] / raw_rate:.1f}x; "

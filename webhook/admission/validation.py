@@ -121,7 +121,7 @@ class Validating:
             return Decision(True, outcome="allowed")  # dry runs reserve nothing: the signature is the check
         try:
             async with asyncio.timeout(self.config.deadline_s):
-                held = await self.ledger.claim(placement.id)
+                held = await self.ledger.claim(placement.id, review.uid)
         except TimeoutError:
             return self._unavailable(
                 pod, pod, [], f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
