@@ -122,6 +122,20 @@ def test_claims_mark_one_pod_per_reservation_and_clear_on_confirm():
     assert s.claim(["nope"]) == [None]
 
 
+def test_a_claim_retried_by_the_same_admission_answers_as_the_first_did():
+    """A claim whose answer was lost (the channel dropped after the actor ran it) is re-sent through Ray by
+    the same admission request: it must not be told its own reservation "belongs to another pod"."""
+    s = svc(cluster(1, 8))
+    s.admit([AdmitCall(Request(id="a", gpus=1))], NOW)
+    [first] = s.claim([("a", "uid-1")])
+    [retry] = s.claim([("a", "uid-1")])
+    [copy] = s.claim([("a", "uid-2")])
+    [anonymous] = s.claim(["a"])
+    assert first.claimed is False and retry.claimed is False
+    assert copy.claimed is True and anonymous.claimed is True  # another request: a copy, as before
+    assert s._claimed == {"a": "uid-1"}
+
+
 def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
     """A reservation confirmed by its stored pod (a watch event, not a resync) is no longer replayed."""
     import asyncio

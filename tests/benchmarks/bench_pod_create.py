@@ -238,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="after the rounds, time delete-to-free for N webhook-admitted pods, one at a time (N: 20)",
     )
+    p.add_argument(
+        "--ledger-channel",
+        default="loopback",
+        choices=("off", "loopback", "node-ip"),
+        help="the webhook's ledger_channel (off: every ledger call through Ray, as before issue 13)",
+    )
     p.add_argument("--free-timeout", type=float, default=10.0, help="longest wait for one freed GPU, seconds")
     p.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(with_controllers=False) as cp:
         try:
             create_nodes(cp.api_client(), make_sample_cluster())
-            webhook = GpuledgerServe(cp)
+            webhook = GpuledgerServe(cp, {"ledger_channel": args.ledger_channel})
             served.append(webhook)
             tls, noop_port = webhook.tls, free_port()
             noop = ServedProcess(
@@ -341,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     noop_ratio = figures["noop"]["median_ms"] / figures["baseline"]["median_ms"]
     print(
         f"no-op webhooks / baseline: median x{noop_ratio:.2f} (the floor for any pair of admission webhooks)"
+    )
+    noop_pair = figures["webhook"]["median_ms"] / figures["noop"]["median_ms"]
+    print(
+        f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} (goal <= 1.2), "
+        f"p99 x{figures['webhook']['p99_ms'] / figures['noop']['p99_ms']:.2f}; "
+        f"ledger_channel {args.ledger_channel}"
     )
     print(
         "inside the gpuledger webhook (means): "

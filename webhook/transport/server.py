@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from webhook.transport.tls import ReloadingTLS
+
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_gc() -> None:
@@ -19,6 +22,9 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
+    # the cluster watch and Ray's client run Python threads in this process: a thread busy on the GIL keeps
+    # the admission loop waiting up to the switch interval (5 ms by default) for each wake-up
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
 @dataclass

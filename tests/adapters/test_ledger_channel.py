@@ -1,0 +1,160 @@
+"""The direct ledger channel (allocator.ledger_channel) into a real Ray actor: answers, trust, fallback.
+
+One local Ray for the module; each test has its own actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+import ray
+
+from allocator.ledger_channel import NONCE_BYTES, ChannelError, frame, read_frame
+from allocator.ray_actor import get_or_create_ledger, wait_ready
+from allocator.service import AdmitCall, Placement, Request
+from tests.adapters.test_actor import write_objects
+from tests.webhook.webhook_support import cluster, config
+from webhook.ledger_channel import LedgerChannel
+from webhook.ledger_client import RayLedgerClient
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(
+        address="local",
+        namespace="gpuledger-test-channel",
+        include_dashboard=False,
+        num_cpus=1,
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+def new_actor(tmp_path, nodes: int = 2):
+    source = tmp_path / f"cluster-{uuid.uuid4().hex[:6]}.yaml"
+    write_objects(source, cluster(nodes, 8))
+    handle = get_or_create_ledger(
+        config().ledger_config(),
+        {"kind": "file", "path": str(source)},
+        name=f"channel-{uuid.uuid4().hex[:8]}",
+        namespace="gpuledger-test",
+    )
+    wait_ready(handle)
+    return handle
+
+
+def admit(rid: str, gpus: int = 1) -> AdmitCall:
+    return AdmitCall(Request(id=rid, gpus=gpus))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(ray_local, tmp_path):
+    handle = new_actor(tmp_path)
+    info = await handle.open_channel.remote("loopback")
+    assert info["host"] == "127.0.0.1" and info["node_id"] == ray.get_runtime_context().get_node_id()
+    channel = await LedgerChannel.connect(info)
+    try:
+        [placed] = await channel.call("admit", [admit("a", 2)])
+        assert isinstance(placed, Placement) and len(placed.devices) == 2
+        [held] = await channel.call("claim", [("a", "uid-a")])
+        assert held.placement == placed and held.claimed is False
+        [same] = await handle.lookup.remote(["a"])  # what the channel did, Ray sees: one actor, one ledger
+        assert same.placement == placed and same.claimed is True
+        with pytest.raises(RuntimeError, match="'status' is not served on the channel"):
+            await channel.call("status")
+        pipelined = await asyncio.gather(*(channel.call("admit", [admit(f"p{i}")]) for i in range(14)))
+        denials = [p.message for [p] in pipelined if not isinstance(p, Placement)]
+        assert not denials, denials
+        held_devices = [(p.node, d) for [p] in [*pipelined, [placed]] for d in p.devices]
+        assert len(held_devices) == len(set(held_devices)) == 16  # every GPU once, pipelined or not
+        [denied] = await channel.call("admit", [admit("one-too-many")])
+        assert "not enough GPUs" in denied.message
+    finally:
+        await channel.close()
+    assert (await handle.status.remote())["channel_connections"] == 1
+
+
+async def test_a_peer_without_the_token_is_refused_and_an_impostor_is_not_believed(ray_local, tmp_path):
+    handle = new_actor(tmp_path)
+    info = await handle.open_channel.remote("loopback")
+    with pytest.raises(ChannelError):
+        channel = await LedgerChannel.connect({**info, "token": os.urandom(32).hex()})
+        await channel.call("admit", [admit("x")])  # the actor closed the socket after the bad proof
+    assert (await handle.lookup.remote(["x"])) == [None]
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_frame(reader)
+        writer.write(frame(os.urandom(NONCE_BYTES + 32)))  # cannot prove a token it never had
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        with pytest.raises(ChannelError, match="did not prove the ledger's token"):
+            await LedgerChannel.connect({**info, "port": port})
+    finally:
+        server.close()
+
+
+async def test_client_falls_back_to_ray_while_the_channel_fails_and_retries_it_later(ray_local, tmp_path):
+    handle = new_actor(tmp_path)
+    clock = Clock()
+    client = RayLedgerClient(handle, clock=clock, channel_retry_s=5.0)
+    try:
+        first = await client.admit(admit("a"))
+        assert isinstance(first, Placement) and client.channel_calls == 1
+        broken = client.channel
+        broken.writer.transport.abort()  # the socket dies under the client (a network fault, a killed peer)
+        second = await client.admit(admit("b"))
+        assert isinstance(second, Placement) and client.channel_calls == 1  # answered through Ray
+        assert client.channel is None and client.channel_failed_at == clock.now
+        third = await client.admit(admit("c"))  # inside channel_retry_s: Ray again, no reconnect storm
+        assert isinstance(third, Placement) and client.channel_calls == 1
+        clock.now += 5.0
+        fourth = await client.admit(admit("d"))
+        assert isinstance(fourth, Placement) and client.channel_calls == 2 and client.channel is not broken
+        devices = [(p.node, d) for p in (first, second, third, fourth) for d in p.devices]
+        assert len(set(devices)) == 4
+    finally:
+        await client.close()
+
+
+async def test_a_restarted_actor_gets_a_new_channel_with_its_own_token(ray_local, tmp_path):
+    handle = new_actor(tmp_path)
+    client = RayLedgerClient(handle)
+    try:
+        assert isinstance(await client.admit(admit("a")), Placement)
+        old = client.channel
+        ray.kill(handle, no_restart=False)
+        await asyncio.wait_for(old.reader_task, 60)  # the dead actor's socket closes
+        assert old.closed
+        placed = await client.admit(admit("b"))  # opens the successor's channel (Ray waits out the restart)
+        assert isinstance(placed, Placement) and client.channel_calls == 2
+        assert client.channel.incarnation == await handle.ping.remote() != old.incarnation
+    finally:
+        await client.close()
+
+
+async def test_channel_off_uses_ray_calls_only(ray_local, tmp_path):
+    handle = new_actor(tmp_path)
+    client = RayLedgerClient(handle, channel="off")
+    placed = await client.admit(admit("a"))
+    held = await client.claim("a", "uid-a")
+    assert isinstance(placed, Placement) and held.placement == placed
+    assert client.channel_calls == 0 and (await handle.status.remote())["channel_connections"] == 0
+    with pytest.raises(ValueError, match="ledger_channel='tcp': expected one of off, loopback, node-ip"):
+        RayLedgerClient(handle, channel="tcp")
