@@ -100,13 +100,20 @@ def findings(pod: dict, placed: dict[tuple[str, int], str]) -> list[str]:
     return found
 
 
-def refusal(pod: dict, key: bytes, config: WebhookConfig, before: dict | None = None) -> str | None:
+def refusal(
+    pod: dict,
+    key: bytes,
+    config: WebhookConfig,
+    before: dict | None = None,
+    placement: Placement | None = None,
+) -> str | None:
     """Why `pod` may not be admitted as it is, or None. The only values accepted besides the harmless ones are
     those its own signed placement annotation implies (our earlier write, seen on reinvocation and by the
     validating webhook); whether that placement belongs to this pod is the handler's check. On UPDATE,
     `before` (the stored pod) excuses what it already had: only what the update adds is refused (an
-    ephemeral container, a CDI annotation), so pods admitted before this rule stay updatable."""
-    found = _problems(pod, key, config)
+    ephemeral container, a CDI annotation), so pods admitted before this rule stay updatable. `placement`:
+    the pod's own placement where the caller already verified it (not decoded again)."""
+    found = _problems(pod, key, config, placement)
     if found and before is not None:
         old = set(_problems(before, key, config))
         found = [f for f in found if f not in old]
@@ -118,13 +125,15 @@ def refusal(pod: dict, key: bytes, config: WebhookConfig, before: dict | None = 
     )
 
 
-def _problems(pod: dict, key: bytes, config: WebhookConfig) -> list[str]:
+def _problems(pod: dict, key: bytes, config: WebhookConfig, placement: Placement | None = None) -> list[str]:
     found = findings(pod, {})
     if not found:  # the fast path: most pods set nothing of this, and then nothing is decoded
         return found
-    text = _dict_at(_dict_at(pod, "metadata"), "annotations").get(PLACEMENT_ANNOTATION)
-    decoded = decode_bound(text, key) if isinstance(text, str) else None
-    return found if decoded is None else findings(pod, placed_env(pod, decoded[0], config))
+    if placement is None:
+        text = _dict_at(_dict_at(pod, "metadata"), "annotations").get(PLACEMENT_ANNOTATION)
+        decoded = decode_bound(text, key) if isinstance(text, str) else None
+        placement = decoded[0] if decoded is not None else None
+    return found if placement is None else findings(pod, placed_env(pod, placement, config))
 
 
 def replacements(before: dict, after: dict, mode: str) -> list[str]:

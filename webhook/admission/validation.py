@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from allocator.service import (
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
+    Placement,
     Unavailable,
     binding_mismatch,
     decode_bound,
@@ -53,10 +54,7 @@ class Validating:
             if review.kind not in ("Pod", "") or review.sub_resource not in ("", "ephemeralcontainers"):
                 return Decision(True, outcome="allowed")
             if review.operation == "CREATE":
-                decision = await self._validate_create(review)  # the placement's own checks speak first
-                pod = review.object or {}
-                refused = decision.allowed and env_guard.refusal(pod, self.key, self.config)
-                return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else decision
+                return await self._validate_create(review)
             if review.operation == "UPDATE":
                 decision = self._validate_update(review)  # a changed placement is named as such first
                 if not decision.allowed:
@@ -91,7 +89,7 @@ class Validating:
                     f"{who}: label {RESERVATION_ID_KEY}={label!r} without a placement annotation; "
                     "only the gpuledger webhook writes gpuledger.io/* (remove it)"
                 )
-            return Decision(True, outcome="allowed")
+            return self._env_refusal(review, pod, None) or Decision(True, outcome="allowed")
         decoded = decode_bound(str(text), self.key)
         if decoded is None:
             return _forbidden(
@@ -117,8 +115,8 @@ class Validating:
                 f"{who}: spec.nodeName={spec.get('nodeName')!r} differs from the placement's "
                 f"node {placement.node!r}"
             )
-        if review.dry_run:
-            return Decision(True, outcome="allowed")  # dry runs reserve nothing: the signature is the check
+        if review.dry_run:  # dry runs reserve nothing: the signature is the check
+            return self._env_refusal(review, pod, placement) or Decision(True, outcome="allowed")
         try:
             async with asyncio.timeout(self.config.deadline_s):
                 held = await self.ledger.claim(placement.id, review.uid)
@@ -150,7 +148,13 @@ class Validating:
                 f"({'stored' if held.confirmed else 'already admitted'}); "
                 "a copied placement annotation cannot be reused"
             )
-        return Decision(True, outcome="allowed")
+        return self._env_refusal(review, pod, placement) or Decision(True, outcome="allowed")
+
+    def _env_refusal(self, review: Review, pod: dict, placement: Placement | None) -> Decision | None:
+        """A device variable or mount the pod may not set (env_guard), once the placement's own checks have
+        spoken; `placement` is the pod's own, already verified (not decoded again)."""
+        refused = env_guard.refusal(pod, self.key, self.config, placement=placement)
+        return _forbidden(f"{_pod_name(review, pod)}: {refused}") if refused else None
 
     async def _whose(self, rid: str) -> str:
         """Words on who holds `rid` for a copy's denial (best effort: "" when the ledger cannot say)."""
