@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--sort", default="cumulative", help="cProfile order: cumulative | tottime")
+    p.add_argument("--callers", help="also print who calls functions matching this (cProfile)")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args(argv)
 
@@ -139,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         prof.enable()
         asyncio.run(_drive(handler, vbodies, "validate", loads, dumps, parse_review, encode_response))
         prof.disable()
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+        stats = pstats.Stats(prof).sort_stats(args.sort)
+        stats.print_stats(45)
+        if args.callers:
+            stats.print_callers(args.callers)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0

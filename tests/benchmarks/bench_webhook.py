@@ -356,6 +356,16 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         await run_load(ray_only.port, ca_file, 400, 20)
         await run_load(noop.port, ca_file, 400, 20)
         await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+        if args.profile:  # the webhook's own process, under the 100-in-flight load, by cProfile
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            await run_load(webhook.port, ca_file, args.requests // 2, 100)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(40)
+            await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
         for name, in_flight, n in (("throughput", 100, args.requests), ("latency", 20, args.requests // 2)):
             print(f"phase: webhook {name} ({n} admissions, {in_flight} in flight)", flush=True)
             calls_before, items_before = client.admissions.calls, client.admissions.items
@@ -393,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "--in-process", action="store_true", help="also measure the webhook on an in-process ledger (no Ray)"
     )
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--profile", action="store_true", help="cProfile the webhook's process under load first")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.requests = 100, 1500
