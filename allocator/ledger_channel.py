@@ -27,8 +27,9 @@ from typing import Any, TypedDict
 
 # the calls a pod's admission makes; every other actor method is reached through Ray
 CHANNEL_METHODS = frozenset({"admit", "lookup", "claim"})
-# the `ledger_channel` setting: off | loopback (127.0.0.1, same Ray node only) | node-ip (the actor's node IP)
-CHANNEL_MODES = ("off", "loopback", "node-ip")
+# the `ledger_channel` setting: auto (127.0.0.1 from the actor's own Ray node, its node IP from others) |
+# loopback (127.0.0.1 only: other nodes keep Ray calls) | node-ip (always the node IP) | off (Ray calls only)
+CHANNEL_MODES = ("auto", "loopback", "node-ip", "off")
 HEADER = struct.Struct("!I")
 MAX_FRAME = 64 * 1024 * 1024
 NONCE_BYTES = 16

@@ -19,8 +19,8 @@ from typing import Any
 
 import ray
 
-from allocator.ledger_channel import ChannelInfo, ChannelServer
-from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings, Request
+from allocator.ledger_channel import CHANNEL_MODES, ChannelInfo, ChannelServer
+from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings
 
 ACTOR_NAME = "gpu-ledger"
 RAY_NAMESPACE = "gpuledger"
@@ -84,23 +84,22 @@ class LedgerActor:
         self._tick(len(ids))
         return self.service.claim(ids)
 
-    async def open_channel(self, mode: str = "loopback") -> ChannelInfo:
-        """Where a replica on `mode`'s terms reaches the direct channel (allocator.ledger_channel)."""
-        if mode not in ("loopback", "node-ip"):
-            raise ValueError(f"ledger_channel={mode!r}: expected loopback or node-ip")
-        host = "127.0.0.1" if mode == "loopback" else ray.util.get_node_ip_address()
+    async def open_channel(self, mode: str = "auto", caller_node: str = "") -> ChannelInfo:
+        """Where a replica reaches the direct channel (allocator.ledger_channel). `auto`: 127.0.0.1 for a
+        caller on this Ray node (`caller_node`), this node's IP for one elsewhere."""
+        if mode not in CHANNEL_MODES or mode == "off":
+            raise ValueError(f"ledger_channel={mode!r}: expected auto, loopback or node-ip")
+        node_id = ray.get_runtime_context().get_node_id()
+        local = mode == "loopback" or (mode == "auto" and caller_node == node_id)
+        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
         port = await self.channel.listen(host)
         return ChannelInfo(
             host=host,
             port=port,
             token=self.channel.token.hex(),
-            node_id=ray.get_runtime_context().get_node_id(),
+            node_id=node_id,
             incarnation=self.incarnation,
         )
-
-    async def explain(self, request: Request):
-        self._tick()
-        return self.service.explain(request)
 
     # ------------------------------------------------------------ cluster (allocator.cluster_sync)
     async def apply_events(self, events: list[tuple[str, dict]]) -> int:

@@ -59,9 +59,10 @@ class WebhookConfig:
     fail_open: bool = False
     # internal deadline for one admission, kept below the webhook's timeoutSeconds
     deadline_s: float = 2.0
-    # how admissions reach the ledger actor: a direct channel on 127.0.0.1 when the actor runs on this Ray
-    # node (loopback), on the actor node's IP (node-ip: replicas on other nodes), or Ray calls only (off)
-    ledger_channel: str = "loopback"
+    # how admissions reach the ledger actor: a direct channel, on 127.0.0.1 from the actor's own Ray node
+    # and on its node IP from others (auto), on 127.0.0.1 only (loopback), on the node IP always (node-ip),
+    # or Ray calls only (off)
+    ledger_channel: str = "auto"
     # live ledger settings: pushed to the ledger at start and when the file changes (webhook.config_watch)
     default_strategy: str = "fgd_host"
     # the `balanced` strategy's weights (the topology scheduler's scoringWeights); a weight left out counts 0

@@ -97,7 +97,7 @@ class RayLedgerClient:
         max_batch: int = 1024,
         max_in_flight: int = 1,
         retry_backoff_s: float = 0.05,
-        channel: str = "loopback",
+        channel: str = "auto",
         channel_retry_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -143,8 +143,9 @@ class RayLedgerClient:
             if self.channel is not None and not self.channel.closed:
                 return self.channel
             try:
-                info = await self.handle.open_channel.remote(self.channel_mode)
-                if self.channel_mode == "loopback" and info["node_id"] != _own_ray_node():
+                here = _own_ray_node()
+                info = await self.handle.open_channel.remote(self.channel_mode, here)
+                if self.channel_mode == "loopback" and info["node_id"] != here:
                     raise ChannelError("the ledger actor runs on another Ray node (ledger_channel: node-ip)")
                 self.channel = await LedgerChannel.connect(info)
             except Exception as exc:  # noqa: BLE001 - any failure: Ray calls until the next try

@@ -63,8 +63,9 @@ class Clock:
 
 async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(ray_local, tmp_path):
     handle = new_actor(tmp_path)
-    info = await handle.open_channel.remote("loopback")
-    assert info["host"] == "127.0.0.1" and info["node_id"] == ray.get_runtime_context().get_node_id()
+    here = ray.get_runtime_context().get_node_id()
+    info = await handle.open_channel.remote("auto", here)  # a caller on the actor's node: loopback
+    assert info["host"] == "127.0.0.1" and info["node_id"] == here
     channel = await LedgerChannel.connect(info)
     try:
         [placed] = await channel.call("admit", [admit("a", 2)])
@@ -156,5 +157,5 @@ async def test_channel_off_uses_ray_calls_only(ray_local, tmp_path):
     held = await client.claim("a", "uid-a")
     assert isinstance(placed, Placement) and held.placement == placed
     assert client.channel_calls == 0 and (await handle.status.remote())["channel_connections"] == 0
-    with pytest.raises(ValueError, match="ledger_channel='tcp': expected one of off, loopback, node-ip"):
+    with pytest.raises(ValueError, match="'tcp': expected one of auto, loopback, node-ip, off"):
         RayLedgerClient(handle, channel="tcp")

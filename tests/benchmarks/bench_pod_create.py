@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--ledger-channel",
-        default="loopback",
-        choices=("off", "loopback", "node-ip"),
+        default="auto",
+        choices=("auto", "off", "loopback", "node-ip"),
         help="the webhook's ledger_channel (off: every ledger call through Ray, as before issue 13)",
     )
     p.add_argument("--free-timeout", type=float, default=10.0, help="longest wait for one freed GPU, seconds")
@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     noop_pair = figures["webhook"]["median_ms"] / figures["noop"]["median_ms"]
     print(
-        f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} (goal <= 1.2), "
+        f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} "
+        "(goal <= 1.2), "
         f"p99 x{figures['webhook']['p99_ms'] / figures['noop']['p99_ms']:.2f}; "
         f"ledger_channel {args.ledger_channel}"
     )

@@ -403,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         "--in-process", action="store_true", help="also measure the webhook on an in-process ledger (no Ray)"
     )
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--profile", action="store_true", help="cProfile the webhook's process under load first")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile the webhook's process under load first"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.requests = 100, 1500
@@ -495,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"issue 13 rows: throughput at 100 in flight / no-op: {t['rate'] / nt['rate']:.2f}x (goal >= 0.6; "
         f"Ray calls only: {rt['rate'] / nt['rate']:.2f}x); p99 at 20 in flight / no-op p99: "
-        f"{lt['p99_ms'] / nl['p99_ms']:.2f}x (goal <= 2; Ray calls only: {rl['p99_ms'] / nl['p99_ms']:.2f}x); "
+        f"{lt['p99_ms'] / nl['p99_ms']:.2f}x (goal <= 2; "
+        f"Ray calls only: {rl['p99_ms'] / nl['p99_ms']:.2f}x); "
         f"ledger calls over the channel: {results['channel_calls']}"
     )
     print(
