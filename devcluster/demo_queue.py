@@ -120,8 +120,9 @@ def print_queue(statuses: dict[str, dict], out=sys.stdout) -> None:
 
 
 def _wait_phases(kube: KubeClient, namespace: str, expected: dict[str, str], ctl: Controller) -> dict:
-    """Until every named workload is in its phase (and Queued ones have their position); pods of deleted
-    workloads are confirmed deleted meanwhile, as a kubelet would once their containers stopped."""
+    """Until every named workload is in its phase (and Queued ones have their position and a settled reason:
+    "Next" is a pass's verdict from before the workload ahead of it was placed); pods of deleted workloads are
+    confirmed deleted meanwhile, as a kubelet would once their containers stopped."""
 
     def reached():
         terminating = [
@@ -131,7 +132,8 @@ def _wait_phases(kube: KubeClient, namespace: str, expected: dict[str, str], ctl
             kube.force_delete("pods", *terminating, namespace=namespace)
         got = _statuses(kube, namespace)
         ok = all(
-            got.get(n, {}).get("phase") == phase and (phase != "Queued" or got[n].get("queuePosition"))
+            got.get(n, {}).get("phase") == phase
+            and (phase != "Queued" or (got[n].get("queuePosition") and got[n].get("reason") != "Next"))
             for n, phase in expected.items()
         )
         return got if ok and set(got) == set(expected) else None

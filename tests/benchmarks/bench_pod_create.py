@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=("auto", "off", "loopback", "node-ip"),
         help="the webhook's ledger_channel (off: every ledger call through Ray, as before issue 13)",
     )
+    p.add_argument(
+        "--no-events", action="store_true", help="serve with --no-events (no GPUPlaced Events posted)"
+    )
     p.add_argument("--free-timeout", type=float, default=10.0, help="longest wait for one freed GPU, seconds")
     p.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -266,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(with_controllers=False) as cp:
         try:
             create_nodes(cp.api_client(), make_sample_cluster())
-            webhook = GpuledgerServe(cp, {"ledger_channel": args.ledger_channel})
+            webhook = GpuledgerServe(
+                cp, {"ledger_channel": args.ledger_channel}, *(["--no-events"] if args.no_events else [])
+            )
             served.append(webhook)
             tls, noop_port = webhook.tls, free_port()
             noop = ServedProcess(
@@ -353,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} "
         "(goal <= 1.2), "
         f"p99 x{figures['webhook']['p99_ms'] / figures['noop']['p99_ms']:.2f}; "
-        f"ledger_channel {args.ledger_channel}"
+        f"ledger_channel {args.ledger_channel}{', no Events' if args.no_events else ''}"
     )
     print(
         "inside the gpuledger webhook (means): "
