@@ -58,14 +58,18 @@ class InProcessLedgerClient:
 
     def __init__(self, service: LedgerService, clock: Callable[[], float] = time.time):
         self.service, self.clock = service, clock
+        self.transport_calls = {"in-process": 0}
 
     async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
+        self.transport_calls["in-process"] += 1
         return self.service.admit([call], self.clock())[0]
 
     async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
+        self.transport_calls["in-process"] += 1
         return self.service.lookup([reservation_id])[0]
 
     async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None:
+        self.transport_calls["in-process"] += 1
         return self.service.claim([(reservation_id, claimer)])[0]
 
     async def status(self) -> dict[str, Any]:
@@ -109,6 +113,7 @@ class RayLedgerClient:
         self.channel: LedgerChannel | None = None
         self.channel_failed_at: float | None = None
         self.channel_calls = 0
+        self.transport_calls = {"channel": 0, "ray": 0}  # every call, by the way it went (/metrics)
         self._opening = asyncio.Lock()
         self.admissions: Batcher[AdmitCall, Placement | Denial | Unavailable] = Batcher(
             lambda calls: self._call("admit", calls), max_batch, max_in_flight
@@ -127,6 +132,7 @@ class RayLedgerClient:
                 try:
                     answer = await channel.call(method, *args)
                     self.channel_calls += 1
+                    self.transport_calls["channel"] += 1
                     return answer
                 except ChannelError as exc:
                     self._channel_down(channel, exc)
@@ -167,6 +173,7 @@ class RayLedgerClient:
 
         retriable = (rex.RayActorError, rex.ActorUnavailableError, rex.ActorDiedError)
         delay = self.retry_backoff_s
+        self.transport_calls["ray"] += 1
         while True:
             try:
                 return await getattr(self.handle, method).remote(*args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 # every metric this webhook exports, by the name a dashboard queries (counters gain `_total` on the wire as
 # written here; histograms add `_bucket`/`_sum`/`_count`)
@@ -32,6 +33,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_handler_failures_total",
     "gpuledger_placement_conflicts",
     "gpuledger_device_disagreements",
+    "gpuledger_ledger_calls",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -147,6 +149,8 @@ class WebhookMetrics:
             ["kind"],
             registry=r,
         )
+        self.ledger_transport: dict[str, int] | None = None
+        r.register(_LedgerCalls(self))
 
     def observe_decision(self, strategy: str, seconds: float) -> None:
         """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
@@ -192,5 +196,32 @@ class WebhookMetrics:
                 self.scheduler_domain_fragmentation.labels(level, name).set(d.fragmentation)
         self.observe_recoveries(getattr(stats, "recoveries", None))
 
+    def count_ledger_calls(self, by_transport: dict[str, int]) -> None:
+        """Export the ledger client's own tally of calls by transport (a dict it keeps current)."""
+        self.ledger_transport = by_transport
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _LedgerCalls:
+    """gpuledger_ledger_calls_total{transport}: ledger calls over the direct channel and over Ray (its
+    fallback), read from the client's counters at each scrape (the client has no registry of its own)."""
+
+    def __init__(self, metrics: WebhookMetrics):
+        self.metrics = metrics
+
+    def describe(self):
+        return [CounterMetricFamily("gpuledger_ledger_calls", _LEDGER_CALLS_HELP, labels=["transport"])]
+
+    def collect(self):
+        family = CounterMetricFamily("gpuledger_ledger_calls", _LEDGER_CALLS_HELP, labels=["transport"])
+        for transport, count in sorted((self.metrics.ledger_transport or {}).items()):
+            family.add_metric([transport], count)
+        yield family
+
+
+_LEDGER_CALLS_HELP = (
+    "ledger calls by transport: channel (the direct socket into the ledger actor) or ray (every other call, "
+    "and the channel's fallback); each call may carry a batch of admissions"
+)

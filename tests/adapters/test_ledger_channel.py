@@ -130,6 +130,8 @@ async def test_client_falls_back_to_ray_while_the_channel_fails_and_retries_it_l
         assert isinstance(fourth, Placement) and client.channel_calls == 2 and client.channel is not broken
         devices = [(p.node, d) for p in (first, second, third, fourth) for d in p.devices]
         assert len(set(devices)) == 4
+        assert client.transport_calls["channel"] == 2  # what /metrics exports as gpuledger_ledger_calls_total
+        assert client.transport_calls["ray"] >= 2  # b and c (and the open_channel asks are not counted)
     finally:
         await client.close()
 

@@ -155,4 +155,5 @@ async def test_metrics_exports_every_name_per_app(aiohttp_client, ledger_client)
     assert 'topology_placement_decisions_total{result="placed",strategy="default"} 1.0' in text
     assert 'topology_placement_decisions_total{result="denied",strategy="default"} 1.0' in text
     assert "topology_domain_utilization_ratio{" in text
+    assert 'gpuledger_ledger_calls_total{transport="in-process"} 2.0' in text
     assert other is not app

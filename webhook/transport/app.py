@@ -171,6 +171,10 @@ def create_app(
     runner). With an `event_writer` (webhook.events.KubeEventWriter), decisions are posted as Kubernetes
     Events."""
     metrics = metrics or WebhookMetrics()
+    # the client's own tally, where it keeps one (read from its __dict__: a test double may refuse getattr)
+    transport_calls = getattr(ledger_client, "__dict__", {}).get("transport_calls")
+    if isinstance(transport_calls, dict):
+        metrics.count_ledger_calls(transport_calls)
     poster = EventPoster(event_writer, event_settings, registry=metrics.registry) if event_writer else None
     handler = AdmissionHandler(config, ledger_client, owner_lookup, metrics, key=key, event_sink=poster)
     # the body cap is enforced in _read_review (400/413 before any parsing); aiohttp's own cap is a backstop
