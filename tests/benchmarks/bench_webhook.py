@@ -183,10 +183,13 @@ async def run_load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
     job = load(port, ca_file, n, in_flight)
     conn = job["conn"]
     await asyncio.to_thread(conn.recv)  # bodies encoded
+    cpu = time.process_time()  # this process: the server(s) and Ray's driver threads, not the generator
     conn.send("go")
     result = await asyncio.to_thread(conn.recv)
+    cpu = time.process_time() - cpu
     job["proc"].join()
     lat = sorted(result["latencies"])
+    result["server_cpu_us"] = cpu / max(len(lat), 1) * 1e6
     result["rate"] = len(lat) / result["elapsed"]
     result["p50_ms"] = lat[len(lat) // 2] * 1e3
     result["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
@@ -476,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raw Ray actor call (in-cluster, joined by address): {in_cluster['sync_ms']:.3f} ms blocking")
     print(f"raw Ray admission rate (1 admission per call, sequential): {raw_rate:,.0f}/s")
     print()
-    print(f"{'scenario':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}  statuses")
+    print(f"{'scenario':<34}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'CPU us':>8}  statuses")
     rows = [
         ("webhook, 100 in flight", t),
         ("no-op aiohttp, 100 in flight", nt),
@@ -491,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
             ("webhook no Ray, 20 in flight", results["inproc_latency"]),
         ]
     for label, r in rows:
-        print(f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}  {r['statuses']}")
+        print(
+            f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['server_cpu_us']:>8.0f}"
+            f"  {r['statuses']}"
+        )
     print()
     rt, rl = results["rayonly_throughput"], results["rayonly_latency"]
     print(
