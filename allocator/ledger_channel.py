@@ -117,8 +117,10 @@ class ChannelServer:
                     answer = (seq, False, f"{type(exc).__name__}: {exc}")
                 writer.write(frame(encode(answer)))
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ChannelError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, ChannelError, TimeoutError):
+            pass  # the peer went away, or never proved the token in time
+        except Exception:  # a frame that does not decode: this connection ends, the actor goes on
+            log.exception("ledger channel: closing a connection after a bad frame")
         finally:
             writer.close()
 

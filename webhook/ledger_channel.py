@@ -81,11 +81,11 @@ class LedgerChannel:
                 future = self.pending.pop(seq, None)
                 if future is not None and not future.done():
                     future.set_result((ok, result))
-        except (asyncio.IncompleteReadError, OSError, ChannelError) as exc:
-            self._fail(ChannelError(f"ledger channel closed: {exc!r}"))
         except asyncio.CancelledError:
             self._fail(ChannelError("ledger channel closed"))
             raise
+        except Exception as exc:  # noqa: BLE001 - EOF, a reset, a frame that does not decode: all end it
+            self._fail(ChannelError(f"ledger channel closed: {exc!r}"))
 
     def _fail(self, exc: ChannelError) -> None:
         self.closed = True

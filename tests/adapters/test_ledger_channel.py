@@ -102,6 +102,18 @@ async def test_a_peer_without_the_token_is_refused_and_an_impostor_is_not_believ
         await writer.drain()
         writer.close()
 
+    garbled = await LedgerChannel.connect(info)  # a peer with the token sends a frame that does not decode
+    garbled.writer.write(frame(b"not a pickle"))
+    await asyncio.wait_for(garbled.reader_task, 10)  # the actor closes that connection ...
+    with pytest.raises(ChannelError):
+        await garbled.call("admit", [admit("y")])
+    healthy = await LedgerChannel.connect(info)  # ... and goes on serving the others
+    try:
+        [placed] = await healthy.call("admit", [admit("z")])
+        assert isinstance(placed, Placement)
+    finally:
+        await healthy.close()
+
     server = await asyncio.start_server(impostor, "127.0.0.1", 0)
     try:
         port = server.sockets[0].getsockname()[1]
