@@ -1,6 +1,6 @@
 """The direct ledger channel (allocator.ledger_channel) into a real Ray actor: answers, trust, fallback.
 
-One local Ray for the module; each test has its own actor.
+One local Ray for the module (test_actor's fixture); each test has its own actor.
 """
 
 from __future__ import annotations
@@ -15,25 +15,12 @@ import ray
 from allocator.ledger_channel import NONCE_BYTES, ChannelError, frame, read_frame
 from allocator.ray_actor import get_or_create_ledger, wait_ready
 from allocator.service import AdmitCall, Placement, Request
-from tests.adapters.test_actor import write_objects
+from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import cluster, config
 from webhook.ledger_channel import LedgerChannel
 from webhook.ledger_client import RayLedgerClient
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(
-        address="local",
-        namespace="gpuledger-test-channel",
-        include_dashboard=False,
-        num_cpus=1,
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
 
 
 def new_actor(tmp_path, nodes: int = 2):
