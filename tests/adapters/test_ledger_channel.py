@@ -20,7 +20,7 @@ from tests.webhook.webhook_support import cluster, config
 from webhook.ledger_channel import LedgerChannel
 from webhook.ledger_client import RayLedgerClient
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 
 def new_actor(tmp_path, nodes: int = 2):
@@ -48,7 +48,7 @@ class Clock:
         return self.now
 
 
-async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(ray_local, tmp_path):
+async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(tmp_path):
     handle = new_actor(tmp_path)
     here = ray.get_runtime_context().get_node_id()
     info = await handle.open_channel.remote("auto", here)  # a caller on the actor's node: loopback
@@ -75,7 +75,7 @@ async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(ray_l
     assert (await handle.status.remote())["channel_connections"] == 1
 
 
-async def test_a_peer_without_the_token_is_refused_and_an_impostor_is_not_believed(ray_local, tmp_path):
+async def test_a_peer_without_the_token_is_refused_and_an_impostor_is_not_believed(tmp_path):
     handle = new_actor(tmp_path)
     info = await handle.open_channel.remote("loopback")
     with pytest.raises(ChannelError):
@@ -110,7 +110,7 @@ async def test_a_peer_without_the_token_is_refused_and_an_impostor_is_not_believ
         server.close()
 
 
-async def test_client_falls_back_to_ray_while_the_channel_fails_and_retries_it_later(ray_local, tmp_path):
+async def test_client_falls_back_to_ray_while_the_channel_fails_and_retries_it_later(tmp_path):
     handle = new_actor(tmp_path)
     clock = Clock()
     client = RayLedgerClient(handle, clock=clock, channel_retry_s=5.0)
@@ -135,7 +135,7 @@ async def test_client_falls_back_to_ray_while_the_channel_fails_and_retries_it_l
         await client.close()
 
 
-async def test_a_restarted_actor_gets_a_new_channel_with_its_own_token(ray_local, tmp_path):
+async def test_a_restarted_actor_gets_a_new_channel_with_its_own_token(tmp_path):
     handle = new_actor(tmp_path)
     client = RayLedgerClient(handle)
     try:
@@ -151,7 +151,7 @@ async def test_a_restarted_actor_gets_a_new_channel_with_its_own_token(ray_local
         await client.close()
 
 
-async def test_channel_off_uses_ray_calls_only(ray_local, tmp_path):
+async def test_channel_off_uses_ray_calls_only(tmp_path):
     handle = new_actor(tmp_path)
     client = RayLedgerClient(handle, channel="off")
     placed = await client.admit(admit("a"))
