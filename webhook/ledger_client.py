@@ -112,7 +112,6 @@ class RayLedgerClient:
         self.channel_mode, self.channel_retry_s, self.clock = channel, channel_retry_s, clock
         self.channel: LedgerChannel | None = None
         self.channel_failed_at: float | None = None
-        self.channel_calls = 0
         self.transport_calls = {"channel": 0, "ray": 0}  # every call, by the way it went (/metrics)
         self._opening = asyncio.Lock()
         self.admissions: Batcher[AdmitCall, Placement | Denial | Unavailable] = Batcher(
@@ -131,12 +130,15 @@ class RayLedgerClient:
             if channel is not None:
                 try:
                     answer = await channel.call(method, *args)
-                    self.channel_calls += 1
                     self.transport_calls["channel"] += 1
                     return answer
                 except ChannelError as exc:
                     self._channel_down(channel, exc)
         return await self._ray_call(method, *args)
+
+    @property
+    def channel_calls(self) -> int:
+        return self.transport_calls["channel"]
 
     async def _channel(self) -> LedgerChannel | None:
         """The open channel, or a new one; None while it is unusable (retried every channel_retry_s)."""
