@@ -27,6 +27,8 @@ from allocator.service import RESERVATION_ID_KEY
 log = logging.getLogger("gpuledger.events")
 
 PLACED, DENIED = "GPUPlaced", "GPUPlacementDenied"
+# a LIST answered with each object's metadata only (PartialObjectMetadataList), as `kubectl get -o name` asks
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 MAX_MESSAGE = 1024  # what events.k8s.io accepts for a note; core/v1 takes more, kubectl shows less
 
 
@@ -330,6 +332,7 @@ class KubeEventWriter:
                 namespace,
                 label_selector=f"{RESERVATION_ID_KEY} in ({','.join(chunk)})",
                 resource_version="0",  # the API server's watch cache, not etcd; a miss is looked at again
+                _headers={"Accept": METADATA_ONLY},  # names and uids, not whole pods: less to decode
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )
