@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from allocator.core.model import MILLI_PER_GPU, DeviceShare, NodeInfo
+from allocator.core.slots_init import slots_init
 
 LeafKey = tuple[str, str]  # (spine, leaf)
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)
 class Holding:
     """What one holder (a reservation, an unclaimed group slot, a pod gpuledger did not place) uses on a
