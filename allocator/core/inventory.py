@@ -142,8 +142,9 @@ class ClusterIndex:
         max_gpu = max(1, max(self._gpu_sizes, default=1)) * MILLI_PER_GPU
         if (max_cpu, max_gpu) != (self.max_cpu_milli, self.max_gpu_milli):
             self.max_cpu_milli, self.max_gpu_milli = max_cpu, max_gpu
-            self._fit_stale = True
-            self._by_fit = {}
+            if self._key:  # (with no node filed yet there is nothing to re-weight: the first node sets them)
+                self._fit_stale = True
+                self._by_fit = {}
 
     def _fit_file(self, name: str, k: int, key: int) -> None:
         self._fit_key[name] = key
