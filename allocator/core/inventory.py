@@ -307,7 +307,8 @@ class ClusterIndex:
         self.touch(node.name)
         if node.name not in self._key:
             mutate()
-            self._dirty(node.name)
+            if not self._bulk:  # (a bulk load re-keys every node once, at its end)
+                self._dirty(node.name)
             return
         k_old = self._key[node.name]
         milli_old = node.free_milli

@@ -143,7 +143,13 @@ def _shares(raw) -> tuple[DeviceShare, ...]:
 
 
 def _ints(raw) -> tuple[int, ...]:
-    return tuple(map(ascii_int, raw)) if raw else ()
+    if not raw:
+        return ()
+    out = tuple(raw)
+    for x in out:
+        if type(x) is not int:  # (ints, the JSON a signer writes, need no conversion)
+            return tuple(map(ascii_int, raw))
+    return out
 
 
 def placement_from_dict(d: dict) -> Placement:
@@ -156,18 +162,19 @@ def placement_from_dict(d: dict) -> Placement:
     taints = get("taints")
     plan = get("plan")
     deadline = get("deadline")
+    cpu, mem, score = get("cpu", 0), get("mem", 0), get("score", 0.0)
     return Placement(
         id=pid,
         node=intern(node),  # one copy of each node name, device uuid and strategy name across placements
         devices=_ints(get("devices")),
         shares=_shares(get("shares")),
         uuids=tuple(intern(str(u)) for u in uuids) if uuids else (),
-        cpu_milli=ascii_int(get("cpu", 0)),
-        memory_mib=ascii_int(get("mem", 0)),
+        cpu_milli=cpu if type(cpu) is int else ascii_int(cpu),
+        memory_mib=mem if type(mem) is int else ascii_int(mem),
         group=get("group"),
         slot=None if slot is None else ascii_int(slot),
         strategy=intern(str(get("strategy", ""))),
-        score=ascii_float(get("score", 0.0)),
+        score=score if type(score) is float else ascii_float(score),
         tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
         group_plan=tuple(
             GroupSlot(
