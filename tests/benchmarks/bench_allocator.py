@@ -5,6 +5,7 @@ the full walk, gang latency, rebuild time and resident memory.
     .venv/bin/python tests/benchmarks/bench_allocator.py --denials-only --denial-nodes 1000 10000
     .venv/bin/python tests/benchmarks/bench_allocator.py --scale  # 65,000 nodes, 500,000 pods, vs targets
     .venv/bin/python tests/benchmarks/bench_allocator.py --placements-only --strategies best_fit,fgd_host
+    .venv/bin/python tests/benchmarks/bench_allocator.py --classes-cost  # placements with/without classes
 
 The naive baseline is the same ledger with its strategies' candidate walks switched off, so every
 placement filters and scores every node (what a scheduler without an index does). The denial baseline is
@@ -192,6 +193,38 @@ def report_denials(
         )
 
 
+def classes_cost(nodes: list[NodeInfo], placements: int, churn: int) -> tuple[float, float, float, float]:
+    """What keeping the node classes current costs: two ledgers in one process, one with the classes kept
+    (the default) and one without (`ClusterIndex.dirty` off), batches alternating between them; CPU time.
+    (placements/s kept, not kept, release + placement of random pods/s kept, not kept)."""
+    import random
+
+    kept, bare = fresh(nodes), fresh(nodes)
+    bare.index.dirty = None  # nothing queued for the classes: what placements cost without them
+    req = {"gpus": 1, "cpu_milli": 1000, "memory_mib": 4096}
+    spent = {"kept": 0.0, "bare": 0.0}
+    batch = max(1, placements // 16)
+    for k in range(16):
+        for tag, led in (("kept", kept), ("bare", bare)) if k % 2 else (("bare", bare), ("kept", kept)):
+            c0 = time.process_time()
+            for i in range(k * batch, (k + 1) * batch):
+                led.reserve(Request(id=f"r{i}", **req), 0.0)
+            spent[tag] += time.process_time() - c0
+    place = (16 * batch / spent["kept"], 16 * batch / spent["bare"])
+    spent = {"kept": 0.0, "bare": 0.0}
+    rnd = random.Random(1)
+    batch = max(1, churn // 16)
+    for k in range(16):
+        ids = [f"r{rnd.randrange(16 * (placements // 16))}" for _ in range(batch)]
+        for tag, led in (("kept", kept), ("bare", bare)) if k % 2 else (("bare", bare), ("kept", kept)):
+            c0 = time.process_time()
+            for rid in ids:
+                led.release(rid)
+                led.reserve(Request(id=rid, **req), 0.0)
+            spent[tag] += time.process_time() - c0
+    return (*place, 16 * batch / spent["kept"], 16 * batch / spent["bare"])
+
+
 def gang_latency(nodes, repeats: int = 20) -> tuple[float, float, float, float]:
     led = fresh(nodes)
     # some background load so leaves differ
@@ -369,6 +402,11 @@ def main(argv=None) -> int:
         "--strategies", help="comma-separated placement strategies to measure (default: all rows)"
     )
     ap.add_argument("--placements-only", action="store_true", help="only the placement rows")
+    ap.add_argument(
+        "--classes-cost",
+        action="store_true",
+        help="only what keeping the node classes current costs placements (two ledgers, one process)",
+    )
     ap.add_argument("--memory-child", metavar="JSONL", help=argparse.SUPPRESS)
     ap.add_argument("--write-objects", metavar="JSONL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -379,6 +417,17 @@ def main(argv=None) -> int:
         return 0
     if args.memory_child:
         memory_child(args)
+        return 0
+    if args.classes_cost:
+        kept, bare, churn_kept, churn_bare = classes_cost(
+            cluster(args.nodes, args.gpus, args.leaves_per_spine), args.placements, args.placements
+        )
+        print(
+            f"node classes kept current, {args.nodes} nodes x {args.gpus} GPUs, CPU time: 1-GPU placements "
+            f"{kept:.0f}/s vs {bare:.0f}/s without ({(bare / kept - 1) * 100:+.1f}% time), "
+            f"release + placement of random pods {churn_kept:.0f}/s vs {churn_bare:.0f}/s "
+            f"({(churn_bare / churn_kept - 1) * 100:+.1f}% time)"
+        )
         return 0
     if args.denials_only:
         report_denials(
