@@ -14,9 +14,7 @@ from bisect import bisect_left, insort
 from allocator.core import objects as kube
 from allocator.core.inventory import ClusterIndex
 from allocator.core.node_state import NodeState
-from allocator.core.sorted_names import SortedNames
-
-Move = tuple[str, int | None, int | None]  # (node, class id before, class id after; None = not there)
+from allocator.core.sorted_names import CHUNK, SortedNames
 
 
 class NodeClasses:
@@ -27,10 +25,13 @@ class NodeClasses:
         self.index = index
         self.generation = 0  # bumped by every full rebuild: readers of `moves` recount from scratch
         self.class_of: dict[str, int] = {}
-        self.members: dict[int, SortedNames] = {}  # class id -> its nodes, name-sorted (never empty)
-        self.moves: list[Move] = []
-        self.moves_base = 0  # position of moves[0] in this generation's whole move history
-        self._moves_limit = 1024  # moves kept before the log is trimmed (2 x nodes + 1024, set when trimmed)
+        # class id -> its nodes, name-sorted (never empty): a list, a SortedNames above CHUNK nodes
+        self.members: dict[int, list[str] | SortedNames] = {}
+        # each move as 3 entries (node, class id before, after; None = not there): flat, so a move leaves no
+        # tuple behind (one per placement would wake the cyclic collector over and over)
+        self.moves: list = []
+        self.moves_base = 0  # position of moves[0] in this generation's whole move history (entries)
+        self._moves_limit = 3 * 1024  # entries kept before the log is trimmed (3 x (2 x nodes + 1024))
         self._ids: dict[tuple, int] = {}
         self._key_of_id: dict[int, tuple] = {}
         self._next_id = 0
@@ -86,6 +87,8 @@ class NodeClasses:
                 if len(group) == 1:
                     del members[old]
                     del self._ids[self._key_of_id.pop(old)]
+                elif isinstance(group, list):
+                    del group[bisect_left(group, name)]
                 else:
                     group.remove(name)
             if new is None:
@@ -93,23 +96,27 @@ class NodeClasses:
             else:
                 class_of[name] = new
                 joined = members.get(new)
-                if joined is None:
-                    members[new] = SortedNames.of(name)
+                if joined is None:  # a plain list while small: one object for the collector, not three
+                    members[new] = [name]
+                elif isinstance(joined, list):
+                    insort(joined, name)
+                    if len(joined) > CHUNK:
+                        members[new] = SortedNames(joined)
                 else:
                     joined.add(name)
         moves = self.moves
-        moves.append((name, old, new))  # also when unchanged: the node's own detail may have
+        moves.extend((name, old, new))  # also when unchanged: the node's own detail may have
         if len(moves) > self._moves_limit:
             self.moves_base += len(moves)
             moves.clear()
-            self._moves_limit = 2 * len(self.index.nodes) + 1024
+            self._moves_limit = 3 * (2 * len(self.index.nodes) + 1024)
 
     def _rebuild(self) -> None:
         """Every node keyed from scratch (a new ledger, or after a bulk load): O(nodes)."""
         self.generation += 1
         self.index.dirty.clear()  # type: ignore[union-attr]
         self.moves, self.moves_base = [], 0
-        self._moves_limit = 2 * len(self.index.nodes) + 1024
+        self._moves_limit = 3 * (2 * len(self.index.nodes) + 1024)
         self.class_of = {}
         self._ids, self._key_of_id = {}, {}
         nodes = self.index.nodes
@@ -122,7 +129,9 @@ class NodeClasses:
                 grouped[cid] = [name]
             else:
                 group.append(name)
-        self.members = {cid: SortedNames(names) for cid, names in grouped.items()}
+        self.members = {
+            cid: SortedNames(names) if len(names) > CHUNK else names for cid, names in grouped.items()
+        }
         for name in [n for n in self._static if n not in nodes]:
             self._unstatic(name)
 
@@ -237,7 +246,7 @@ class ClassDiagnosis:
         if not moves:
             return True
         net: dict[str, tuple] = {}
-        for name, old, new in moves:
+        for name, old, new in zip(moves[0::3], moves[1::3], moves[2::3], strict=True):
             was = net.get(name)
             net[name] = (old if was is None else was[0], new)
         nodes = classes.index.nodes
@@ -254,7 +263,7 @@ class ClassDiagnosis:
     def _count(self, cid: int, delta: int, nodes, bulk: bool = False) -> None:
         verdict = self.verdict.get(cid)
         if verdict is None:
-            verdict = self.verdict[cid] = self.classify(nodes[self.classes.members[cid].first()])
+            verdict = self.verdict[cid] = self.classify(nodes[next(iter(self.classes.members[cid]))])
         reason, key = verdict
         before = self.size.get(cid, 0)
         after = self.size[cid] = before + delta

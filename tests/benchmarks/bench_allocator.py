@@ -194,35 +194,39 @@ def report_denials(
 
 
 def classes_cost(nodes: list[NodeInfo], placements: int, churn: int) -> tuple[float, float, float, float]:
-    """What keeping the node classes current costs: two ledgers in one process, one with the classes kept
-    (the default) and one without (`ClusterIndex.dirty` off), batches alternating between them; CPU time.
+    """What keeping the node classes current costs: a ledger with the classes kept (the default) and one
+    without (`ClusterIndex.dirty` off), one at a time in this process (each alone in the heap, so the cyclic
+    collector's share is its own), alternating over 4 rounds; CPU time, garbage collection included.
     (placements/s kept, not kept, release + placement of random pods/s kept, not kept)."""
     import random
 
-    kept, bare = fresh(nodes), fresh(nodes)
-    bare.index.dirty = None  # nothing queued for the classes: what placements cost without them
     req = {"gpus": 1, "cpu_milli": 1000, "memory_mib": 4096}
-    spent = {"kept": 0.0, "bare": 0.0}
-    batch = max(1, placements // 16)
-    for k in range(16):
-        for tag, led in (("kept", kept), ("bare", bare)) if k % 2 else (("bare", bare), ("kept", kept)):
+    spent = {("place", True): 0.0, ("place", False): 0.0, ("churn", True): 0.0, ("churn", False): 0.0}
+    for k in range(4):
+        for kept in (True, False) if k % 2 else (False, True):
+            led = fresh(nodes)
+            if not kept:
+                led.index.dirty = None  # nothing queued for the classes: what placements cost without them
+            gc.collect()
             c0 = time.process_time()
-            for i in range(k * batch, (k + 1) * batch):
+            for i in range(placements):
                 led.reserve(Request(id=f"r{i}", **req), 0.0)
-            spent[tag] += time.process_time() - c0
-    place = (16 * batch / spent["kept"], 16 * batch / spent["bare"])
-    spent = {"kept": 0.0, "bare": 0.0}
-    rnd = random.Random(1)
-    batch = max(1, churn // 16)
-    for k in range(16):
-        ids = [f"r{rnd.randrange(16 * (placements // 16))}" for _ in range(batch)]
-        for tag, led in (("kept", kept), ("bare", bare)) if k % 2 else (("bare", bare), ("kept", kept)):
+            spent["place", kept] += time.process_time() - c0
+            rnd = random.Random(k)
+            ids = [f"r{rnd.randrange(placements)}" for _ in range(churn)]
             c0 = time.process_time()
             for rid in ids:
                 led.release(rid)
                 led.reserve(Request(id=rid, **req), 0.0)
-            spent[tag] += time.process_time() - c0
-    return (*place, 16 * batch / spent["kept"], 16 * batch / spent["bare"])
+            spent["churn", kept] += time.process_time() - c0
+            del led
+            gc.collect()
+    return (
+        4 * placements / spent["place", True],
+        4 * placements / spent["place", False],
+        4 * churn / spent["churn", True],
+        4 * churn / spent["churn", False],
+    )
 
 
 def gang_latency(nodes, repeats: int = 20) -> tuple[float, float, float, float]:

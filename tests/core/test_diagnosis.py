@@ -7,6 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import allocator.core.node_classes as node_classes
+import allocator.core.sorted_names as sorted_names
 from allocator import strategies as registry
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, GroupSpec, Placement, Reason, Request, Toleration
@@ -261,11 +263,22 @@ def class_partition(led: Ledger) -> set[frozenset[str]]:
     st.lists(node_change, min_size=1, max_size=30),
     shape,
     st.sampled_from([1, 3, 256]),
+    st.sampled_from([1, 2, 512]),
 )
-def test_first_denials_by_class_follow_node_adds_removes_and_relabels(specs, changes, s, dirty_limit):
+def test_first_denials_by_class_follow_node_adds_removes_and_relabels(specs, changes, s, dirty_limit, chunk):
     """The node classes are kept as the index changes (placements, releases, nodes added, removed,
     relabelled, cordoned, foreign pods), never more than `dirty_limit` nodes behind and never rebuilt by a
-    denial; a shape asked for the first time after each change is answered as the node-by-node walk."""
+    denial; a shape asked for the first time after each change is answered as the node-by-node walk.
+    (`chunk`: classes above it keep their members in a SortedNames of such chunks, below in a list.)"""
+    saved = node_classes.CHUNK, sorted_names.CHUNK
+    node_classes.CHUNK = sorted_names.CHUNK = chunk
+    try:
+        _first_denials_follow_node_changes(specs, changes, s, dirty_limit)
+    finally:
+        node_classes.CHUNK, sorted_names.CHUNK = saved
+
+
+def _first_denials_follow_node_changes(specs, changes, s, dirty_limit):
     led = Ledger(LedgerConfig(placement_key=b"k"))
     led.index.dirty_limit = dirty_limit
     classes = led._diagnoser.classes
