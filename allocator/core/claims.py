@@ -21,11 +21,13 @@ from allocator.core.books import TRUTH, Books
 from allocator.core.leases import Leases
 from allocator.core.model import DeviceShare, Placement, ReservationState
 from allocator.core.node_state import Holding
+from allocator.core.slots_init import slots_init
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
 _NO_TIME = "~"  # sorts after every RFC 3339 timestamp: a pod without creationTimestamp comes last
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One stored pod's claim on the reservation id its placement carries."""
@@ -141,6 +143,8 @@ class Claims:
             self.settle(rid, now, nodes)
         if self.truth is not None:
             self.truth.refresh_listing(key, {c.node for c in (old, claim) if c is not None})
+        if self.deferred is None and not self.bumped:  # (nothing to defer, nothing to contend)
+            return
         for node in sorted({c.placement.node for c in (old, claim) if c is not None}):
             if self.deferred is not None:
                 self.deferred.add(node)
@@ -150,16 +154,25 @@ class Claims:
     def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
         """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
         books = self.books
-        holders = sorted((books.claims[k] for k in books.holders_of.get(rid, ())), key=lambda c: c.order)
+        keys = books.holders_of.get(rid, ())
+        if len(keys) == 1:  # almost always (a rebuild: every id): no sort
+            holders = [books.claims[keys[0]]]
+        else:
+            holders = sorted((books.claims[k] for k in keys), key=lambda c: c.order)
         owner = next((c for c in holders if c.bound), None)
-        nodes = set(nodes) | {c.node for c in holders} | {c.placement.node for c in holders}
+        nodes = set(nodes)
+        for c in holders:
+            nodes.add(c.node)
+            nodes.add(c.placement.node)
         old = books.owner_of.get(rid)
         if old is not None:
             nodes.add(old.placement.node)
+        foreign_on = books.foreign_on
         self._settling = True
         try:
             for node in sorted(nodes):
-                self._clear(node)
+                if node in foreign_on:  # (clearing a node without foreign holders does nothing)
+                    self._clear(node)
             if old is not None and (
                 owner is None
                 or owner.key != old.key
@@ -191,7 +204,8 @@ class Claims:
         nodes |= self._freed
         self._freed = set()
         for node in sorted(nodes):
-            self.refresh(node)
+            if node in foreign_on:  # (refreshing a node without foreign holders does nothing)
+                self.refresh(node)
 
     # ------------------------------------------------------------------------------------------ contention
     def bump(self, key: str, node: str) -> None:

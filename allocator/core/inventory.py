@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
+from collections.abc import Callable
 
 from allocator.core.model import MILLI_PER_GPU
 from allocator.core.node_state import LeafKey, NodeState
@@ -82,6 +83,13 @@ class ClusterIndex:
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
         self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
         self._bulk = False  # a bulk load: nodes added are filed by `end_bulk`
+        # the node classes (allocator.core.node_classes) keep up with the index: every node added, removed or
+        # changed goes into `dirty`, and `on_dirty` is called once `dirty_limit` are there (not during a bulk
+        # load, after which `on_bulk_end` is called), so the classes are never more than that behind
+        self.dirty: set[str] | None = None
+        self.dirty_limit = 256
+        self.on_dirty: Callable[[], None] | None = None
+        self.on_bulk_end: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ best fit's order
     def fit_key(self, node: NodeState) -> int:
@@ -120,6 +128,8 @@ class ClusterIndex:
             node = self.nodes[name]
             if node.placeable and name not in self._key:
                 self._file(node)
+        if self.on_bulk_end is not None:
+            self.on_bulk_end()
 
     def _size(self, node: NodeState, delta: int) -> None:
         """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""
@@ -132,8 +142,9 @@ class ClusterIndex:
         max_gpu = max(1, max(self._gpu_sizes, default=1)) * MILLI_PER_GPU
         if (max_cpu, max_gpu) != (self.max_cpu_milli, self.max_gpu_milli):
             self.max_cpu_milli, self.max_gpu_milli = max_cpu, max_gpu
-            self._fit_stale = True
-            self._by_fit = {}
+            if self._key:  # (with no node filed yet there is nothing to re-weight: the first node sets them)
+                self._fit_stale = True
+                self._by_fit = {}
 
     def _fit_file(self, name: str, k: int, key: int) -> None:
         self._fit_key[name] = key
@@ -147,6 +158,13 @@ class ClusterIndex:
         key = self._fit_key.pop(name)
         entries = self._by_fit[k]
         del entries[bisect_left(entries, (key, name))]
+
+    def _dirty(self, name: str) -> None:
+        dirty = self.dirty
+        if dirty is not None:
+            dirty.add(name)
+            if len(dirty) >= self.dirty_limit and not self._bulk:
+                self.on_dirty()  # type: ignore[misc]
 
     def touch(self, name: str) -> None:
         """Record that a node's free state or presence changed (readers of `touched` recompute it)."""
@@ -224,6 +242,7 @@ class ClusterIndex:
         self._size(node, 1)
         if node.placeable and not self._bulk:
             self._file(node)
+        self._dirty(node.name)
 
     def remove(self, name: str) -> NodeState | None:
         node = self.nodes.pop(name, None)
@@ -239,6 +258,7 @@ class ClusterIndex:
             self.leaf_members[node.leaf_key] = left
         else:
             del self.leaf_members[node.leaf_key]
+        self._dirty(name)
         return node
 
     def _add_open(self, entries) -> None:
@@ -287,6 +307,8 @@ class ClusterIndex:
         self.touch(node.name)
         if node.name not in self._key:
             mutate()
+            if not self._bulk:  # (a bulk load re-keys every node once, at its end)
+                self._dirty(node.name)
             return
         k_old = self._key[node.name]
         milli_old = node.free_milli
@@ -322,3 +344,8 @@ class ClusterIndex:
                 b.add(node.name, k_new)
             b.free_milli += milli_new - milli_old
         self._key[node.name] = k_new
+        dirty = self.dirty  # self._dirty(node.name), inlined: every placement and release comes here
+        if dirty is not None:
+            dirty.add(node.name)
+            if len(dirty) >= self.dirty_limit and not self._bulk:
+                self.on_dirty()  # type: ignore[misc]

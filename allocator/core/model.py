@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from allocator.core.slots_init import slots_init
+
 MILLI_PER_GPU = 1000
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class Device:
     """One physical GPU on a node."""
@@ -175,6 +178,7 @@ class Request:
         return self.gpus > 0 or self.is_shared
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class DeviceShare:
     """A share of one device held by a non-exclusive placement."""
@@ -184,6 +188,7 @@ class DeviceShare:
     memory_mib: int = 0
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class GroupSlot:
     """One pod's place in a group plan: slot number, node and exclusive devices."""
@@ -195,6 +200,7 @@ class GroupSlot:
     shares: tuple[DeviceShare, ...] = ()
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept
 class Placement:
     """A reservation's answer: where the pod goes and on which devices."""

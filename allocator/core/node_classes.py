@@ -1,7 +1,9 @@
 """Nodes grouped into classes by everything a denial's classification reads but the node's name and labels:
-readiness, product, devices, taints, and the free state the default device choice reads. Kept current from
-`ClusterIndex.touched`, so a new request shape is classified once per class, not once per node; each move of
-a node between classes is logged for the per-shape diagnoses that count nodes by class.
+readiness, product, devices, taints, and the free state the default device choice reads. Kept current as
+the index changes (the nodes added, removed or changed are re-keyed in batches of at most
+`ClusterIndex.dirty_limit`: O(devices) per change), so no denial classifies node by node: a new request shape
+is classified once per class, after re-keying at most that many nodes. Each move of a node
+between classes is logged for the per-shape diagnoses that count nodes by class.
 """
 
 from __future__ import annotations
@@ -11,84 +13,127 @@ from bisect import bisect_left, insort
 
 from allocator.core import objects as kube
 from allocator.core.inventory import ClusterIndex
-from allocator.core.model import NodeInfo
 from allocator.core.node_state import NodeState
-
-Move = tuple[str, int | None, int | None]  # (node, class id before, class id after; None = not there)
+from allocator.core.sorted_names import CHUNK, SortedNames
 
 
 class NodeClasses:
-    """Class id of every node, the name-sorted members of every class, and the log of moves between them."""
+    """Class id of every node, the name-sorted members of every class, and the log of moves between them.
+    It keeps up with the index (`ClusterIndex.dirty`); after a bulk load it is built once."""
 
     def __init__(self, index: ClusterIndex):
         self.index = index
         self.generation = 0  # bumped by every full rebuild: readers of `moves` recount from scratch
-        self.seq = 0  # position in the index's whole `touched` history read up to
         self.class_of: dict[str, int] = {}
-        self.members: dict[int, list[str]] = {}  # class id -> its nodes, name-sorted (never empty)
-        self.moves: list[Move] = []
-        self.moves_base = 0  # position of moves[0] in this generation's whole move history
+        # class id -> its nodes, name-sorted (never empty): a list, a SortedNames above CHUNK nodes
+        self.members: dict[int, list[str] | SortedNames] = {}
+        # each move as 3 entries (node, class id before, after; None = not there): flat, so a move leaves no
+        # tuple behind (one per placement would wake the cyclic collector over and over)
+        self.moves: list = []
+        self.moves_base = 0  # position of moves[0] in this generation's whole move history (entries)
+        self._moves_limit = 3 * 1024  # entries kept before the log is trimmed (3 x (2 x nodes + 1024))
         self._ids: dict[tuple, int] = {}
         self._key_of_id: dict[int, tuple] = {}
         self._next_id = 0
-        self._static: dict[str, tuple[NodeInfo, tuple]] = {}
+        # what never changes while a NodeState lives (its info, devices, health) as a small id shared by
+        # equal nodes: node -> (its state, static id); static key -> [id, nodes using it]
+        self._static: dict[str, tuple[NodeState, int]] = {}
+        self._static_ids: dict[tuple, list[int]] = {}
+        self._static_key: dict[int, tuple] = {}
+        self._next_static = 0
+        index.dirty = set()
+        index.on_dirty = self.refresh
+        index.on_bulk_end = self._rebuild
+        self._rebuild()
 
     def refresh(self) -> None:
-        """Bring classes current with the index: O(nodes touched since), or every node the first time and
-        after the index trimmed changes not read yet."""
-        index = self.index
-        log, base = index.touched, index.touched_base
-        if not self.generation or self.seq < base:
-            self._rebuild()
-        elif self.seq < base + len(log):
-            nodes = index.nodes
-            moves = self.moves
-            for name in set(log[self.seq - base :]):
-                state = nodes.get(name)
-                old = self.class_of.get(name)
-                new = None if state is None else self._id(self.key(state))
-                if old != new:
-                    if old is not None:
-                        self._leave(name, old)
-                    if new is None:
-                        del self.class_of[name]
-                    else:
-                        self.class_of[name] = new
-                        group = self.members.get(new)
-                        if group is None:
-                            self.members[new] = [name]
-                        else:
-                            insort(group, name)
-                moves.append((name, old, new))  # also when unchanged: the node's own detail may have
-            if len(moves) > 2 * len(nodes) + 1024:
-                self.moves_base += len(moves)
-                moves.clear()
-        self.seq = base + len(log)
+        """Re-key the nodes changed since last time: never more than `index.dirty_limit`, as the index calls
+        this whenever it has that many (a node changed several times in between is re-keyed once)."""
+        dirty = self.index.dirty
+        if dirty:
+            nodes, update = self.index.nodes, self.update
+            for name in dirty:
+                update(name, nodes.get(name))
+            dirty.clear()
 
-    def _leave(self, name: str, cid: int) -> None:
-        group = self.members[cid]
-        del group[bisect_left(group, name)]
-        if not group:
-            del self.members[cid]
-            del self._ids[self._key_of_id.pop(cid)]
+    def update(self, name: str, state: NodeState | None) -> None:
+        """File a node (its `state`; None: removed) under its class."""
+        class_of = self.class_of
+        old = class_of.get(name)
+        if state is None:
+            new = None
+            self._unstatic(name)
+        else:
+            cached = self._static.get(name)
+            key = (  # self.key(state), inlined: this runs on every placement and release
+                cached[1] if cached is not None and cached[0] is state else self._static_id(state),
+                state.cpu_free,
+                state.mem_free,
+                state.unknown_gpus,
+                state.owned,
+                *state.dev_free_milli,
+                *state.dev_free_mem,
+                *state.dev_nshares,
+            )
+            new = self._ids.get(key)
+            if new is None:  # a class not seen (or emptied) before: most nodes are one of a kind
+                new = self._ids[key] = self._next_id
+                self._key_of_id[new] = key
+                self._next_id += 1
+        if old != new:
+            members = self.members
+            if old is not None:
+                group = members[old]
+                if len(group) == 1:
+                    del members[old]
+                    del self._ids[self._key_of_id.pop(old)]
+                elif isinstance(group, list):
+                    del group[bisect_left(group, name)]
+                else:
+                    group.remove(name)
+            if new is None:
+                del class_of[name]
+            else:
+                class_of[name] = new
+                joined = members.get(new)
+                if joined is None:  # a plain list while small: one object for the collector, not three
+                    members[new] = [name]
+                elif isinstance(joined, list):
+                    insort(joined, name)
+                    if len(joined) > CHUNK:
+                        members[new] = SortedNames(joined)
+                else:
+                    joined.add(name)
+        moves = self.moves
+        moves.extend((name, old, new))  # also when unchanged: the node's own detail may have
+        if len(moves) > self._moves_limit:
+            self.moves_base += len(moves)
+            moves.clear()
+            self._moves_limit = 3 * (2 * len(self.index.nodes) + 1024)
 
     def _rebuild(self) -> None:
+        """Every node keyed from scratch (a new ledger, or after a bulk load): O(nodes)."""
         self.generation += 1
+        self.index.dirty.clear()  # type: ignore[union-attr]
         self.moves, self.moves_base = [], 0
-        self.class_of, self.members = {}, {}
+        self._moves_limit = 3 * (2 * len(self.index.nodes) + 1024)
+        self.class_of = {}
         self._ids, self._key_of_id = {}, {}
         nodes = self.index.nodes
-        class_of, members, ident, key = self.class_of, self.members, self._id, self.key
+        class_of, ident, key = self.class_of, self._id, self.key
+        grouped: dict[int, list[str]] = {}
         for name in self.index.sorted_names():
             cid = class_of[name] = ident(key(nodes[name]))
-            group = members.get(cid)
+            group = grouped.get(cid)
             if group is None:
-                members[cid] = [name]
+                grouped[cid] = [name]
             else:
                 group.append(name)
-        live = set(self.index.nodes)
-        for name in [n for n in self._static if n not in live]:
-            del self._static[name]
+        self.members = {
+            cid: SortedNames(names) if len(names) > CHUNK else names for cid, names in grouped.items()
+        }
+        for name in [n for n in self._static if n not in nodes]:
+            self._unstatic(name)
 
     def _id(self, key: tuple) -> int:
         cid = self._ids.get(key)
@@ -98,36 +143,60 @@ class NodeClasses:
             self._next_id += 1
         return cid
 
+    def _static_id(self, node: NodeState) -> int:
+        """The id of what `key` reads of a node that only a new NodeState changes (not labels)."""
+        cached = self._static.get(node.name)
+        if cached is not None:
+            if cached[0] is node:
+                return cached[1]
+            self._unstatic(node.name)
+        info = node.info
+        static = (
+            info.ready,
+            info.unschedulable,
+            info.gpu_schedulable,
+            info.product,
+            info.label(kube.ACCELERATOR_LABEL, "") or "",
+            tuple([(d.product, d.memory_mib, d.healthy) for d in info.devices]),
+            info.taints,
+            tuple(node.dev_index),
+            tuple(node.dev_mem_total),
+            tuple(node.dev_healthy),
+            tuple(sorted(node.external)),
+        )
+        entry = self._static_ids.get(static)
+        if entry is None:
+            entry = self._static_ids[static] = [self._next_static, 0]
+            self._static_key[self._next_static] = static
+            self._next_static += 1
+        entry[1] += 1
+        self._static[node.name] = (node, entry[0])
+        return entry[0]
+
+    def _unstatic(self, name: str) -> None:
+        cached = self._static.pop(name, None)
+        if cached is None:
+            return
+        static = self._static_key[cached[1]]
+        entry = self._static_ids[static]
+        entry[1] -= 1
+        if not entry[1]:
+            del self._static_ids[static], self._static_key[cached[1]]
+
     def key(self, node: NodeState) -> tuple:
         """What `Diagnoser.classify` reads of a node for a request without node selectors, affinity or a
-        bandwidth ask (the static filters' inputs but labels, and the default device choice's)."""
-        info = node.info
+        bandwidth ask (the static filters' inputs but labels, and the default device choice's). Equal
+        static ids mean equal device counts, so the per-device runs below line up."""
         cached = self._static.get(node.name)
-        if cached is None or cached[0] is not info:
-            static = (
-                info.ready,
-                info.unschedulable,
-                info.gpu_schedulable,
-                info.product,
-                info.label(kube.ACCELERATOR_LABEL, "") or "",
-                tuple([(d.product, d.memory_mib, d.healthy) for d in info.devices]),
-                info.taints,
-                len(node.dev_index),  # the lengths of what follows in the key, so equal keys line up
-                *node.dev_index,
-                *node.dev_mem_total,
-            )
-            cached = self._static[node.name] = (info, static)
         return (
-            cached[1],
+            cached[1] if cached is not None and cached[0] is node else self._static_id(node),
             node.cpu_free,
             node.mem_free,
             node.unknown_gpus,
-            *node.dev_healthy,
+            node.owned,
             *node.dev_free_milli,
             *node.dev_free_mem,
-            *[o is None for o in node.dev_owner],
             *node.dev_nshares,
-            *sorted(node.external),
         )
 
 
@@ -177,7 +246,7 @@ class ClassDiagnosis:
         if not moves:
             return True
         net: dict[str, tuple] = {}
-        for name, old, new in moves:
+        for name, old, new in zip(moves[0::3], moves[1::3], moves[2::3], strict=True):
             was = net.get(name)
             net[name] = (old if was is None else was[0], new)
         nodes = classes.index.nodes
@@ -194,7 +263,7 @@ class ClassDiagnosis:
     def _count(self, cid: int, delta: int, nodes, bulk: bool = False) -> None:
         verdict = self.verdict.get(cid)
         if verdict is None:
-            verdict = self.verdict[cid] = self.classify(nodes[self.classes.members[cid][0]])
+            verdict = self.verdict[cid] = self.classify(nodes[next(iter(self.classes.members[cid]))])
         reason, key = verdict
         before = self.size.get(cid, 0)
         after = self.size[cid] = before + delta

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from allocator.core.model import MILLI_PER_GPU, DeviceShare, NodeInfo
+from allocator.core.slots_init import slots_init
 
 LeafKey = tuple[str, str]  # (spine, leaf)
 
 
+@slots_init
 @dataclass(frozen=True, slots=True)
 class Holding:
     """What one holder (a reservation, an unclaimed group slot, a pod gpuledger did not place) uses on a
@@ -33,10 +35,11 @@ class NodeState:
 
     `info` (NodeInfo), `name`, `leaf_key` (spine, leaf), `placeable`, `cpu_free`, `mem_free`,
     `dev_index[p]` (physical index of device position p), `dev_healthy[p]`, `dev_free_milli[p]`,
-    `dev_free_mem[p]`, `dev_mem_total[p]`, `dev_owner[p]` (exclusive holder id or None), `dev_nshares[p]`,
-    `unknown_gpus`, `whole_free` (devices a whole-GPU request may take), `free_milli` (free milli-GPU over
-    healthy devices, unknown whole GPUs deducted), `total_milli`, `external` (device -> MiB used outside
-    Kubernetes at or above the threshold: such a device counts as not healthy).
+    `dev_free_mem[p]`, `dev_mem_total[p]`, `dev_owner[p]` (exclusive holder id or None), `owned` (bit p set
+    where dev_owner[p] is not None), `dev_nshares[p]`, `unknown_gpus`, `whole_free` (devices a whole-GPU
+    request may take), `free_milli` (free milli-GPU over healthy devices, unknown whole GPUs deducted),
+    `total_milli`, `external` (device -> MiB used outside Kubernetes at or above the threshold: such a device
+    counts as not healthy).
     """
 
     __slots__ = (
@@ -53,6 +56,7 @@ class NodeState:
         "dev_free_mem",
         "dev_mem_total",
         "dev_owner",
+        "owned",
         "dev_nshares",
         "dev_shares",
         "unknown_gpus",
@@ -82,6 +86,7 @@ class NodeState:
         self.dev_free_milli = [MILLI_PER_GPU] * len(devs)
         self.dev_free_mem = list(self.dev_mem_total)
         self.dev_owner: list[str | None] = [None] * len(devs)
+        self.owned = 0  # bit p set when dev_owner[p] is not None (node classes key on it)
         self.dev_nshares = [0] * len(devs)
         self.dev_shares: list[dict[str, DeviceShare] | None] = [None] * len(devs)
         self.unknown_gpus = 0
@@ -140,6 +145,7 @@ class NodeState:
                 continue
             was = self.is_fully_free(p)
             self.dev_owner[p] = h.id
+            self.owned |= 1 << p
             self.dev_free_milli[p] -= MILLI_PER_GPU
             self.dev_free_mem[p] -= self.dev_mem_total[p]
             if self.dev_healthy[p]:
@@ -175,6 +181,7 @@ class NodeState:
             was = self.is_fully_free(p)
             if self.dev_owner[p] == hid:
                 self.dev_owner[p] = None
+                self.owned &= ~(1 << p)
             self.dev_free_milli[p] += MILLI_PER_GPU
             self.dev_free_mem[p] += self.dev_mem_total[p]
             if self.dev_healthy[p]:

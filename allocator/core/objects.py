@@ -42,6 +42,7 @@ from allocator.core.quantity import (  # noqa: F401
     parse_quantity,
 )
 from allocator.core.quantity import parse_or_default as _lenient  # the lenient policy: record, default
+from allocator.core.slots_init import slots_init
 
 DEVICES_ANNOTATION = "agentaflow.gpu/devices"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -301,7 +302,8 @@ def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
     return PodRequests(cpu, mem, gpus)
 
 
-@dataclass(frozen=True)
+@slots_init
+@dataclass(frozen=True, slots=True)
 class PodUsage:
     """What one pod holds, as the ledger needs it."""
 

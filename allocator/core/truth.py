@@ -152,9 +152,11 @@ class Truth:
 
     def refresh_listing(self, key: str, nodes: set[str] | frozenset[str] = frozenset()) -> None:
         """Recount the "truth:" holdings of the nodes listing `key` (and of `nodes`, where a claim was)."""
-        for node in sorted(
-            self.listed_on.get(key, set()) | {n for n in nodes if self.truth_of(n) is not None}
-        ):
+        listed = self.listed_on.get(key)
+        found = [n for n in nodes if self.truth_of(n) is not None]
+        if not listed and not found:  # (nodes without an agent's truth: nothing to recount)
+            return
+        for node in sorted((listed or set()).union(found)):
             self.refresh(node)
 
     def _recount(self, key: str) -> None:

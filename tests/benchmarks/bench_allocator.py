@@ -5,6 +5,7 @@ the full walk, gang latency, rebuild time and resident memory.
     .venv/bin/python tests/benchmarks/bench_allocator.py --denials-only --denial-nodes 1000 10000
     .venv/bin/python tests/benchmarks/bench_allocator.py --scale  # 65,000 nodes, 500,000 pods, vs targets
     .venv/bin/python tests/benchmarks/bench_allocator.py --placements-only --strategies best_fit,fgd_host
+    .venv/bin/python tests/benchmarks/bench_allocator.py --classes-cost  # placements with/without classes
 
 The naive baseline is the same ledger with its strategies' candidate walks switched off, so every
 placement filters and scores every node (what a scheduler without an index does). The denial baseline is
@@ -127,27 +128,30 @@ def denial_rates(nodes: list[NodeInfo], count: int, full_count: int) -> dict[str
         assert isinstance(r, Placement), r
     out: dict[str, float] = {}
     gc.collect()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     _denied(led, "cold")
     out["first"] = time.perf_counter() - t0
+    out["first_cpu"] = time.process_time() - c0
 
     def timed(n: int, prefix: str, churn: bool) -> float:
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(n):
             if churn:  # the GPU a pod frees is taken by the next placement; then one more pod is denied
                 led.release(f"f{i}")
                 r = led.reserve(Request(id=f"f{i}", gpus=1, cpu_milli=1000, memory_mib=4096), 0.0)
                 assert isinstance(r, Placement), r
             _denied(led, f"{prefix}{i}")
+        out[f"{prefix}cpu"] = n / (time.process_time() - c0)
         return n / (time.perf_counter() - t0)
 
     def churn_only(n: int) -> float:
         gc.collect()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(n):
             led.release(f"f{i}")
             led.reserve(Request(id=f"f{i}", gpus=1, cpu_milli=1000, memory_mib=4096), 0.0)
+        out["churn_cost_cpu"] = n / (time.process_time() - c0)
         return n / (time.perf_counter() - t0)
 
     out["repeat"] = timed(count, "d-", churn=False)
@@ -173,7 +177,7 @@ def report_denials(
 ) -> None:
     for size in sizes:
         nodes = cluster(size, gpus, leaves_per_spine)
-        place = rate(fresh(nodes), min(placements, size * gpus), "best_fit", "p-")
+        place, place_cpu = rates(fresh(nodes), min(placements, size * gpus), "best_fit", "p-")
         d = denial_rates(nodes, count, full_count)
         print(
             f"denials, {size} nodes x {gpus} GPUs (cluster full, 1-GPU pod, best_fit): "
@@ -181,10 +185,48 @@ def report_denials(
             f"(ratio {d['repeat'] / d['full']:.0f}x), "
             f"placements {place:.0f}/s (denial/placement {d['repeat'] / place:.2f}); "
             f"release + placement + denial loop {d['churn']:.0f}/s vs release + placement alone "
-            f"{d['churn_cost']:.0f}/s; first denial on the ledger (builds the node classes) "
-            f"{d['first'] * 1000:.1f} ms, first denial of a further new shape {d['new_shape'] * 1000:.2f} ms "
-            f"(node-by-node walk, same run: {d['first_full'] * 1000:.1f} ms)"
+            f"{d['churn_cost']:.0f}/s; CPU time: denials {d['d-cpu']:.0f}/s, placements {place_cpu:.0f}/s, "
+            f"loops {d['c-cpu']:.0f}/s vs {d['churn_cost_cpu']:.0f}/s; "
+            f"first denial on the ledger {d['first'] * 1000:.2f} ms "
+            f"({d['first_cpu'] * 1000:.2f} ms CPU), first denial of a further new shape "
+            f"{d['new_shape'] * 1000:.2f} ms (node-by-node walk, same run: {d['first_full'] * 1000:.1f} ms)"
         )
+
+
+def classes_cost(nodes: list[NodeInfo], placements: int, churn: int) -> tuple[float, float, float, float]:
+    """What keeping the node classes current costs: a ledger with the classes kept (the default) and one
+    without (`ClusterIndex.dirty` off), one at a time in this process (each alone in the heap, so the cyclic
+    collector's share is its own), alternating over 4 rounds; CPU time, garbage collection included.
+    (placements/s kept, not kept, release + placement of random pods/s kept, not kept)."""
+    import random
+
+    req = {"gpus": 1, "cpu_milli": 1000, "memory_mib": 4096}
+    spent = {("place", True): 0.0, ("place", False): 0.0, ("churn", True): 0.0, ("churn", False): 0.0}
+    for k in range(4):
+        for kept in (True, False) if k % 2 else (False, True):
+            led = fresh(nodes)
+            if not kept:
+                led.index.dirty = None  # nothing queued for the classes: what placements cost without them
+            gc.collect()
+            c0 = time.process_time()
+            for i in range(placements):
+                led.reserve(Request(id=f"r{i}", **req), 0.0)
+            spent["place", kept] += time.process_time() - c0
+            rnd = random.Random(k)
+            ids = [f"r{rnd.randrange(placements)}" for _ in range(churn)]
+            c0 = time.process_time()
+            for rid in ids:
+                led.release(rid)
+                led.reserve(Request(id=rid, **req), 0.0)
+            spent["churn", kept] += time.process_time() - c0
+            del led
+            gc.collect()
+    return (
+        4 * placements / spent["place", True],
+        4 * placements / spent["place", False],
+        4 * churn / spent["churn", True],
+        4 * churn / spent["churn", False],
+    )
 
 
 def gang_latency(nodes, repeats: int = 20) -> tuple[float, float, float, float]:
@@ -364,6 +406,11 @@ def main(argv=None) -> int:
         "--strategies", help="comma-separated placement strategies to measure (default: all rows)"
     )
     ap.add_argument("--placements-only", action="store_true", help="only the placement rows")
+    ap.add_argument(
+        "--classes-cost",
+        action="store_true",
+        help="only what keeping the node classes current costs placements (two ledgers, one process)",
+    )
     ap.add_argument("--memory-child", metavar="JSONL", help=argparse.SUPPRESS)
     ap.add_argument("--write-objects", metavar="JSONL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -374,6 +421,17 @@ def main(argv=None) -> int:
         return 0
     if args.memory_child:
         memory_child(args)
+        return 0
+    if args.classes_cost:
+        kept, bare, churn_kept, churn_bare = classes_cost(
+            cluster(args.nodes, args.gpus, args.leaves_per_spine), args.placements, args.placements
+        )
+        print(
+            f"node classes kept current, {args.nodes} nodes x {args.gpus} GPUs, CPU time: 1-GPU placements "
+            f"{kept:.0f}/s vs {bare:.0f}/s without ({(bare / kept - 1) * 100:+.1f}% time), "
+            f"release + placement of random pods {churn_kept:.0f}/s vs {churn_bare:.0f}/s "
+            f"({(churn_bare / churn_kept - 1) * 100:+.1f}% time)"
+        )
         return 0
     if args.denials_only:
         report_denials(
@@ -391,18 +449,18 @@ def main(argv=None) -> int:
     leaves = len({(n.spine, n.leaf) for n in nodes})
     spines = len({n.spine for n in nodes})
     print(f"cluster: {len(nodes)} nodes x {args.gpus} GPUs, {spines} spines, {leaves} leaves")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fresh(nodes)
-    print(f"inventory: {len(nodes)} upsert_node in {(time.perf_counter() - t0) * 1000:.0f} ms")
+    print(
+        f"inventory: {len(nodes)} upsert_node in {(time.perf_counter() - t0) * 1000:.0f} ms "
+        f"({(time.process_time() - c0) * 1000:.0f} ms CPU)"
+    )
     if args.scale:
         led = fresh(nodes)
         t0 = time.perf_counter()
         d = led.reserve(Request(id="first-denial", gpus=9), 0.0)
         assert isinstance(d, Denial), d
-        print(
-            "first denial on the empty ledger (builds the node classes): "
-            f"{(time.perf_counter() - t0) * 1000:.1f} ms"
-        )
+        print(f"first denial on the empty ledger: {(time.perf_counter() - t0) * 1000:.2f} ms")
         t0 = time.perf_counter()
         d = led.reserve(Request(id="new-shape", gpus=10, cpu_milli=1000), 0.0)
         assert isinstance(d, Denial), d
@@ -464,13 +522,17 @@ def main(argv=None) -> int:
     finally:
         os.unlink(path)
     gc.collect()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY), now=0.0)
-    took = time.perf_counter() - t0
+    took, took_cpu = time.perf_counter() - t0, time.process_time() - c0
     print(
-        f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s "
-        f"({len(led.reservations())} placements restored)"
+        f"rebuild: {len(nodes)} nodes + {args.pods} pods in {took:.2f} s ({took_cpu:.2f} s CPU; "
+        f"{len(led.reservations())} placements restored)"
     )
+    t0 = time.perf_counter()
+    d = led.reserve(Request(id="after-rebuild", gpus=9), 0.0)
+    assert isinstance(d, Denial), d
+    print(f"first denial on the rebuilt ledger: {(time.perf_counter() - t0) * 1000:.2f} ms")
     del led, objects
     gc.collect()
     print(

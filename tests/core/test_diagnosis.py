@@ -7,6 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import allocator.core.node_classes as node_classes
+import allocator.core.sorted_names as sorted_names
 from allocator import strategies as registry
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, GroupSpec, Placement, Reason, Request, Toleration
@@ -232,3 +234,108 @@ def test_a_reason_that_covers_few_nodes_names_them():
     assert "4 node(s) not enough GPUs (best: n0 has 0 free)" in d.message
     assert "1 node(s) node not ready or cordoned (n3)" in d.message
     assert d == uncached_answer(led, Request(id="d", gpus=1))
+
+
+node_change = st.one_of(
+    st.tuples(st.just("place"), st.integers(1, 4)),
+    st.tuples(st.just("share"), st.integers(1, 19)),
+    st.tuples(st.just("release"), st.integers(0, 99)),
+    st.tuples(st.just("add"), st.integers(0, 99)),
+    st.tuples(st.just("remove"), st.integers(0, 99)),
+    st.tuples(st.just("relabel"), st.integers(0, 99)),
+    st.tuples(st.just("cordon"), st.integers(0, 99)),
+    st.tuples(st.just("foreign"), st.integers(0, 99)),
+)
+
+
+def class_partition(led: Ledger) -> set[frozenset[str]]:
+    """The node classes as they should be: nodes grouped by their key, computed now from scratch."""
+    classes = led._diagnoser.classes
+    groups: dict[tuple, set[str]] = {}
+    for name, state in led.index.nodes.items():
+        groups.setdefault(classes.key(state), set()).add(name)
+    return {frozenset(g) for g in groups.values()}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(node_spec, min_size=1, max_size=8),
+    st.lists(node_change, min_size=1, max_size=30),
+    shape,
+    st.sampled_from([1, 3, 256]),
+    st.sampled_from([1, 2, 512]),
+)
+def test_first_denials_by_class_follow_node_adds_removes_and_relabels(specs, changes, s, dirty_limit, chunk):
+    """The node classes are kept as the index changes (placements, releases, nodes added, removed,
+    relabelled, cordoned, foreign pods), never more than `dirty_limit` nodes behind and never rebuilt by a
+    denial; a shape asked for the first time after each change is answered as the node-by-node walk.
+    (`chunk`: classes above it keep their members in a SortedNames of such chunks, below in a list.)"""
+    saved = node_classes.CHUNK, sorted_names.CHUNK
+    node_classes.CHUNK = sorted_names.CHUNK = chunk
+    try:
+        _first_denials_follow_node_changes(specs, changes, s, dirty_limit)
+    finally:
+        node_classes.CHUNK, sorted_names.CHUNK = saved
+
+
+def _first_denials_follow_node_changes(specs, changes, s, dirty_limit):
+    led = Ledger(LedgerConfig(placement_key=b"k"))
+    led.index.dirty_limit = dirty_limit
+    classes = led._diagnoser.classes
+    objs = {o["metadata"]["name"]: o for o in node_objects(specs + specs[: len(specs) // 2])}
+    for o in objs.values():
+        led.apply_object(o, 0.0)
+    generation = classes.generation
+    placed: list[str] = []
+    for step, (kind, a) in enumerate(changes):
+        names = sorted(objs)
+        name = names[a % len(names)] if names else "none"
+        if kind == "place":
+            r = led.reserve(Request(id=f"p{step}", gpus=a, cpu_milli=500 * (a % 3)), 0.0)
+            if isinstance(r, Placement):
+                placed.append(r.id)
+        elif kind == "share":
+            r = led.reserve(Request(id=f"s{step}", gpu_milli=a * 50), 0.0)
+            if isinstance(r, Placement):
+                placed.append(r.id)
+        elif kind == "release" and placed:
+            led.release(placed.pop(a % len(placed)))
+        elif kind == "add":
+            new = node_objects([specs[a % len(specs)]])[0]
+            new["metadata"]["name"] = f"x{step}"
+            objs[f"x{step}"] = new
+            led.apply_object(new, 0.0)
+        elif kind == "remove" and name in objs:
+            led.delete_object(objs.pop(name))
+        elif kind in ("relabel", "cordon") and name in objs:
+            o = objs[name]
+            labels = o["metadata"]["labels"]
+            if kind == "relabel":  # a label no class reads, and the accelerator label one does
+                labels["team"] = f"t{step}"
+                labels["accelerator"] = "nvidia-h100" if a % 2 else "nvidia-a100"
+            else:
+                o["spec"]["unschedulable"] = not o["spec"].get("unschedulable", False)
+            led.apply_object(o, 0.0)
+        elif kind == "foreign" and name in objs:
+            led.apply_object(pod(f"f{step}", namespace="other", node_name=name, gpus=a % 3, cpu="1"), 0.0)
+        assert len(led.index.dirty) < dirty_limit  # the classes are never further behind
+        req = Request(  # a shape not asked before (its cpu differs at every step)
+            id=f"q{step}",
+            gpus=s["gpus"],
+            gpu_milli=0 if s["gpus"] else s["milli"],
+            gpu_memory_mib=s["gpu_mem"],
+            cpu_milli=s["cpu"] + step,
+            product=s["product"] or None,
+            tolerations=(Toleration(key="dedicated", operator="Exists"),) if s["tolerate"] else (),
+        )
+        counts, near, fitting = cached(led, req)
+        full = full_walk(led, req)
+        assert (counts, near, fitting) == full, (step, kind)
+        assert counts.names == full[0].names
+        assert led.explain(req, with_scores=False).result == uncached_answer(led, req)
+        for probe in PROBES[:3]:  # shapes asked again and again follow the same changes
+            assert cached(led, probe) == full_walk(led, probe), (step, kind, probe.id)
+        assert classes.generation == generation  # no denial rebuilt the classes
+        assert {frozenset(m) for m in classes.members.values()} == class_partition(led)
+        assert all(classes.class_of[n] == cid for cid, m in classes.members.items() for n in m)
+        assert set(classes.class_of) == set(led.index.nodes)
