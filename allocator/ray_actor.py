@@ -108,7 +108,21 @@ class LedgerActor:
 
     async def resync(self, objects: list[dict]) -> dict:
         self._tick(len(objects))
-        return self.service.resync(objects, time.time())
+        before = self.service.rebuilds
+        result = self.service.resync(objects, time.time())
+        self._settle_heap(before)
+        return result
+
+    def _settle_heap(self, rebuilds_before: int) -> None:
+        """After a rebuild: the new ledger lives until the next one, so collect the replaced one's garbage now
+        and move the new one out of the collector's sight. Otherwise the first admission after a rebuild pays
+        for a full collection over it (the core pauses the collector while it loads): ~1.2 s at 65,000 nodes
+        and 500,000 pods, against a 2 s admission deadline."""
+        if self.service.rebuilds == rebuilds_before:
+            return
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
     async def confirm(self, ids: list[str]) -> list[bool]:
         self._tick(len(ids))
@@ -129,7 +143,10 @@ class LedgerActor:
     # ----------------------------------------------- settings (webhook replicas, `gpuledger strategy`)
     async def apply_config(self, settings: LedgerSettings, who: str, now: float | None = None) -> dict:
         self._tick()
-        return self.service.apply_config(settings, who, time.time() if now is None else now)
+        before = self.service.rebuilds  # new leaf or spine labels rebuild the ledger
+        result = self.service.apply_config(settings, who, time.time() if now is None else now)
+        self._settle_heap(before)
+        return result
 
     async def set_default_strategy(self, name: str, who: str, now: float | None = None) -> dict:
         self._tick()

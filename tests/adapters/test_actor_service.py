@@ -254,3 +254,29 @@ def test_rebuild_times_are_kept_for_the_recovery_histogram():
     d = json.loads(json.dumps(stats.as_dict()))
     assert d["recoveries"] == {"incarnation": "inc-1", "count": 2, "recent": [0.25, 0.5]}
     assert d["settings"]["scoring_weights"]["resourceAvailability"] == 0.4
+
+
+def test_the_actor_settles_the_heap_after_a_rebuild_not_the_first_admission(tmp_path):
+    """After a resync the replaced ledger is collected and the new one frozen out of the collector's sight, in
+    the rebuild's own call (the core pauses the collector while it loads: the first admission after it would
+    otherwise pay for a full collection)."""
+    import asyncio
+    import gc
+    import weakref
+
+    from allocator.ray_actor import LedgerActor
+
+    source = tmp_path / "cluster.yaml"
+    source.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": cluster(2, 8)}))
+    actor = LedgerActor(config().ledger_config(), {"kind": "file", "path": str(source)}, sweep_interval_s=0)
+    try:
+        replaced = weakref.ref(actor.service.ledger)
+        gc.unfreeze()
+        asyncio.run(actor.resync(cluster(2, 8)))
+        assert replaced() is None  # the old ledger's cycles are gone, not frozen in
+        assert gc.get_freeze_count() > 0 and actor.service.rebuilds == 2
+        frozen = gc.get_freeze_count()
+        asyncio.run(actor.get_settings())  # no rebuild: nothing collected or frozen again
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
