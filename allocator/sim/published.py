@@ -35,6 +35,7 @@ PUBLISHED: dict[str, Published] = {
     "gpuspec25": Published("openb_pod_list_gpuspec25", 6.08, 14.30, "artifact"),
     "gpuspec33": Published("openb_pod_list_gpuspec33", 12.12, 19.59, "artifact"),
     "cpu250": Published("openb_pod_list_cpu250", 6.80, None, "artifact"),
+    "gpushare80": Published("openb_pod_list_gpushare80", 10.91, None, "artifact"),
 }
 
 # one generated variant per kind, the quick set `bench_simulator.py` replays by default
@@ -45,7 +46,7 @@ ALL_KINDS = (
     "gpuspec10", "gpuspec10-cap", "gpuspec20", "gpuspec20-cap",
     "gpuspec25", "gpuspec25-cap", "gpuspec33", "gpuspec33-cap",
     "cpu250",
-    "gpushare40",
+    "gpushare40", "share80",
     "multigpu20", "multigpu50",
 )  # fmt: skip
 
