@@ -123,8 +123,12 @@ class FragmentationGradientDescent(Strategy):
         move with every placement, e.g. with the free capacity per model); fgd adds none."""
         return {}
 
+    uses_offsets = False  # whether `model_offsets` adds anything (fgd_host)
+
     def _offsets(self, request: Request, ctx: ScoreContext) -> dict[str, float]:
         """`model_offsets` for this request, computed once per request and cluster state."""
+        if not self.uses_offsets:
+            return _NO_OFFSETS
         index = ctx.index
         moved = index.touched_base + len(index.touched)
         last = self._last_offsets
@@ -371,6 +375,9 @@ def _free_state(node) -> tuple:
     """What `_evaluate_for` compares to tell that a node's free state has not moved since its last answer
     (a copy of the device list: the node's own list changes in place)."""
     return node.cpu_free, node.mem_free, list(node.dev_free_milli)
+
+
+_NO_OFFSETS: dict[str, float] = {}
 
 
 def _offset(increase: float, offsets: dict[str, float], node) -> float:

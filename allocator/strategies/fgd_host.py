@@ -33,24 +33,27 @@ class HostAwareFGD(FragmentationGradientDescent):
     model_weight = 2.0
     model_basis = "free"  # pressure against the free GPU milli per model ("capacity": the static variant)
     uses_memory = True
+    uses_offsets = True
 
     def __init__(self) -> None:
         super().__init__()
-        self._demand: tuple | None = None  # (workload, models, pinned demand share per model)
+        # (workload, classes, their capacity version, pinned demand share per model)
+        self._demand: tuple | None = None
 
     def model_offsets(self, request, meter, classes):
         taken = request.gpus * MILLI_PER_GPU if request.gpus else request.gpu_milli
         if not taken or not self.model_weight:
             return {}
         basis = classes.free if self.model_basis == "free" else classes.capacity
-        workload, models = meter.workload, tuple(sorted(classes.capacity))
+        workload, version = meter.workload, classes.capacity_version
         held = self._demand
-        if held is None or held[0] is not workload or held[1] != models:
-            held = self._demand = (workload, models, pinned_demand(workload, models))
-        if not held[2]:
+        if held is None or held[0] is not workload or held[1] is not classes or held[2] != version:
+            demand = pinned_demand(workload, tuple(sorted(classes.capacity)))
+            held = self._demand = (workload, classes, version, demand)
+        if not held[3]:
             return {}
         scale = self.model_weight * taken
-        return {model: scale * p for model, p in model_pressure(workload, basis, held[2]).items()}
+        return {model: scale * p for model, p in model_pressure(workload, basis, held[3]).items()}
 
     def extra_cost(self, meter, node, request, taken_milli):
         cost = 0.0
