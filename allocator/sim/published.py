@@ -31,10 +31,11 @@ PUBLISHED: dict[str, Published] = {
     "multigpu50": Published("openb_pod_list_multigpu50", 2.91, 4.42, "paper"),
     "multigpu20": Published("openb_pod_list_multigpu20", 4.47, None, "artifact"),
     "gpuspec10": Published("openb_pod_list_gpuspec10", 5.30, 6.89, "artifact"),
-    "gpuspec20": Published("openb_pod_list_gpuspec20", 5.31, 11.54, "artifact"),
+    "gpuspec20": Published("openb_pod_list_gpuspec20", 5.31, 11.53, "artifact"),
     "gpuspec25": Published("openb_pod_list_gpuspec25", 6.08, 14.30, "artifact"),
     "gpuspec33": Published("openb_pod_list_gpuspec33", 12.12, 19.59, "artifact"),
     "cpu250": Published("openb_pod_list_cpu250", 6.80, None, "artifact"),
+    "gpushare60": Published("openb_pod_list_gpushare60", 8.70, 10.91, "artifact"),
     "gpushare80": Published("openb_pod_list_gpushare80", 10.91, None, "artifact"),
 }
 
@@ -46,7 +47,7 @@ ALL_KINDS = (
     "gpuspec10", "gpuspec10-cap", "gpuspec20", "gpuspec20-cap",
     "gpuspec25", "gpuspec25-cap", "gpuspec33", "gpuspec33-cap",
     "cpu250",
-    "gpushare40", "share80",
+    "gpushare40", "share60", "share80",
     "multigpu20", "multigpu50",
 )  # fmt: skip
 
