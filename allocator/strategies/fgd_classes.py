@@ -162,12 +162,12 @@ def _move(totals: dict[str, int], held: dict[str, tuple[str, int]], name: str, n
     old = held.get(name)
     if old == new:
         return False
-    if old is not None:
-        left = totals[old[0]] - old[1]
+    if old is not None:  # a node may hold 0 milli of a model whose total is gone (free milli): get, not []
+        left = totals.get(old[0], 0) - old[1]
         if left:
             totals[old[0]] = left
         else:
-            del totals[old[0]]
+            totals.pop(old[0], None)
         del held[name]
     if new is not None:
         totals[new[0]] = totals.get(new[0], 0) + new[1]
