@@ -24,12 +24,10 @@ class _NodeCache:
     valid while the node's state is unchanged; `shared`: (request shape, node kind, state) -> the same, so
     that identical nodes in identical states are evaluated once."""
 
-    __slots__ = ("meter", "nodes", "shared", "kinds", "version", "pressure")
+    __slots__ = ("meter", "nodes", "shared", "kinds")
 
-    def __init__(self, meter: FragmentationMeter, version: int = 0):
+    def __init__(self, meter: FragmentationMeter):
         self.meter = meter
-        self.version = version  # the model capacity it was made for (strategies that read it)
-        self.pressure: dict[str, float] = {}
         self.nodes: dict[str, tuple] = {}
         self.shared: dict[tuple, object] = {}
         self.kinds: dict[int, tuple] = {}
@@ -75,7 +73,7 @@ class FragmentationGradientDescent(Strategy):
         self._kinds: dict[int, tuple] = {}
         self._last_evaluation: tuple | None = None
         self._last_classes: StateClasses | None = None
-        self._pressure: dict[str, float] = {}  # this request's demand pressure per GPU model (fgd_host)
+        self._last_offsets: tuple | None = None  # (request, ctx, change-log position, offsets per model)
 
     # ------------------------------------------------------------------ inputs
     def meter(self, ctx: ScoreContext) -> FragmentationMeter:
@@ -100,10 +98,8 @@ class FragmentationGradientDescent(Strategy):
             tracker.observe(request)
         return None
 
-    uses_capacity = False  # whether the cluster's GPU capacity per model enters the evaluation
-
     def _cache(self, ctx: ScoreContext) -> _NodeCache:
-        """The per-ledger memo for this request's meter (and model capacity); node classes kept current."""
+        """The per-ledger memo for this request's meter; node classes kept current."""
         if (
             ctx is self._last_ctx and self._last_cache is not None
         ):  # the ledger asks once per node per request
@@ -113,19 +109,36 @@ class FragmentationGradientDescent(Strategy):
         if classes is None:
             classes = self._classes[ctx.index] = StateClasses(ctx.index)
         classes.sync(self._class_key)
-        version = classes.capacity_version if self.uses_capacity else 0
         cache = self._caches.get(ctx.index)
-        if cache is None or cache.meter is not meter or cache.version != version:
-            cache = self._caches[ctx.index] = _NodeCache(meter, version)
-            cache.pressure = self.pressure_of(meter, classes.capacity) if self.uses_capacity else {}
+        if cache is None or cache.meter is not meter:
+            cache = self._caches[ctx.index] = _NodeCache(meter)
         classes.use(cache)
-        self._pressure = cache.pressure
         self._last_ctx, self._last_cache, self._last_classes = ctx, cache, classes
         return cache
 
-    def pressure_of(self, meter: FragmentationMeter, capacity: dict[str, int]) -> dict[str, float]:
-        """Per GPU model, what the evaluation needs of the cluster's capacity (fgd uses none)."""
+    def model_offsets(
+        self, request: Request, meter: FragmentationMeter, classes: StateClasses
+    ) -> dict[str, float]:
+        """Per GPU model, a cost added to every node of that model for this request, outside the memo (it may
+        move with every placement, e.g. with the free capacity per model); fgd adds none."""
         return {}
+
+    uses_offsets = False  # whether `model_offsets` adds anything (fgd_host)
+
+    def _offsets(self, request: Request, ctx: ScoreContext) -> dict[str, float]:
+        """`model_offsets` for this request, computed once per request and cluster state."""
+        if not self.uses_offsets:
+            return _NO_OFFSETS
+        index = ctx.index
+        moved = index.touched_base + len(index.touched)
+        last = self._last_offsets
+        if last is not None and last[0] is request and last[1] is ctx and last[2] == moved:
+            return last[3]
+        cache = self._cache(ctx)  # keeps the classes (and their free capacity per model) current
+        assert self._last_classes is not None
+        offsets = self.model_offsets(request, cache.meter, self._last_classes)
+        self._last_offsets = (request, ctx, moved, offsets)
+        return offsets
 
     # ------------------------------------------------------------------ evaluation
     def extra_cost(self, meter: FragmentationMeter, node, request: Request, taken_milli: int) -> float:
@@ -245,7 +258,12 @@ class FragmentationGradientDescent(Strategy):
 
     def score(self, node, request, fit, ctx):
         result = self._evaluate_for(node, request, ctx)
-        return 0.0 if result is None else -result[0]
+        if result is None:
+            return 0.0
+        offsets = self._offsets(request, ctx)
+        if offsets:
+            return -_offset(result[0], offsets, node)
+        return -result[0]
 
     def candidates(self, request, ctx, leaves):
         """Every node that could hold the request, by fragmentation increase then name (the ledger's order).
@@ -272,6 +290,11 @@ class FragmentationGradientDescent(Strategy):
 
         key = (cpu, memory, gpus, milli, request.product)
         ranked = classes.ranked(fits, lambda node: compute(node, request, meter), key)
+        offsets = self._offsets(request, ctx)
+        if offsets and ranked:  # every node of a class has the same model: one offset per class
+            nodes = ctx.index.nodes
+            ranked = [(_offset(r[0], offsets, nodes[r[1]]), r[1], r[2], r[3]) for r in ranked]
+            ranked.sort(key=_rank_key)
         return self._hinted(classes.walk(ranked), request, ctx)
 
     def _hinted(self, walk, request, ctx):
@@ -341,6 +364,9 @@ class FragmentationGradientDescent(Strategy):
                     result = results[key] = shared(node, request, cache, key, signature)
             if result is not None:
                 ranked.append((result[0], node.name, node))
+        offsets = self._offsets(request, ctx)
+        if offsets:
+            ranked = [(_offset(r[0], offsets, r[2]), r[1], r[2]) for r in ranked]
         ranked.sort(key=_rank_key)
         return (item[2] for item in ranked)
 
@@ -349,6 +375,14 @@ def _free_state(node) -> tuple:
     """What `_evaluate_for` compares to tell that a node's free state has not moved since its last answer
     (a copy of the device list: the node's own list changes in place)."""
     return node.cpu_free, node.mem_free, list(node.dev_free_milli)
+
+
+_NO_OFFSETS: dict[str, float] = {}
+
+
+def _offset(increase: float, offsets: dict[str, float], node) -> float:
+    """The node's increase plus its model's offset, rounded as increases are (ties compare equal)."""
+    return round(increase + offsets.get(node.info.product, 0.0), 6)
 
 
 def _rank_key(item):

@@ -17,7 +17,8 @@ class StateClasses:
     Kept current from `ClusterIndex.touched` (the names whose state or presence changed since the last read),
     so keeping it costs O(changes) per request. `results` memoises each class key's evaluation per request
     shape while the meter (the target workload) and the model capacity stay the same, also while no node is
-    in that state. `capacity` (healthy GPU milli per model over placeable nodes) is kept the same way.
+    in that state. `capacity` (healthy GPU milli per model over placeable nodes) and `free` (their free GPU
+    milli per model) are kept the same way; only a change of `capacity` moves `capacity_version`.
     """
 
     __slots__ = (
@@ -29,7 +30,9 @@ class StateClasses:
         "meter",
         "capacity",
         "capacity_version",
+        "free",
         "_held",
+        "_held_free",
     )
 
     def __init__(self, index) -> None:
@@ -43,6 +46,8 @@ class StateClasses:
         self.capacity: dict[str, int] = {}
         self.capacity_version = 0
         self._held: dict[str, tuple[str, int]] = {}  # node -> (model, milli) it adds to `capacity`
+        self.free: dict[str, int] = {}  # free GPU milli of the placeable nodes per GPU model
+        self._held_free: dict[str, tuple[str, int]] = {}  # node -> (model, milli) it adds to `free`
 
     def sync(self, class_key: Callable[[object], tuple | None]) -> None:
         """Re-file the nodes touched since the last call (every node, the first time or after the log was
@@ -55,6 +60,8 @@ class StateClasses:
             self.results.clear()
             self.capacity.clear()
             self._held.clear()
+            self.free.clear()
+            self._held_free.clear()
             self.capacity_version += 1
             names = index.nodes.keys()
         else:
@@ -76,24 +83,13 @@ class StateClasses:
             self.meter = token
 
     def _count(self, name: str, node) -> None:
-        held = None
+        held = free = None
         if node is not None and node.placeable and node.total_milli and node.info.product:
             held = (node.info.product, node.total_milli)
-        old = self._held.get(name)
-        if old == held:
-            return
-        capacity = self.capacity
-        if old is not None:
-            left = capacity[old[0]] - old[1]
-            if left:
-                capacity[old[0]] = left
-            else:
-                del capacity[old[0]]
-            del self._held[name]
-        if held is not None:
-            capacity[held[0]] = capacity.get(held[0], 0) + held[1]
-            self._held[name] = held
-        self.capacity_version += 1
+            free = (node.info.product, node.free_milli)
+        _move(self.free, self._held_free, name, free)
+        if _move(self.capacity, self._held, name, held):
+            self.capacity_version += 1
 
     def _refile(self, name: str, key: tuple | None) -> None:
         old = self.key_of.get(name)
@@ -158,6 +154,25 @@ class StateClasses:
                     if name != first[1]:
                         yield nodes[name], result
             i = j
+
+
+def _move(totals: dict[str, int], held: dict[str, tuple[str, int]], name: str, new: tuple | None) -> bool:
+    """Move node `name`'s contribution to `totals` (model -> milli) from what it held to `new`; False when
+    nothing changed."""
+    old = held.get(name)
+    if old == new:
+        return False
+    if old is not None:  # a node may hold 0 milli of a model whose total is gone (free milli): get, not []
+        left = totals.get(old[0], 0) - old[1]
+        if left:
+            totals[old[0]] = left
+        else:
+            totals.pop(old[0], None)
+        del held[name]
+    if new is not None:
+        totals[new[0]] = totals.get(new[0], 0) + new[1]
+        held[name] = new
+    return True
 
 
 def _tagged(names: list[str], result) -> Iterator[tuple[str, object]]:

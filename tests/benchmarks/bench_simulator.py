@@ -2,7 +2,12 @@
 process, with ratios to `best_fit` measured in the same run.
 
     .venv/bin/python tests/benchmarks/bench_simulator.py [--workload default] [--limit-nodes N] [--seed 42]
-        [--strategies best_fit,fgd,fgd_host,fgd_naive]
+        [--strategies best_fit,fgd,fgd_host,fgd_naive] [--kinds quick|all|none|W1,W2] [--kind-seeds 1]
+
+Then, per workload kind (`--kinds`), the best strategy (`--kind-strategy`, default fgd_host) replayed in the
+same run and set against the paper's published FGD and BestFit for that kind (allocator/sim/published.py):
+the difference in points and the ratio. The quick default replays one seed of six kinds (a few minutes);
+`--kinds all --kind-seeds 10` is every row of issue 13's table with the paper's ten seeds (hours on 2 cores).
 
 `--workload` also takes the generated variants (gpuspec33, cpu100, ...; docs/simulator.md).
 `fgd_naive` is FGD without its fast path (no candidate walk, no per-node memo: the ledger filters and
@@ -44,6 +49,8 @@ class TimedLedger(Ledger):
         return result
 
 
+from allocator.sim.published import ALL_KINDS, QUICK_KINDS, published_for  # noqa: E402
+from allocator.sim.simulator import simulate  # noqa: E402
 from allocator.sim.traces import limit_nodes  # noqa: E402
 from allocator.sim.variants import load_variant  # noqa: E402
 
@@ -68,6 +75,9 @@ def main() -> int:
     parser.add_argument("--limit-nodes", type=int, default=0)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--strategies", default="best_fit,fgd,fgd_host,fgd_naive")
+    parser.add_argument("--kinds", default="quick", help="quick, all, none, or comma-separated workloads")
+    parser.add_argument("--kind-seeds", type=int, default=1, help="seeds per kind, from --seed")
+    parser.add_argument("--kind-strategy", default="fgd_host")
     args = parser.parse_args()
 
     strategies.register("fgd_naive", NaiveFGD)
@@ -105,9 +115,49 @@ def main() -> int:
             f"{run.failed:>7} {ledgers[0].denied_seconds:>10.1f}s {run.unallocated_at_100:>11.2f}%",
             flush=True,
         )
+    kinds = {"quick": QUICK_KINDS, "all": ALL_KINDS, "none": ()}.get(args.kinds) or args.kinds.split(",")
+    if kinds:
+        kind_table(args, kinds)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss:.0f} MiB")
     return 0
+
+
+def kind_table(args, kinds) -> None:
+    """Per workload kind: the best strategy's unallocated % (median of the seeds, this run) against the
+    published FGD and BestFit of that kind."""
+    seeds = list(range(args.seed, args.seed + args.kind_seeds))
+    scale = f"{args.limit_nodes} nodes (not the published scale)" if args.limit_nodes else "1,213 GPU nodes"
+    print(
+        f"\nper workload kind: {args.kind_strategy}, unallocated GPU % at 100% arrived, median of seed(s) "
+        f"{seeds[0]}..{seeds[-1]}, {scale}; published = the paper's median or its artifact's (10 seeds)"
+    )
+    header = (
+        f"{'workload':<15} {args.kind_strategy:>9} {'pub. FGD':>9} {'diff':>7} {'ratio':>6} {'pub. BF':>8} "
+        f"{'vs FGD':>7} {'s/run':>6}  published trace"
+    )
+    print(header)
+    print("-" * len(header))
+    for workload in kinds:
+        nodes, trace_pods = load_variant(args.trace, workload, args.node_list)
+        if args.limit_nodes:
+            nodes = limit_nodes(nodes, args.limit_nodes)
+        result = simulate(nodes, [p.to_request() for p in trace_pods], [args.kind_strategy], seeds)[0]
+        ours = result.unallocated_at_100
+        seconds = sum(r.seconds for r in result.runs) / len(result.runs)
+        published = published_for(workload)
+        if published is None:
+            blank = f"{'-':>9} {'-':>7} {'-':>6} {'-':>8} {'-':>7}"
+            print(f"{workload:<15} {ours:>8.2f}% {blank} {seconds:>6.1f}  (nothing published for this kind)")
+            continue
+        best_fit = f"{published.best_fit:.2f}%" if published.best_fit is not None else "-"
+        verdict = "below" if ours < published.fgd else "ABOVE"
+        print(
+            f"{workload:<15} {ours:>8.2f}% {published.fgd:>8.2f}% {ours - published.fgd:>+7.2f} "
+            f"{ours / published.fgd:>6.2f} {best_fit:>8} {verdict:>7} {seconds:>6.1f}  "
+            f"{published.trace} ({published.source})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -195,3 +195,18 @@ def test_a_gang_on_one_node_gets_distinct_devices(strategy):
     assert isinstance(first, Placement), first
     held = [(s.node, d) for s in first.group_plan for d in s.devices]
     assert len(held) == len(set(held)) == 16
+
+
+def test_per_model_totals_survive_nodes_that_hold_nothing_free():
+    # a full node holds (model, 0); when the model's last free milli leaves, its total goes, and the full node
+    # must still be able to move later
+    from allocator.strategies.fgd_classes import _move
+
+    totals: dict[str, int] = {}
+    held: dict[str, tuple[str, int]] = {}
+    _move(totals, held, "full", ("T4", 0))
+    _move(totals, held, "other", ("T4", 500))
+    _move(totals, held, "other", None)  # cordoned or removed
+    assert totals == {}
+    _move(totals, held, "full", ("T4", 300))  # a release on the full node
+    assert totals == {"T4": 300} and held == {"full": ("T4", 300)}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from allocator.core.model import NodeInfo, Request
+from allocator.strategies import register
+from allocator.strategies.fgd_host import HostAwareFGD
 from allocator.strategies.fragmentation import PodShape, TargetWorkload
 from tests.strategies.support import ledger, node_info
 
@@ -50,3 +52,46 @@ def test_unpinned_pods_leave_the_model_pinned_pods_need():
     cordoned = NodeInfo("b-t4", 64_000, 256_000, nodes[1].devices, product="T4", unschedulable=True)
     led.upsert_node(cordoned)
     assert led.reserve(Request("free2", gpus=1), 0.0).node == "a-v100"
+
+
+class _StaticModelTerm(HostAwareFGD):
+    """fgd_host with its model term against the whole capacity per model (the earlier, static form)."""
+
+    name = "fgd_host_static_models"
+    model_basis = "capacity"
+
+
+register("fgd_host_static_models", _StaticModelTerm)
+
+
+def test_the_model_term_follows_free_capacity_not_only_capacity():
+    # pinned demand follows capacity (a quarter of the pods pinned to each of two equal nodes): the pressures
+    # start equal, so the first unpinned pod goes by name to the V100 node; once two V100-pinned pods have
+    # filled it to one free GPU, V100 holds a fifth of the free milli for half the pinned demand (pressure
+    # 0.25 x 5 = 1.25 against T4's 0.25 x 5/4), and the next unpinned pod keeps that GPU for them
+    v100, t4, free = PodShape(0, 1, 1000, ("V100",)), PodShape(0, 1, 1000, ("T4",)), PodShape(0, 1, 1000)
+    workload = TargetWorkload.from_shapes([v100, t4, free, free])
+    nodes = [node_info("a-v100", 4, product="V100"), node_info("b-t4", 4, product="T4")]
+    placed = {}
+    for strategy in ("fgd_host", "fgd_host_static_models"):
+        led = ledger(strategy, nodes, workload)
+        assert led.reserve(Request("free1", gpus=1), 0.0).node == "a-v100"
+        for i in range(2):
+            assert led.reserve(Request(f"v{i}", gpus=1, product="V100"), 0.0).node == "a-v100"
+        placed[strategy] = led.reserve(Request("free2", gpus=1), 0.0).node
+    assert placed == {"fgd_host": "b-t4", "fgd_host_static_models": "a-v100"}
+
+
+def test_model_offsets_are_empty_without_pinned_demand():
+    # every workload without pins places exactly as the host term alone: no offset is ever added
+    from allocator.strategies.fgd_classes import StateClasses
+    from allocator.strategies.fragmentation import FragmentationMeter
+
+    led = ledger(
+        "fgd_host", [node_info("a", 2, product="T4")], TargetWorkload.from_shapes([PodShape(0, 1, 1000)])
+    )
+    meter = FragmentationMeter(TargetWorkload.from_shapes([PodShape(0, 1, 1000)]))
+    classes = StateClasses(led.index)
+    classes.sync(lambda node: (node.name,))
+    assert classes.free == {"T4": 2000} and classes.capacity == {"T4": 2000}
+    assert HostAwareFGD().model_offsets(Request("r", gpus=1), meter, classes) == {}
