@@ -116,8 +116,25 @@ def metric_sum(text: str, metric: str, route: str | None = None) -> tuple[float,
     return sums, counts
 
 
+def metric_median_bound(text: str, metric: str, route: str | None = None) -> float:
+    """The histogram bucket bound (ms) at or below which half the observations lie (summed over labels)."""
+    by_bound: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(metric + "_bucket") or (route is not None and f'route="{route}"' not in line):
+            continue
+        bound = line.split('le="', 1)[1].split('"', 1)[0]
+        le = float("inf") if bound == "+Inf" else float(bound)
+        by_bound[le] = by_bound.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = by_bound.get(float("inf"), 0.0)
+    for le in sorted(by_bound):
+        if total and by_bound[le] >= total / 2:
+            return le * 1e3
+    return float("nan")
+
+
 def server_breakdown(webhook) -> dict[str, float]:
-    """Mean milliseconds inside the webhook per route, and per ledger answer, from its own /metrics."""
+    """Milliseconds inside the webhook per route, and per ledger answer, from its own /metrics: the mean
+    (warm-up and probes included, so outliers weigh) and the histogram bucket holding the median."""
     text = webhook.get("/metrics")[1]
     out = {}
     for name, metric, route in (
@@ -127,6 +144,7 @@ def server_breakdown(webhook) -> dict[str, float]:
     ):
         s, c = metric_sum(text, metric, route)
         out[name] = s / c * 1e3 if c else float("nan")
+        out[f"{name} p50<="] = metric_median_bound(text, metric, route)
     return out
 
 
@@ -361,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ledger_channel {args.ledger_channel}{', no Events' if args.no_events else ''}"
     )
     print(
-        "inside the gpuledger webhook (means): "
+        "inside the gpuledger webhook (means; p50<= the histogram bucket holding the median): "
         + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items())
     )
     free_figures = None
