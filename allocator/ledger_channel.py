@@ -52,6 +52,15 @@ class ChannelError(ConnectionError):
     """The channel failed (closed, refused, a bad handshake): the caller falls back to Ray."""
 
 
+def channel_host(mode: str, caller_node: str, node_id: str, node_ip: Callable[[], str]) -> str:
+    """The address the actor listens on for a caller: `auto` gives 127.0.0.1 to a caller on the actor's own
+    Ray node and the node's IP to one elsewhere; `loopback` and `node-ip` give theirs to everyone."""
+    if mode not in CHANNEL_MODES or mode == "off":
+        raise ValueError(f"ledger_channel={mode!r}: expected auto, loopback or node-ip")
+    local = mode == "loopback" or (mode == "auto" and caller_node == node_id)
+    return "127.0.0.1" if local else node_ip()
+
+
 def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 

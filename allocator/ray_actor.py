@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from allocator.ledger_channel import CHANNEL_MODES, ChannelInfo, ChannelServer
+from allocator.ledger_channel import ChannelInfo, ChannelServer, channel_host
 from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings
 
 ACTOR_NAME = "gpu-ledger"
@@ -85,21 +85,12 @@ class LedgerActor:
         return self.service.claim(ids)
 
     async def open_channel(self, mode: str = "auto", caller_node: str = "") -> ChannelInfo:
-        """Where a replica reaches the direct channel (allocator.ledger_channel). `auto`: 127.0.0.1 for a
-        caller on this Ray node (`caller_node`), this node's IP for one elsewhere."""
-        if mode not in CHANNEL_MODES or mode == "off":
-            raise ValueError(f"ledger_channel={mode!r}: expected auto, loopback or node-ip")
+        """Where a replica reaches the direct channel (allocator.ledger_channel)."""
         node_id = ray.get_runtime_context().get_node_id()
-        local = mode == "loopback" or (mode == "auto" and caller_node == node_id)
-        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        host = channel_host(mode, caller_node, node_id, ray.util.get_node_ip_address)
         port = await self.channel.listen(host)
-        return ChannelInfo(
-            host=host,
-            port=port,
-            token=self.channel.token.hex(),
-            node_id=node_id,
-            incarnation=self.incarnation,
-        )
+        token = self.channel.token.hex()
+        return ChannelInfo(host=host, port=port, token=token, node_id=node_id, incarnation=self.incarnation)
 
     # ------------------------------------------------------------ cluster (allocator.cluster_sync)
     async def apply_events(self, events: list[tuple[str, dict]]) -> int:

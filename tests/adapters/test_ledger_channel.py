@@ -12,7 +12,7 @@ import uuid
 import pytest
 import ray
 
-from allocator.ledger_channel import NONCE_BYTES, ChannelError, frame, read_frame
+from allocator.ledger_channel import NONCE_BYTES, ChannelError, channel_host, frame, read_frame
 from allocator.ray_actor import get_or_create_ledger, wait_ready
 from allocator.service import AdmitCall, Placement, Request
 from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
@@ -160,3 +160,23 @@ async def test_channel_off_uses_ray_calls_only(tmp_path):
     assert client.channel_calls == 0 and (await handle.status.remote())["channel_connections"] == 0
     with pytest.raises(ValueError, match="'tcp': expected one of auto, loopback, node-ip, off"):
         RayLedgerClient(handle, channel="tcp")
+
+
+def test_where_the_actor_listens_for_each_mode_and_caller():
+    """`auto`: loopback for a caller on the actor's Ray node, the node's IP for one elsewhere (the prod
+    overlay's webhook pods); this machine has one Ray node, so the cross-node paths are checked here, not over
+    a socket."""
+
+    def ip() -> str:
+        return "10.0.0.7"
+
+    assert channel_host("auto", "node-a", "node-a", ip) == "127.0.0.1"
+    assert channel_host("auto", "node-b", "node-a", ip) == "10.0.0.7"
+    assert (
+        channel_host("auto", "", "node-a", ip) == "10.0.0.7"
+    )  # a caller that names no node: the routable one
+    assert channel_host("loopback", "node-b", "node-a", ip) == "127.0.0.1"
+    assert channel_host("node-ip", "node-a", "node-a", ip) == "10.0.0.7"
+    for mode in ("off", "tcp"):
+        with pytest.raises(ValueError, match=f"ledger_channel='{mode}': expected auto, loopback or node-ip"):
+            channel_host(mode, "node-a", "node-a", ip)
