@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from allocator.pod_events import pod_event
+
 log = logging.getLogger("gpuledger.sync")
 
 HOLDERS_ANNOTATION = "agentaflow.gpu/device-holders"
@@ -30,21 +32,7 @@ class DeviceTruthStats:
 
 def device_event(pod: str, reason: str, message: str, now: float, warning: bool = False) -> dict:
     """A core/v1 Event on `pod` ("namespace/name")."""
-    namespace, _, name = pod.partition("/")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{name[:200]}.gpuledger-devices-", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
-        "reason": reason,
-        "type": "Warning" if warning else "Normal",
-        "message": f"gpuledger: {message}"[:1024],
-        "source": {"component": "gpuledger-sync"},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    return pod_event(pod, reason, message, now, warning, name_tag="devices")
 
 
 def correction_message(rid: str, node: str, recorded: list, actual: list) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from allocator.pod_events import pod_event
 from allocator.sync_config import SyncStats
 
 if TYPE_CHECKING:
@@ -22,25 +22,12 @@ log = logging.getLogger("gpuledger.sync")
 
 
 def conflict_event(pod: str, rid: str, why: str, now: float) -> dict:
-    """A core/v1 Warning Event on `pod` ("namespace/name") that holds reservation `rid` without owning it."""
-    namespace, _, name = pod.partition("/")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{name[:200]}.gpuledger-conflict-", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
-        "reason": "PlacementConflict",
-        "type": "Warning",
-        "message": (
-            f"gpuledger: this pod carries placement {rid} but does not own it ({why}); its GPUs are "
-            "counted as foreign use on its node, never given to it"
-        )[:1024],
-        "source": {"component": "gpuledger-sync"},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    """A Warning Event on `pod` ("namespace/name") that holds reservation `rid` without owning it."""
+    message = (
+        f"this pod carries placement {rid} but does not own it ({why}); its GPUs are counted as foreign use "
+        "on its node, never given to it"
+    )
+    return pod_event(pod, "PlacementConflict", message, now, warning=True, name_tag="conflict")
 
 
 class ConflictReports:

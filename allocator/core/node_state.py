@@ -146,11 +146,7 @@ class NodeState:
             was = self.is_fully_free(p)
             self.dev_owner[p] = h.id
             self.owned |= 1 << p
-            self.dev_free_milli[p] -= MILLI_PER_GPU
-            self.dev_free_mem[p] -= self.dev_mem_total[p]
-            if self.dev_healthy[p]:
-                self.free_milli_raw -= MILLI_PER_GPU
-            self._device_changed(p, was)
+            self._shift(p, was, -MILLI_PER_GPU, -self.dev_mem_total[p])
         for s in h.shares:
             p = self.pos.get(s.device)
             if p is None:
@@ -161,11 +157,7 @@ class NodeState:
                 shares = self.dev_shares[p] = {}
             shares[h.id] = s
             self.dev_nshares[p] += 1
-            self.dev_free_milli[p] -= s.milli
-            self.dev_free_mem[p] -= s.memory_mib
-            if self.dev_healthy[p]:
-                self.free_milli_raw -= s.milli
-            self._device_changed(p, was)
+            self._shift(p, was, -s.milli, -s.memory_mib)
 
     def remove(self, hid: str) -> Holding | None:
         h = self.holders.pop(hid, None)
@@ -182,11 +174,7 @@ class NodeState:
             if self.dev_owner[p] == hid:
                 self.dev_owner[p] = None
                 self.owned &= ~(1 << p)
-            self.dev_free_milli[p] += MILLI_PER_GPU
-            self.dev_free_mem[p] += self.dev_mem_total[p]
-            if self.dev_healthy[p]:
-                self.free_milli_raw += MILLI_PER_GPU
-            self._device_changed(p, was)
+            self._shift(p, was, MILLI_PER_GPU, self.dev_mem_total[p])
         for s in h.shares:
             p = self.pos.get(s.device)
             if p is None:
@@ -196,12 +184,17 @@ class NodeState:
             if shares is not None:
                 shares.pop(hid, None)
             self.dev_nshares[p] -= 1
-            self.dev_free_milli[p] += s.milli
-            self.dev_free_mem[p] += s.memory_mib
-            if self.dev_healthy[p]:
-                self.free_milli_raw += s.milli
-            self._device_changed(p, was)
+            self._shift(p, was, s.milli, s.memory_mib)
         return h
+
+    def _shift(self, p: int, was_fully_free: bool, milli: int, memory_mib: int) -> None:
+        """Move device `p`'s free counters by a holding's amounts (negative: taken), after its owner or shares
+        changed; `was_fully_free` is what `is_fully_free(p)` said before that change."""
+        self.dev_free_milli[p] += milli
+        self.dev_free_mem[p] += memory_mib
+        if self.dev_healthy[p]:
+            self.free_milli_raw += milli
+        self._device_changed(p, was_fully_free)
 
     def conflicts(self, devices: tuple[int, ...], shares: tuple[DeviceShare, ...]) -> set[str]:
         """Holders that stand in the way of holding these devices/shares (empty = it fits on the devices)."""
