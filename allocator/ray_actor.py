@@ -54,11 +54,8 @@ class LedgerActor:
     def _tick(self, n: int = 1) -> None:
         self.calls += 1
         self.items += n
-        if (
-            self._sweeper is None
-            and self.sweep_interval_s > 0
-            and not self.service.status()["external_source"]
-        ):
+        # on every call, so only cheap checks here (status() walks every reservation for conflicts)
+        if self._sweeper is None and self.sweep_interval_s > 0 and not self.service.external_source:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
 
     async def _sweep_loop(self) -> None:

@@ -362,7 +362,7 @@ class LedgerService(LiveSettings):
             "synced": self.synced,
             "nodes": len(self.ledger.index.nodes),
             "source": repr(self.source),
-            "external_source": isinstance(self.source, ExternalSource),
+            "external_source": self.external_source,
             "rebuilds": self.rebuilds,
             "pending": len(self._pending),
             "default_strategy": self.settings.default_strategy,
@@ -376,6 +376,11 @@ class LedgerService(LiveSettings):
             "device_corrections": self.ledger.device_corrections()[:MAX_CONFLICTS_REPORTED],
             "device_conflicts": self.ledger.device_conflicts()[:MAX_CONFLICTS_REPORTED],
         }
+
+    @property
+    def external_source(self) -> bool:
+        """Whether someone else (allocator.cluster_sync) keeps the inventory and expires reservations."""
+        return isinstance(self.source, ExternalSource)
 
     def stats(self) -> ServiceStats:
         totals = self.ledger.stats()

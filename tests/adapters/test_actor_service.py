@@ -280,3 +280,31 @@ def test_the_actor_settles_the_heap_after_a_rebuild_not_the_first_admission(tmp_
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_an_actor_call_does_not_build_the_status_report(monkeypatch):
+    """Every call checks whether the actor must expire reservations itself; with the shipped source (the
+    cluster sync's) that check once built the whole status report, whose conflict list walks every
+    reservation: ~15 ms a call at 10,000 nodes and 76,000 pods. Only `status` may build it."""
+    import asyncio
+
+    from allocator.ray_actor import LedgerActor
+
+    actor = LedgerActor(config().ledger_config(), {"kind": "kubernetes"}, sweep_interval_s=1.0)
+    reports = []
+    real_status = actor.service.status
+    monkeypatch.setattr(actor.service, "status", lambda: reports.append(1) or real_status())
+
+    async def calls() -> None:
+        await actor.resync(cluster(2, 8))
+        [placed] = await actor.admit([AdmitCall(Request(id="r1", gpus=1))])
+        assert isinstance(placed, Placement)
+        [held] = await actor.claim([("r1", "uid-1")])
+        assert held is not None and held.placement == placed
+        assert await actor.lookup(["r1"]) == [replace(held, claimed=True)]
+        await actor.apply_events([])
+        assert actor._sweeper is None  # the sync expires reservations here, not the actor's sweeper
+
+    asyncio.run(calls())
+    assert reports == []
+    assert (asyncio.run(actor.status()))["external_source"] is True and reports == [1]
