@@ -1,4 +1,5 @@
-"""A direct stream from a webhook replica into the ledger actor, for the calls on a pod's critical path.
+"""A direct stream from a webhook replica into the ledger actor, for the calls on a pod's critical path
+and the cluster sync's per-pod calls.
 
 A Ray actor call costs 1-6 ms here whatever it carries (the caller's core worker, gRPC, the actor's task
 queue); a frame on a kept-open socket costs tens of microseconds. Ray still owns the actor's life, its
@@ -25,8 +26,11 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict
 
-# the calls a pod's admission makes; every other actor method is reached through Ray
-CHANNEL_METHODS = frozenset({"admit", "lookup", "claim"})
+# the calls a pod's admission makes, and the cluster sync's frequent ones (allocator.sync_channel); every
+# other actor method (resync, settings, stats, ...) is reached through Ray
+CHANNEL_METHODS = frozenset(
+    {"admit", "lookup", "claim", "apply_events", "confirm", "release", "expiry_candidates", "status"}
+)
 # the `ledger_channel` setting: auto (127.0.0.1 from the actor's own Ray node, its node IP from others) |
 # loopback (127.0.0.1 only: other nodes keep Ray calls) | node-ip (always the node IP) | off (Ray calls only)
 CHANNEL_MODES = ("auto", "loopback", "node-ip", "off")

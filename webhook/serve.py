@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from webhook.config import VISIBILITY_MODES, WebhookConfig
 from webhook.logs import LOG_FORMAT_ENV, LOG_FORMATS, choose_format, configure
@@ -200,11 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         "applied from this config" if answer["applied"] else "kept",
         {k: v for k, v in answer["settings"].items() if k != "history"},
     )
+    from allocator.sync_channel import ChannelLedgerTarget, ray_channel_opener
+
     sync = None
     if api_client is not None and not args.no_sync:
         from allocator.cluster_sync import ClusterSync, RayLedgerTarget
 
-        sync = ClusterSync(api_client, RayLedgerTarget(handle)).start()
+        target: Any = RayLedgerTarget(handle)
+        if config.ledger_channel != "off":  # the sync's per-pod calls off Ray too (allocator.sync_channel)
+            target = ChannelLedgerTarget(target, ray_channel_opener(handle, config.ledger_channel))
+        sync = ClusterSync(api_client, target).start()
     event_writer = None
     if api_client is not None and not args.no_events:
         from webhook.events import KubeEventWriter
@@ -216,4 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sync is not None:
             sync.stop()
+            if isinstance(sync.target, ChannelLedgerTarget):
+                sync.target.close()
     return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import time
 import uuid
 
 import pytest
@@ -15,6 +17,8 @@ import ray
 from allocator.ledger_channel import NONCE_BYTES, ChannelError, channel_host, frame, read_frame
 from allocator.ray_actor import get_or_create_ledger, wait_ready
 from allocator.service import AdmitCall, Placement, Request
+from allocator.sync_channel import ChannelLedgerTarget, ray_channel_opener
+from allocator.sync_targets import RayLedgerTarget
 from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import cluster, config
 from webhook.ledger_channel import LedgerChannel
@@ -61,8 +65,8 @@ async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(tmp_p
         assert held.placement == placed and held.claimed is False
         [same] = await handle.lookup.remote(["a"])  # what the channel did, Ray sees: one actor, one ledger
         assert same.placement == placed and same.claimed is True
-        with pytest.raises(RuntimeError, match="'status' is not served on the channel"):
-            await channel.call("status")
+        with pytest.raises(RuntimeError, match="'resync' is not served on the channel"):
+            await channel.call("resync", [])
         pipelined = await asyncio.gather(*(channel.call("admit", [admit(f"p{i}")]) for i in range(14)))
         denials = [p.message for [p] in pipelined if not isinstance(p, Placement)]
         assert not denials, denials
@@ -160,6 +164,69 @@ async def test_channel_off_uses_ray_calls_only(tmp_path):
     assert client.channel_calls == 0 and (await handle.status.remote())["channel_connections"] == 0
     with pytest.raises(ValueError, match="'tcp': expected one of auto, loopback, node-ip, off"):
         RayLedgerClient(handle, channel="tcp")
+
+
+def placed_pod(name: str, placement: Placement) -> dict:
+    """A stored pod carrying `placement`, as the cluster sync's watch reports it."""
+    from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
+
+    annotation = encode_placement(placement, config().hmac_key)
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": {PLACEMENT_ANNOTATION: annotation},
+            "labels": {RESERVATION_ID_KEY: placement.id},
+        },
+        "spec": {"nodeName": placement.node, "containers": [{"name": "m"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def test_the_sync_target_sends_its_calls_over_the_channel_and_resyncs_through_ray(tmp_path):
+    handle = new_actor(tmp_path)
+    target = ChannelLedgerTarget(RayLedgerTarget(handle), ray_channel_opener(handle, "auto"))
+    try:
+        [placed] = ray.get(handle.admit.remote([admit("a")]))
+        assert target.apply_events([("ADDED", placed_pod("pod-a", placed))]) == 1
+        [held] = ray.get(handle.lookup.remote(["a"]))
+        assert held.confirmed  # the stored pod's event confirmed the reservation, over the channel
+        [second] = ray.get(handle.admit.remote([admit("b")]))
+        assert target.expiry_candidates(time.time() + 3600) == ["b"]
+        assert target.release(["b"]) == [True] and ray.get(handle.lookup.remote(["b"])) == [None]
+        status = target.status()
+        assert status["channel_connections"] == 1 and status["synced"] is True
+        assert target.calls == {"channel": 4, "ray": 0}
+        target.resync(cluster(2, 8))  # large and rare: through Ray
+        assert target.calls == {"channel": 4, "ray": 0} and target.status()["rebuilds"] == 2
+    finally:
+        target.close()
+
+
+def test_the_sync_target_falls_back_to_ray_while_the_channel_fails(tmp_path):
+    handle = new_actor(tmp_path)
+    clock = Clock()
+    opener = ray_channel_opener(handle, "loopback")
+    target = ChannelLedgerTarget(RayLedgerTarget(handle), opener, retry_s=5.0, clock=clock)
+    try:
+        assert target.status()["ready"] and target.calls == {"channel": 1, "ray": 0}
+        target.channel.sock.shutdown(socket.SHUT_RDWR)  # the socket dies under the sync's thread
+        assert target.confirm(["nothing"]) == [False]  # answered through Ray
+        assert target.calls == {"channel": 1, "ray": 1} and target.channel is None
+        assert target.failed_at == clock.now
+        target.release(["nothing"])  # inside retry_s: Ray again
+        assert target.calls == {"channel": 1, "ray": 2}
+        clock.now += 5.0
+        target.status()  # the channel again
+        assert target.calls == {"channel": 2, "ray": 2} and target.channel is not None
+    finally:
+        target.close()
+    impostor = ChannelLedgerTarget(
+        RayLedgerTarget(handle), lambda: {**opener(), "token": os.urandom(32).hex()}, clock=clock
+    )
+    assert impostor.status()["ready"] and impostor.calls == {"channel": 0, "ray": 1}  # no proof, no channel
 
 
 def test_where_the_actor_listens_for_each_mode_and_caller():

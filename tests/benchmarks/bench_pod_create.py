@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -150,6 +151,40 @@ def server_breakdown(webhook) -> dict[str, float]:
 
 def allocation_ratio(webhook) -> float | None:
     return webhook.metric("topology_gpu_allocation_ratio")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far (0.0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def actor_pid(ancestor: int) -> int | None:
+    """The ledger actor's worker process among `ancestor`'s descendants (its local Ray's raylet forks it)."""
+    parents: dict[int, int] = {}
+    actors = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::LedgerActor"):
+                    actors.append(int(entry))
+        except OSError:
+            continue
+    for pid in actors:
+        up = pid
+        while up in parents and up != ancestor:
+            up = parents[up]
+        if up == ancestor:
+            return pid
+    return None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -331,10 +366,22 @@ def main(argv: list[str] | None = None) -> int:
                 create_round(cp, ns, args.warmup, 1, f"warm-{mode}")
             drain(cp, webhook, list(modes.values()))
             samples: dict[str, list[float]] = {m: [] for m in modes}
+            # CPU of the processes that answer admissions, per mode's rounds: the gpuledger webhook process
+            # (handler, channel client, cluster sync), its ledger actor, the no-op webhook process
+            watched = {
+                "webhook": webhook.proc.pid,
+                "actor": actor_pid(webhook.proc.pid),
+                "noop": noop.proc.pid,
+            }
+            cpu: dict[str, dict[str, float]] = {m: dict.fromkeys(watched, 0.0) for m in modes}
             for r in range(args.rounds):
                 order = list(modes) if r % 2 == 0 else list(reversed(modes))
                 for mode in order:
+                    before = {k: cpu_seconds(pid) if pid else 0.0 for k, pid in watched.items()}
                     samples[mode] += create_round(cp, modes[mode], args.pods, args.clients, f"r{r}-{mode}")
+                    time.sleep(0.1)  # the sync's linger: the round's last events reach the actor
+                    for k, pid in watched.items():
+                        cpu[mode][k] += (cpu_seconds(pid) if pid else 0.0) - before[k]
                 drain(cp, webhook, list(modes.values()))
             inside = server_breakdown(webhook)
             freed, late = (
@@ -382,6 +429,14 @@ def main(argv: list[str] | None = None) -> int:
         "inside the gpuledger webhook (means; p50<= the histogram bucket holding the median): "
         + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items())
     )
+    cpu_us = {m: {k: v / len(samples[m]) * 1e6 for k, v in c.items()} for m, c in cpu.items()}
+    print(
+        "CPU per pod created (us), by the mode's rounds: gpuledger webhook process "
+        f"{cpu_us['webhook']['webhook']:.0f} + its ledger actor {cpu_us['webhook']['actor']:.0f} "
+        f"(in the baseline's rounds, the sync alone: {cpu_us['baseline']['webhook']:.0f} + "
+        f"{cpu_us['baseline']['actor']:.0f}); no-op webhook process {cpu_us['noop']['noop']:.0f}"
+        + ("" if watched["actor"] else " (the actor's process was not found: 0)")
+    )
     free_figures = None
     if freed:
         median_create = figures["webhook"]["median_ms"]
@@ -411,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio_p99": ratio_p99,
                     "noop_ratio": noop_ratio,
                     "inside_webhook": inside,
+                    "cpu_us_per_pod": cpu_us,
                     "delete_to_free": free_figures,
                     "args": vars(args),
                 },
