@@ -171,6 +171,7 @@ class Adoption:
             return
         books.hold(Holding(p.id, p.node, p.devices, p.shares, p.cpu_milli, p.memory_mib))
         books.reservations[p.id] = Reservation(p, ReservationState.CONFIRMED, now)
+        books.pending.pop(p.id, None)
 
     def restore_group(self, p: Placement, now: float) -> GroupState:
         books = self.books

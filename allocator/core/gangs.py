@@ -203,6 +203,7 @@ class Gangs:
             books.slot_of[hid] = (gp.key, s.slot)
             books.hold(Holding(hid, s.node, s.devices, s.shares, req.cpu_milli, req.memory_mib))
         books.reservations[req.id] = Reservation(first, ReservationState.RESERVED, now)
+        books.pending[req.id] = now
         return first
 
     def taints_for(self, group: GroupState, slot: int) -> tuple[Taint, ...]:
@@ -312,6 +313,7 @@ class Gangs:
             Holding(req.id, placed.node, placed.devices, placed.shares, group.cpu_milli, group.memory_mib)
         )
         books.reservations[req.id] = Reservation(placed, ReservationState.RESERVED, now)
+        books.pending[req.id] = now
         return placed
 
 

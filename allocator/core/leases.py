@@ -30,6 +30,7 @@ class Leases:
             )
         )
         books.reservations[placement.id] = Reservation(placement, ReservationState.RESERVED, now)
+        books.pending[placement.id] = now
         if placement.strategy == "round_robin":
             books.rr_cursor = placement.node
         return placement
@@ -48,6 +49,7 @@ class Leases:
         if res is None:
             return False
         res.state = ReservationState.CONFIRMED
+        books.pending.pop(id, None)
         return True
 
     def release(self, id: str) -> bool:
@@ -59,6 +61,7 @@ class Leases:
         this is what a rebuild would see."""
         books = self.books
         res = books.reservations.pop(id, None)
+        books.pending.pop(id, None)
         slot = books.slot_of.pop(id, None)
         held = books.unhold(id)
         if slot is not None:
@@ -89,11 +92,7 @@ class Leases:
         """Ids of unconfirmed reservations older than the TTL, and unclaimed group slots past the deadline."""
         books = self.books
         ttl = books.config.reservation_ttl_s
-        out = [
-            rid
-            for rid, res in books.reservations.items()
-            if res.state == ReservationState.RESERVED and res.created + ttl <= now
-        ]
+        out = [rid for rid, created in books.pending.items() if created + ttl <= now]
         for group in books.groups.values():
             if group.deadline <= now:
                 out += [slot_hid(group.key, s) for s, who in group.claims.items() if who is None]

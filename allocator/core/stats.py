@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from allocator.core.books import Books
-from allocator.core.model import MILLI_PER_GPU, ReservationState
+from allocator.core.model import MILLI_PER_GPU
 from allocator.core.node_state import LeafKey
 
 
@@ -101,7 +101,7 @@ def ledger_stats(books: Books) -> LedgerStats:
     milli_total = sum(s.milli_total for s in leaf_stats)
     milli_free = sum(s.milli_free for s in leaf_stats)
     reservations = books.reservations
-    pending = sum(1 for r in reservations.values() if r.state == ReservationState.RESERVED)
+    pending = len(books.pending)
     return LedgerStats(
         nodes=len(books.index.nodes),
         placeable_nodes=placeable,

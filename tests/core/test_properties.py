@@ -24,6 +24,7 @@ from allocator.core.model import (
     PinnedDevices,
     Placement,
     Request,
+    ReservationState,
     Toleration,
 )
 from allocator.core.node_state import NodeState
@@ -158,6 +159,10 @@ def build_request(rid: str, spec: dict, n_nodes: int, node_objs: list[dict]) -> 
 
 def check_invariants(led: Ledger) -> None:
     index = led.index
+    pending = {
+        rid: r.created for rid, r in led.reservations().items() if r.state == ReservationState.RESERVED
+    }
+    assert led._books.pending == pending  # expiry's index of the unconfirmed reservations
     open_entries = []
     leaf_totals: Counter = Counter()
     for name, n in index.nodes.items():
