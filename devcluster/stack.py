@@ -98,7 +98,7 @@ class Stack:
     # ------------------------------------------------------------------ webhook process
     def start_webhook(self) -> None:
         from webhook.admission.owners import KubeOwners
-        from webhook.events import KubeEventWriter
+        from webhook.event_writer import ApiEventWriter
         from webhook.ledger_client import RayLedgerClient
         from webhook.transport.app import create_app
         from webhook.transport.server import ServerThread
@@ -112,7 +112,7 @@ class Stack:
                 config,
                 RayLedgerClient(handle, channel=config.ledger_channel),
                 KubeOwners(api_client, ttl_s=config.owner_cache_ttl_s, timeout_s=config.deadline_s),
-                event_writer=KubeEventWriter(api_client),  # Events as the webhook's identity, under its RBAC
+                event_writer=ApiEventWriter(api_client),  # Events as the webhook's identity, under its RBAC
             )
             served.middlewares.append(_log_transport_errors())
             return served

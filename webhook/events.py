@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import socket
 import time
@@ -21,8 +20,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
-
-from allocator.service import RESERVATION_ID_KEY
 
 log = logging.getLogger("gpuledger.events")
 
@@ -302,6 +299,10 @@ class EventPoster:
             with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its errors were logged
                 await self._task
             self._task = None
+        close = getattr(self.writer, "close", None)  # a writer holding a session (webhook.event_writer)
+        if close is not None:
+            with contextlib.suppress(Exception):  # stopping: nothing left to post
+                await close()
 
 
 def merge(events: list[AdmissionEvent]) -> list[AdmissionEvent]:
@@ -312,43 +313,3 @@ def merge(events: list[AdmissionEvent]) -> list[AdmissionEvent]:
         prior = merged.get(key)
         merged[key] = event if prior is None else replace(prior, count=prior.count + event.count)
     return list(merged.values())
-
-
-class KubeEventWriter:
-    """Events and pod look-ups through the `kubernetes` client (blocking calls, run on a thread)."""
-
-    def __init__(self, api_client: Any, timeout_s: float = 5.0, ids_per_list: int = 100):
-        from kubernetes import client  # the adapter's dependency
-
-        self._core = client.CoreV1Api(api_client)
-        self._timeout, self._chunk = timeout_s, ids_per_list
-
-    async def find_pods(self, namespace: str, reservation_ids: list[str]) -> dict[str, ObjectRef]:
-        found: dict[str, ObjectRef] = {}
-        for i in range(0, len(reservation_ids), self._chunk):
-            chunk = reservation_ids[i : i + self._chunk]
-            resp = await asyncio.to_thread(
-                self._core.list_namespaced_pod,
-                namespace,
-                label_selector=f"{RESERVATION_ID_KEY} in ({','.join(chunk)})",
-                resource_version="0",  # the API server's watch cache, not etcd; a miss is looked at again
-                _headers={"Accept": METADATA_ONLY},  # names and uids, not whole pods: less to decode
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
-            # with _preload_content=False the client returns the raw urllib3 response, not a V1PodList
-            for pod in json.loads(resp.data).get("items") or []:  # type: ignore[attr-defined]
-                meta = pod.get("metadata") or {}
-                rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
-                if rid:
-                    found[rid] = ObjectRef("v1", "Pod", namespace, meta.get("name", ""), meta.get("uid", ""))
-        return found
-
-    async def create(self, namespace: str, body: dict) -> None:
-        await asyncio.to_thread(
-            self._core.create_namespaced_event,
-            namespace,
-            body,  # type: ignore[arg-type]  # the client sends a plain dict body as is
-            _preload_content=False,
-            _request_timeout=self._timeout,
-        )

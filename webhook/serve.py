@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         sync = ClusterSync(api_client, target).start()
     event_writer = None
     if api_client is not None and not args.no_events:
-        from webhook.events import KubeEventWriter
+        from webhook.event_writer import ApiEventWriter
 
-        event_writer = KubeEventWriter(api_client)
+        event_writer = ApiEventWriter(api_client)
     stop = asyncio.Event()
     try:
         asyncio.run(_run(args, config, handle, owners, stop, event_writer))

@@ -168,7 +168,7 @@ def create_app(
     event_settings: EventSettings | None = None,
 ) -> web.Application:
     """The webhook as an aiohttp Application (serve it with webhook.transport.server.start_server, or any
-    runner). With an `event_writer` (webhook.events.KubeEventWriter), decisions are posted as Kubernetes
+    runner). With an `event_writer` (webhook.event_writer.ApiEventWriter), decisions are posted as Kubernetes
     Events."""
     metrics = metrics or WebhookMetrics()
     # the client's own tally, where it keeps one (read from its __dict__: a test double may refuse getattr)

@@ -1,0 +1,72 @@
+"""webhook.event_writer against the real kube-apiserver: the pod look-up and the Event POST over aiohttp, with
+the credentials of a kubeconfig (the admin's token), and a refusal named as such."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+import pytest
+
+from allocator.service import RESERVATION_ID_KEY
+from devcluster.kubeclient import ALICE
+from webhook.event_writer import ApiEventWriter
+from webhook.events import EventPoster, ObjectRef, placed
+from webhook.serve import _kube_client
+
+
+@pytest.fixture
+def plain_namespace(apiserver):
+    """A namespace not opted in to admission: the pods here are stored as written."""
+    name = f"events-{uuid.uuid4().hex[:6]}"
+    apiserver.create_namespace(name, admission=False, users=())
+    yield name
+    apiserver.force_delete("pods", namespace=name)
+    apiserver.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+async def test_placed_pods_are_found_and_their_events_posted(apiserver, plain_namespace):
+    ns = plain_namespace
+    apiserver.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "trainer", "namespace": ns, "labels": {RESERVATION_ID_KEY: "r-1"}},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+        }
+    )
+    [stored] = apiserver.pods(ns)
+    writer = ApiEventWriter(_kube_client(apiserver.kubeconfig))
+    try:
+        found = await writer.find_pods(ns, ["r-1", "r-never-stored"])
+        assert found == {"r-1": ObjectRef("v1", "Pod", ns, "trainer", stored["metadata"]["uid"])}
+
+        poster = EventPoster(writer)
+        event = replace(placed(ns, "r-1", "placed on leaf-0-node-1 GPUs 0,1"), involved=found["r-1"])
+        await writer.create(ns, poster.body(event))
+        [posted] = apiserver.get_json("events", "-n", ns, "--field-selector", "reason=GPUPlaced")["items"]
+        assert posted["involvedObject"]["uid"] == stored["metadata"]["uid"]
+        assert posted["message"] == "placed on leaf-0-node-1 GPUs 0,1"
+        assert posted["reportingComponent"] == "gpuledger.io/webhook"
+    finally:
+        await writer.close()
+
+
+async def test_a_refused_post_names_the_status_and_what_the_api_server_said(apiserver, plain_namespace):
+    ns = plain_namespace
+    admin = ApiEventWriter(_kube_client(apiserver.kubeconfig))
+    alice = ApiEventWriter(_kube_client(apiserver.kubeconfig_for(ALICE)))  # no role in this namespace
+    try:
+        with pytest.raises(
+            RuntimeError, match=rf"POST /api/v1/namespaces/{ns}/events: HTTP 422: .*involvedObject"
+        ):
+            await admin.create(ns, {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "bad"}})
+        with pytest.raises(
+            RuntimeError, match=rf"POST /api/v1/namespaces/{ns}/events: HTTP 403: .*forbidden"
+        ):
+            await alice.create(ns, {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "x"}})
+        with pytest.raises(RuntimeError, match=rf"GET /api/v1/namespaces/{ns}/pods: HTTP 403"):
+            await alice.find_pods(ns, ["r-1"])
+    finally:
+        await admin.close()
+        await alice.close()
