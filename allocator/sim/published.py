@@ -34,6 +34,9 @@ PUBLISHED: dict[str, Published] = {
     "gpuspec20": Published("openb_pod_list_gpuspec20", 5.31, 11.53, "artifact"),
     "gpuspec25": Published("openb_pod_list_gpuspec25", 6.08, 14.30, "artifact"),
     "gpuspec33": Published("openb_pod_list_gpuspec33", 12.12, 19.59, "artifact"),
+    "cpu50": Published("openb_pod_list_cpu050", 5.00, 6.42, "artifact"),
+    "cpu100": Published("openb_pod_list_cpu100", 4.79, 6.72, "artifact"),
+    "cpu200": Published("openb_pod_list_cpu200", 5.18, 7.86, "artifact"),
     "cpu250": Published("openb_pod_list_cpu250", 6.80, None, "artifact"),
     "gpushare60": Published("openb_pod_list_gpushare60", 8.70, 10.91, "artifact"),
     "gpushare80": Published("openb_pod_list_gpushare80", 10.91, None, "artifact"),
@@ -46,7 +49,7 @@ ALL_KINDS = (
     "default",
     "gpuspec10", "gpuspec10-cap", "gpuspec20", "gpuspec20-cap",
     "gpuspec25", "gpuspec25-cap", "gpuspec33", "gpuspec33-cap",
-    "cpu250",
+    "cpu50", "cpu100", "cpu200", "cpu250",
     "gpushare40", "share60", "share80",
     "multigpu20", "multigpu50",
 )  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from allocator.sim import simulator
 from allocator.sim.traces import TraceError, TracePod
 from allocator.sim.variants import (
     VARIANT_EXAMPLES,
+    cpu_scale_variant,
     cpu_variant,
     describe,
     gpu_spec_variant,
@@ -88,11 +90,26 @@ def test_gpu_spec_models_uniform_or_by_capacity():
     assert 0.05 < by_capacity[("T4",)] / 3000 < 0.2  # 2 T4 GPUs of 18
 
 
-def test_cpu_variant_raises_cpu_only_pods_and_caps_at_the_largest_node():
-    out = cpu_variant(pods(), NODES, 250)
+def test_cpu_variant_draws_cpu_only_pods_until_their_share_of_the_pods():
+    base = pods()  # 82 GPU pods, 40 CPU-only (32.8%)
+    out = cpu_variant(base, NODES, 250, seed=5)
+    gpu = [p for p in out if p.num_gpu]
+    drawn = [p for p in out if not p.num_gpu]
+    assert len(drawn) == round(0.25 / 0.75 * 82) == 27 and out[: len(drawn)] == drawn  # before the GPU pods
+    unnamed = [replace(p, name="") for p in base if p.num_gpu]
+    assert [replace(p, name="") for p in gpu] == unnamed  # the GPU pods as they were
+    assert {(p.cpu_milli, p.memory_mib) for p in drawn} == {(20000, 65536)}  # copies, CPU unchanged
+    assert describe(out)["cpu_only_pods_pct"] == pytest.approx(25, abs=0.5)
+    assert len({p.name for p in out}) == len(out)
+    assert cpu_variant(base, NODES, 250, seed=5) == out  # seeded
+    assert len([p for p in cpu_variant(base, NODES, 50) if not p.num_gpu]) == 4  # fewer than the trace's own
+
+
+def test_cpu_scale_variant_raises_cpu_only_pods_and_caps_at_the_largest_node():
+    out = cpu_scale_variant(pods(), NODES, 250)
     by_name = {p.name: p for p in out}
     assert by_name["c0"].cpu_milli == 70_000 and by_name["w0"].cpu_milli == 8000
-    capped = cpu_variant([TracePod("big", 64_000, 1)], NODES, 100)
+    capped = cpu_scale_variant([TracePod("big", 64_000, 1)], NODES, 100)
     assert capped[0].cpu_milli == 104_000
 
 
@@ -130,8 +147,14 @@ def test_openb_variants_match_their_names():
     ):
         _, out = load_variant(SHARED, name)
         assert abs(describe(out)[key] - want) < 0.5, (name, describe(out))
-    _, cpu = load_variant(SHARED, "cpu100")
-    assert describe(cpu)["cpu_only_cpu_milli"] == pytest.approx(
+    # the artifact's cpu050/cpu100/cpu200/cpu250 hold 7,439 / 7,853 / 8,832 / 9,420 pods: the default's
+    # 7,064 GPU pods and 5 / 10 / 20 / 25% CPU-only pods drawn from its own
+    for name, artifact_pods in (("cpu50", 7439), ("cpu100", 7853), ("cpu200", 8832), ("cpu250", 9420)):
+        _, cpu = load_variant(SHARED, name)
+        assert abs(len(cpu) - artifact_pods) <= 5, (name, len(cpu))
+        assert sum(1 for p in cpu if p.num_gpu) == sum(1 for p in default if p.num_gpu) == 7064
+    _, scaled = load_variant(SHARED, "cpuscale100")
+    assert describe(scaled)["cpu_only_cpu_milli"] == pytest.approx(
         2 * describe(default)["cpu_only_cpu_milli"], rel=0.01
     )
     # a variant with its own file in the trace is read, not generated
