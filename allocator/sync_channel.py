@@ -96,7 +96,9 @@ class BlockingChannel:
             seq, ok, result = decode(self._read_frame())
         except ChannelError:
             raise
-        except (OSError, EOFError, ValueError) as exc:  # a reset, a timeout, a frame cut short
+        # a reset, a timeout, a frame cut short or one that does not decode: the stream can no longer be
+        # trusted to be aligned, so the channel is done (the caller closes it and goes to Ray)
+        except Exception as exc:
             raise ChannelError(f"ledger channel {method}: {exc!r}") from exc
         if seq != self.seq:
             raise ChannelError(f"ledger channel answered call {seq}, expected {self.seq}")

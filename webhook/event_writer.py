@@ -69,6 +69,8 @@ class ApiEventWriter:
         server_name = getattr(self.configuration, "tls_server_name", None)
         if server_name:
             kwargs["server_hostname"] = server_name
+        if getattr(self.configuration, "proxy", None):  # as the kubernetes client would go
+            kwargs["proxy"] = self.configuration.proxy
         async with session.request(method, self.base + path, **kwargs) as resp:
             data = await resp.read()
             if resp.status >= 300:

@@ -247,3 +247,38 @@ def test_where_the_actor_listens_for_each_mode_and_caller():
     for mode in ("off", "tcp"):
         with pytest.raises(ValueError, match=f"ledger_channel='{mode}': expected auto, loopback or node-ip"):
             channel_host(mode, "node-a", "node-a", ip)
+
+
+def test_the_sync_channel_ends_on_an_answer_that_does_not_decode():
+    """A peer that proves the token and then answers garbage: the sync's channel is done (ChannelError, so the
+    target goes to Ray) rather than reading later frames out of step."""
+    import threading
+
+    from allocator.ledger_channel import proof
+    from allocator.sync_channel import BlockingChannel
+
+    token = os.urandom(32)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def peer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            client_nonce = conn.recv(4 + NONCE_BYTES)[4:]
+            server_nonce = os.urandom(NONCE_BYTES)
+            conn.sendall(frame(server_nonce + proof(token, b"server", client_nonce)))
+            conn.recv(4 + 32)  # the client's proof
+            conn.recv(65536)  # the call
+            conn.sendall(frame(b"not a pickle"))
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    info = {"host": "127.0.0.1", "port": listener.getsockname()[1], "token": token.hex(), "node_id": "n",
+            "incarnation": "i"}  # fmt: skip
+    channel = BlockingChannel(info, timeout_s=5)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ChannelError, match="ledger channel status"):
+            channel.call("status")
+    finally:
+        channel.close()
+        listener.close()
+        thread.join(5)
