@@ -4,8 +4,10 @@ The `kubernetes` client costs ~2.3 ms of CPU per Event here (a thread hop, its s
 an admission; one pod create posts one GPUPlaced Event, in the same process and under the same GIL as the
 admissions. A kept-alive aiohttp session does the same POST for ~0.3 ms (docs/benchmarks.md). The session
 takes the API server's address, TLS and credentials from the `kubernetes` client's Configuration (so a
-kubeconfig and the in-cluster service account work as for the rest of the webhook), and asks it for the
-Authorization header on every request, so rotated service-account tokens are picked up as the client would.
+kubeconfig and the in-cluster service account work as for the rest of the webhook). The Authorization header
+comes from the client's own refresh hook (which re-reads a rotated service-account token), asked at most every
+`auth_ttl_s` (the hook re-applies the whole kubeconfig: a third of an Event's CPU when asked per request) and
+again at once after a 401.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -24,11 +28,21 @@ class ApiEventWriter:
     """`EventWriter` over one aiohttp session (opened on first use, on the running loop; `close` ends it)."""
 
     def __init__(
-        self, api_client: Any, timeout_s: float = 5.0, ids_per_list: int = 100, connections: int = 4
+        self,
+        api_client: Any,
+        timeout_s: float = 5.0,
+        ids_per_list: int = 100,
+        connections: int = 4,
+        auth_ttl_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.configuration = api_client.configuration
         self.base = str(self.configuration.host).rstrip("/")
         self._timeout, self._chunk, self._connections = timeout_s, ids_per_list, connections
+        self._auth_ttl_s, self._clock = auth_ttl_s, clock
+        self._auth: dict[str, str] | None = None
+        self._auth_at = 0.0
+        self.auth_reads = 0
         self._session: Any = None
         self._ssl: ssl.SSLContext | bool | None = None
 
@@ -43,13 +57,21 @@ class ApiEventWriter:
             context.load_cert_chain(cfg.cert_file, cfg.key_file or None)
         return context
 
+    def _auth_headers(self) -> dict[str, str]:
+        now = self._clock()
+        if self._auth is None or now - self._auth_at >= self._auth_ttl_s:
+            self.auth_reads += 1
+            auth = {}
+            for setting in self.configuration.auth_settings().values():  # runs the client's refresh hook
+                if setting.get("in") == "header" and setting.get("value"):
+                    auth[setting["key"]] = setting["value"]
+            self._auth, self._auth_at = auth, now
+        return self._auth
+
     def _headers(self, content_type: str | None = None, accept: str = "application/json") -> dict[str, str]:
-        headers = {"Accept": accept}
+        headers = {"Accept": accept, **self._auth_headers()}
         if content_type:
             headers["Content-Type"] = content_type
-        for auth in self.configuration.auth_settings().values():  # runs the client's token refresh hook
-            if auth.get("in") == "header" and auth.get("value"):
-                headers[auth["key"]] = auth["value"]
         return headers
 
     async def _open(self) -> Any:
@@ -64,20 +86,26 @@ class ApiEventWriter:
             )
         return self._session
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> bytes:
+    async def _request(
+        self, method: str, path: str, headers: Callable[[], dict[str, str]], **kwargs: Any
+    ) -> bytes:
         session = await self._open()
         server_name = getattr(self.configuration, "tls_server_name", None)
         if server_name:
             kwargs["server_hostname"] = server_name
         if getattr(self.configuration, "proxy", None):  # as the kubernetes client would go
             kwargs["proxy"] = self.configuration.proxy
-        async with session.request(method, self.base + path, **kwargs) as resp:
-            data = await resp.read()
-            if resp.status >= 300:
-                raise RuntimeError(
-                    f"{method} {path}: HTTP {resp.status}: {data[:300].decode(errors='replace')}"
-                )
-            return data
+        for attempt in (1, 2):
+            async with session.request(method, self.base + path, headers=headers(), **kwargs) as resp:
+                data = await resp.read()
+                if resp.status == 401 and attempt == 1:
+                    self._auth = None  # a token rotated since it was read: read it again, once
+                    continue
+                if resp.status >= 300:
+                    said = data[:300].decode(errors="replace")
+                    raise RuntimeError(f"{method} {path}: HTTP {resp.status}: {said}")
+                return data
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def find_pods(self, namespace: str, reservation_ids: list[str]) -> dict[str, ObjectRef]:
         found: dict[str, ObjectRef] = {}
@@ -91,7 +119,7 @@ class ApiEventWriter:
                     # the API server's watch cache, not etcd; a miss is looked at again
                     "resourceVersion": "0",
                 },
-                headers=self._headers(accept=METADATA_ONLY),  # names and uids, not whole pods
+                headers=lambda: self._headers(accept=METADATA_ONLY),  # names and uids, not whole pods
             )
             for pod in json.loads(data).get("items") or []:
                 meta = pod.get("metadata") or {}
@@ -105,7 +133,7 @@ class ApiEventWriter:
             "POST",
             f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
             data=json.dumps(body, separators=(",", ":")),
-            headers=self._headers("application/json"),
+            headers=lambda: self._headers("application/json"),
         )
 
     async def close(self) -> None:

@@ -70,3 +70,23 @@ async def test_a_refused_post_names_the_status_and_what_the_api_server_said(apis
     finally:
         await admin.close()
         await alice.close()
+
+
+async def test_credentials_are_read_once_a_while_and_again_after_a_401(apiserver, plain_namespace):
+    """The client's refresh hook re-applies the whole kubeconfig, so it is asked every `auth_ttl_s`, not per
+    request; a token that went stale in between (401) is read again at once and the request retried."""
+    ns = plain_namespace
+    now = [100.0]
+    writer = ApiEventWriter(_kube_client(apiserver.kubeconfig), auth_ttl_s=60.0, clock=lambda: now[0])
+    try:
+        for _ in range(3):
+            await writer.find_pods(ns, ["r-1"])
+        assert writer.auth_reads == 1
+        now[0] += 60.0
+        await writer.find_pods(ns, ["r-1"])
+        assert writer.auth_reads == 2
+        writer._auth = {"authorization": "Bearer rotated-away"}  # what a rotated token looks like to us
+        assert await writer.find_pods(ns, ["r-1"]) == {}  # answered, after one 401 and a fresh read
+        assert writer.auth_reads == 3
+    finally:
+        await writer.close()
