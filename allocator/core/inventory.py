@@ -82,6 +82,9 @@ class ClusterIndex:
         self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
         self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
+        # every node's devices, and its healthy ones (placeable or not): what stats reports without a walk
+        self.gpus_total = 0
+        self.gpus_healthy = 0
         self._bulk = False  # a bulk load: nodes added are filed by `end_bulk`
         # the node classes (allocator.core.node_classes) keep up with the index: every node added, removed or
         # changed goes into `dirty`, and `on_dirty` is called once `dirty_limit` are there (not during a bulk
@@ -134,6 +137,8 @@ class ClusterIndex:
     def _size(self, node: NodeState, delta: int) -> None:
         """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""
         cpu, gpus = node.info.cpu_milli, len(node.dev_index)
+        self.gpus_total += delta * gpus
+        self.gpus_healthy += delta * (node.total_milli // MILLI_PER_GPU)  # a healthy device is 1,000 milli
         for sizes, value in ((self._cpu_sizes, cpu), (self._gpu_sizes, gpus)):
             sizes[value] += delta
             if sizes[value] <= 0:

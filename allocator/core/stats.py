@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from allocator.core.books import Books
 from allocator.core.model import MILLI_PER_GPU
-from allocator.core.node_state import LeafKey
 
 
 @dataclass(frozen=True)
@@ -75,27 +74,21 @@ class LedgerStats:
 
 
 def ledger_stats(books: Books) -> LedgerStats:
-    leaves: dict[LeafKey, list[int]] = {}
-    gpus_total = gpus_healthy = placeable = 0
-    for n in books.index.nodes.values():
-        gpus_total += len(n.dev_index)
-        healthy = sum(n.dev_healthy)
-        gpus_healthy += healthy
-        if not n.placeable:
-            continue
-        placeable += 1
-        acc = leaves.setdefault(n.leaf_key, [0, 0, 0, 0, 0])
-        acc[0] += 1
-        acc[1] += healthy
-        acc[2] += n.total_milli
-        acc[3] += n.free_milli
-        acc[4] += n.whole_free
-    leaf_stats = []
+    """From the totals the index keeps per leaf as nodes and holdings change (allocator.core.inventory): a
+    report costs a pass over the leaves, not the nodes (every /metrics scrape asks, and the actor answers
+    nothing else meanwhile: the node walk took ~12 ms at 10,000 nodes)."""
+    index = books.index
+    leaf_stats = [
+        DomainStats(
+            spine, leaf, b.count, b.total_milli // MILLI_PER_GPU, b.total_milli, b.free_milli, b.total_whole
+        )
+        for (spine, leaf), b in sorted(index.leaves.items())
+        if b.count
+    ]
     spine_acc: dict[str, list[int]] = {}
-    for (spine, leaf), (cnt, gpus, tot, free, whole) in sorted(leaves.items()):
-        leaf_stats.append(DomainStats(spine, leaf, cnt, gpus, tot, free, whole))
-        acc = spine_acc.setdefault(spine, [0, 0, 0, 0, 0])
-        for i, v in enumerate((cnt, gpus, tot, free, whole)):
+    for s in leaf_stats:
+        acc = spine_acc.setdefault(s.spine, [0, 0, 0, 0, 0])
+        for i, v in enumerate((s.nodes, s.gpus, s.milli_total, s.milli_free, s.whole_free)):
             acc[i] += v
     spine_stats = tuple(DomainStats(s, "", *v) for s, v in sorted(spine_acc.items()))
     milli_total = sum(s.milli_total for s in leaf_stats)
@@ -104,9 +97,9 @@ def ledger_stats(books: Books) -> LedgerStats:
     pending = len(books.pending)
     return LedgerStats(
         nodes=len(books.index.nodes),
-        placeable_nodes=placeable,
-        gpus_total=gpus_total,
-        gpus_healthy=gpus_healthy,
+        placeable_nodes=sum(s.nodes for s in leaf_stats),
+        gpus_total=index.gpus_total,
+        gpus_healthy=index.gpus_healthy,
         milli_total=milli_total,
         milli_allocated=milli_total - milli_free,
         whole_free=sum(s.whole_free for s in leaf_stats),

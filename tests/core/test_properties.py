@@ -28,6 +28,7 @@ from allocator.core.model import (
     Toleration,
 )
 from allocator.core.node_state import NodeState
+from allocator.core.stats import ledger_stats
 from tests.core.core_factory import node, pod
 
 KEY = b"prop"
@@ -157,8 +158,28 @@ def build_request(rid: str, spec: dict, n_nodes: int, node_objs: list[dict]) -> 
 # ------------------------------------------------------------------------------------------ invariants
 
 
+def stats_by_walking_nodes(led: Ledger) -> tuple:
+    """What ledger_stats reports from the index's running totals, recomputed node by node (the reference)."""
+    leaves: dict = {}
+    gpus_total = gpus_healthy = 0
+    for n in led.index.nodes.values():
+        gpus_total += len(n.dev_index)
+        healthy = sum(n.dev_healthy)
+        gpus_healthy += healthy
+        if n.placeable:
+            acc = leaves.setdefault(n.leaf_key, [0, 0, 0, 0, 0])
+            for i, v in enumerate((1, healthy, n.total_milli, n.free_milli, n.whole_free)):
+                acc[i] += v
+    return gpus_total, gpus_healthy, sorted((*key, *acc) for key, acc in leaves.items())
+
+
 def check_invariants(led: Ledger) -> None:
     index = led.index
+    stats = ledger_stats(led._books)
+    leaf_rows = sorted(
+        (s.spine, s.leaf, s.nodes, s.gpus, s.milli_total, s.milli_free, s.whole_free) for s in stats.leaves
+    )
+    assert (stats.gpus_total, stats.gpus_healthy, leaf_rows) == stats_by_walking_nodes(led)
     pending = {
         rid: r.created for rid, r in led.reservations().items() if r.state == ReservationState.RESERVED
     }
