@@ -81,6 +81,21 @@ def proof(token: bytes, role: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, role + nonce, hashlib.sha256).digest()
 
 
+def client_reply(token: bytes, nonce: bytes, answer: bytes, where: str) -> bytes:
+    """The client's last handshake frame, given the server's `answer` to `nonce` (its own nonce, then its
+    proof); ChannelError when the server did not prove the token."""
+    server_nonce, server_proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+    if not hmac.compare_digest(server_proof, proof(token, b"server", nonce)):
+        raise ChannelError(f"{where} did not prove the ledger's token")
+    return frame(proof(token, b"client", server_nonce))
+
+
+def check_reachable(mode: str, info: ChannelInfo, caller_node: str) -> None:
+    """A `loopback` channel is usable only from the actor's own Ray node: ChannelError elsewhere."""
+    if mode == "loopback" and info["node_id"] != caller_node:
+        raise ChannelError("the ledger actor runs on another Ray node (ledger_channel: node-ip)")
+
+
 def encode(value: Any) -> bytes:
     return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
 

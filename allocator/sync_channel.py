@@ -24,11 +24,13 @@ from allocator.ledger_channel import (
     NONCE_BYTES,
     ChannelError,
     ChannelInfo,
+    check_reachable,
+    client_reply,
     decode,
     encode,
     frame,
-    proof,
 )
+from allocator.sync_targets import CallingTarget
 
 log = logging.getLogger("gpuledger.sync")
 
@@ -41,8 +43,7 @@ def ray_channel_opener(handle: Any, mode: str, timeout_s: float = 60.0) -> Calla
 
         here = ray.get_runtime_context().get_node_id()
         info: ChannelInfo = ray.get(handle.open_channel.remote(mode, here), timeout=timeout_s)
-        if mode == "loopback" and info["node_id"] != here:
-            raise ChannelError("the ledger actor runs on another Ray node (ledger_channel: node-ip)")
+        check_reachable(mode, info, here)
         return info
 
     return open_channel
@@ -62,10 +63,9 @@ class BlockingChannel:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = os.urandom(NONCE_BYTES)
             self.sock.sendall(frame(nonce))
-            answer = self._read_frame()
-            if answer[NONCE_BYTES:] != proof(token, b"server", nonce):
-                raise ChannelError(f"{info['host']}:{info['port']} did not prove the ledger's token")
-            self.sock.sendall(frame(proof(token, b"client", answer[:NONCE_BYTES])))
+            self.sock.sendall(
+                client_reply(token, nonce, self._read_frame(), f"{info['host']}:{info['port']}")
+            )
         except BaseException as exc:
             self.sock.close()
             if isinstance(exc, OSError) and not isinstance(exc, ChannelError):
@@ -110,7 +110,7 @@ class BlockingChannel:
         self.sock.close()
 
 
-class ChannelLedgerTarget:
+class ChannelLedgerTarget(CallingTarget):
     """A `LedgerTarget` whose frequent calls go over the channel; `resync` (rare, large) and every call while
     the channel is unusable go to `ray_target`."""
 
@@ -164,23 +164,8 @@ class ChannelLedgerTarget:
         self.calls["ray"] += 1
         return getattr(self.ray_target, method)(*args)
 
-    def apply_events(self, events):
-        return self._call("apply_events", events)
-
-    def resync(self, objects):
+    def resync(self, objects):  # large and rare: Ray's object transfer, not a frame
         return self.ray_target.resync(objects)
-
-    def expiry_candidates(self, now):
-        return self._call("expiry_candidates", now)
-
-    def confirm(self, ids):
-        return self._call("confirm", ids)
-
-    def release(self, ids):
-        return self._call("release", ids)
-
-    def status(self):
-        return self._call("status")
 
     def close(self) -> None:
         if self.channel is not None:

@@ -29,16 +29,11 @@ class LedgerTarget(Protocol):
     def status(self) -> dict: ...
 
 
-class RayLedgerTarget:
-    """The named Ray actor behind the `LedgerTarget` methods; each call waits for its result."""
+class CallingTarget:
+    """The `LedgerTarget` methods, each one `_call(method, *args)` of the actor's method of that name."""
 
-    def __init__(self, handle, timeout_s: float = 60.0):
-        self.handle, self.timeout_s = handle, timeout_s
-
-    def _call(self, method: str, *args):
-        import ray
-
-        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
+    def _call(self, method: str, *args: Any) -> Any:
+        raise NotImplementedError
 
     def apply_events(self, events):
         return self._call("apply_events", events)
@@ -57,6 +52,18 @@ class RayLedgerTarget:
 
     def status(self):
         return self._call("status")
+
+
+class RayLedgerTarget(CallingTarget):
+    """The named Ray actor behind the `LedgerTarget` methods; each call waits for its result."""
+
+    def __init__(self, handle, timeout_s: float = 60.0):
+        self.handle, self.timeout_s = handle, timeout_s
+
+    def _call(self, method: str, *args):
+        import ray
+
+        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout_s)
 
 
 class LocalLedgerTarget:

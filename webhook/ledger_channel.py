@@ -17,10 +17,10 @@ from allocator.ledger_channel import (
     NONCE_BYTES,
     ChannelError,
     ChannelInfo,
+    client_reply,
     decode,
     encode,
     frame,
-    proof,
     read_frame,
 )
 
@@ -45,10 +45,7 @@ class LedgerChannel:
                     writer.write(frame(nonce))
                     await writer.drain()
                     answer = await read_frame(reader)
-                    server_nonce, server_proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
-                    if server_proof != proof(token, b"server", nonce):
-                        raise ChannelError(f"{info['host']}:{info['port']} did not prove the ledger's token")
-                    writer.write(frame(proof(token, b"client", server_nonce)))
+                    writer.write(client_reply(token, nonce, answer, f"{info['host']}:{info['port']}"))
                     await writer.drain()
                 except BaseException:
                     writer.close()

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from allocator.ledger_channel import CHANNEL_METHODS, CHANNEL_MODES, ChannelError
+from allocator.ledger_channel import CHANNEL_METHODS, CHANNEL_MODES, ChannelError, check_reachable
 from allocator.service import (
     AdmitCall,
     Denial,
@@ -153,8 +153,7 @@ class RayLedgerClient:
             try:
                 here = _own_ray_node()
                 info = await self.handle.open_channel.remote(self.channel_mode, here)
-                if self.channel_mode == "loopback" and info["node_id"] != here:
-                    raise ChannelError("the ledger actor runs on another Ray node (ledger_channel: node-ip)")
+                check_reachable(self.channel_mode, info, here)
                 self.channel = await LedgerChannel.connect(info)
             except Exception as exc:  # noqa: BLE001 - any failure: Ray calls until the next try
                 self._channel_down(None, exc)
