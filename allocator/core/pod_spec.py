@@ -124,6 +124,26 @@ def container_resources(pod: Mapping) -> tuple[int, int]:
         if raw is not None:
             parse_quantity(f"spec.overhead.{resource}", raw)
 
+    def plain(value: Any) -> bool:  # what pod_requests reads as it stands: a map, or nothing
+        return type(value) is dict or not value
+
+    def all_plain() -> bool:
+        for kind in ("containers", "initContainers"):
+            for container in spec.get(kind) or ():
+                resources = container.get("resources")
+                if not plain(resources) or (
+                    resources and not (plain(resources.get("requests")) and plain(resources.get("limits")))
+                ):
+                    return False
+        return plain(spec.get("overhead"))
+
+    if all_plain():  # the common pod: counted where it lies, without the copy below
+        problems: list[str] = []
+        counted = kube.pod_requests(
+            {"metadata": {"name": str(mapping(pod.get("metadata")).get("name", ""))}, "spec": spec}, problems
+        )
+        return _counted(counted, problems)
+
     def sane(container: dict) -> dict:  # only the fields pod_requests reads, each of the type it expects
         resources = mapping(container.get("resources"))
         return {
@@ -139,10 +159,14 @@ def container_resources(pod: Mapping) -> tuple[int, int]:
         kind: [sane(c) for c in as_list(spec.get(kind))] for kind in ("containers", "initContainers")
     }
     shaped["overhead"] = mapping(spec.get("overhead"))
-    problems: list[str] = []
+    problems = []
     counted = kube.pod_requests(
         {"metadata": {"name": str(mapping(pod.get("metadata")).get("name", ""))}, "spec": shaped}, problems
     )
+    return _counted(counted, problems)
+
+
+def _counted(counted: kube.PodRequests, problems: list[str]) -> tuple[int, int]:
     if problems:  # a quantity this parser takes but the ledger's does not: refuse rather than disagree
         raise AnnotationError(
             "spec.containers[*].resources", problems[0], 'quantities such as "500m", "2", "512Mi"'

@@ -59,16 +59,32 @@ def parse_quantity(value: Any) -> Fraction:
 
     Raises `QuantityError` (and nothing else) for anything else, its message naming the value and the
     accepted forms. Signs are accepted, as Kubernetes does; callers that need a non-negative value check."""
+    if type(value) is str and len(value) <= _CACHED_TEXT:
+        return _cached_text_quantity(value)
     if isinstance(value, bool):
         raise QuantityError(f"quantity {value!r}: expected {ACCEPTED}")
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
-        value_text = repr(value)  # '0.25', '1e+20'; 'nan' and 'inf' fall through to the error below
-    elif isinstance(value, str):
-        value_text = value.strip()
-    else:
-        raise QuantityError(f"quantity {value!r}: expected {ACCEPTED}")
+        return _text_quantity(repr(value), value)  # '0.25', '1e+20'; 'nan' and 'inf' are refused
+    if isinstance(value, str):
+        return _text_quantity(value)
+    raise QuantityError(f"quantity {value!r}: expected {ACCEPTED}")
+
+
+_CACHED_TEXT = 64  # spellings up to this long are remembered; longer ones (never real quantities) are not
+
+
+# every admission checks each of its containers' quantities ("500m", "8Gi"), and they repeat across pods:
+# each spelling is parsed once (a Fraction is immutable, so the one value is shared; errors are not cached)
+@lru_cache(maxsize=4096)
+def _cached_text_quantity(text: str) -> Fraction:
+    return _text_quantity(text)
+
+
+def _text_quantity(text: str, value: Any = None) -> Fraction:
+    value = text if value is None else value
+    value_text = text.strip()
     match = _QUANTITY.fullmatch(value_text)
     if not match or not (match["int"] or match["frac"]):
         raise QuantityError(f"quantity {value!r}: expected {ACCEPTED}")
