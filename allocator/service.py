@@ -39,7 +39,13 @@ from allocator.core.objects import (
     encode_placement,
     iter_objects,
 )
-from allocator.core.request import AnnotationError, PodRequestConfig, controller_owner, request_from_pod
+from allocator.core.request import (
+    AnnotationError,
+    PodRequestConfig,
+    controller_owner,
+    request_from_pod,
+    seed_for,
+)
 from allocator.live_settings import SETTINGS_HISTORY, LiveSettings
 from allocator.settings import (
     DEFAULT_SCORING_WEIGHTS,
@@ -89,6 +95,7 @@ __all__ = [
     "encode_placement",
     "iter_objects",
     "request_from_pod",
+    "seed_for",
     "strategy_names",
 ]
 

@@ -27,6 +27,7 @@ from allocator.service import (
     check_scoring_weights,
     check_strategy,
 )
+from webhook.prefetch import PrefetchSettings
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
 AFFINITY_KEYS = ("kubernetes.io/hostname", "metadata.name")
@@ -78,6 +79,10 @@ class WebhookConfig:
     external_memory_threshold_mib: int = LedgerConfig.external_memory_threshold_mib
     # used when this process creates the ledger (the first replica wins)
     reservation_ttl_s: float = 30.0
+    # placements admitted ahead per pod shape, so the next pod of a shape skips the ledger round trip
+    # (webhook.prefetch); 0 = off. One not taken within prefetch_max_age_s is released
+    prefetch_depth: int = 0
+    prefetch_max_age_s: float = 1.0
     # HMAC key for the placement annotation: a file (a mounted Secret) or the literal (tests/dev only)
     hmac_key_file: str | None = None
     hmac_key: str = ""
@@ -115,6 +120,7 @@ class WebhookConfig:
         for key in ("leaf_label", "spine_label"):
             check_label_key(getattr(self, key), key)
         check_external_threshold(self.external_memory_threshold_mib)
+        self.prefetch_settings()  # (raises naming the setting)
         self.ledger_settings()  # what only the combination can get wrong (leaf_label == spine_label)
 
     def with_environment(self, environ: Mapping[str, str]) -> WebhookConfig:
@@ -123,6 +129,9 @@ class WebhookConfig:
         if not name:
             return self
         return WebhookConfig(**{**self.__dict__, "default_strategy": check_strategy(name, STRATEGY_ENV)})
+
+    def prefetch_settings(self) -> PrefetchSettings:
+        return PrefetchSettings(depth=self.prefetch_depth, max_age_s=self.prefetch_max_age_s)
 
     def placement_key(self) -> bytes:
         """The HMAC key: the file's bytes (trailing newline dropped) or the literal."""

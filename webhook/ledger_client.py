@@ -43,6 +43,8 @@ class LedgerClient(Protocol):
 
     async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None: ...
 
+    async def release(self, reservation_ids: list[str]) -> list[bool]: ...
+
     async def status(self) -> dict[str, Any]: ...
 
     async def stats(self) -> Any: ...
@@ -71,6 +73,10 @@ class InProcessLedgerClient:
     async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None:
         self.transport_calls["in-process"] += 1
         return self.service.claim([(reservation_id, claimer)])[0]
+
+    async def release(self, reservation_ids: list[str]) -> list[bool]:
+        self.transport_calls["in-process"] += 1
+        return self.service.release(reservation_ids)
 
     async def status(self) -> dict[str, Any]:
         return self.service.status()
@@ -194,6 +200,10 @@ class RayLedgerClient:
 
     async def claim(self, reservation_id: str, claimer: str = "") -> Held | Unavailable | None:
         return await self.claims.submit((reservation_id, claimer))
+
+    async def release(self, reservation_ids: list[str]) -> list[bool]:
+        """Placements admitted ahead and never taken (webhook.prefetch): one call, not on a pod's path."""
+        return await self._call("release", list(reservation_ids))
 
     async def status(self) -> dict[str, Any]:
         return await self._ray_call("status")

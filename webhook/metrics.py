@@ -149,6 +149,17 @@ class WebhookMetrics:
             ["kind"],
             registry=r,
         )
+        self.prefetch = Counter(
+            "gpuledger_prefetch",
+            "placements admitted ahead for a pod shape (prefetch_depth): outcome=hit (a pod took one, no "
+            "ledger round trip), miss (none was ready), released (not taken within prefetch_max_age_s, or "
+            "given back after a denial), denied (the ledger had no room for one: that shape pauses)",
+            ["outcome"],
+            registry=r,
+        )
+        self.prefetch_held = Gauge(
+            "gpuledger_prefetch_held", "placements admitted ahead and not taken yet", registry=r
+        )
         self.ledger_transport: dict[str, int] | None = None
         r.register(_LedgerCalls(self))
 

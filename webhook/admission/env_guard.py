@@ -126,14 +126,14 @@ def refusal(
 
 
 def _problems(pod: dict, key: bytes, config: WebhookConfig, placement: Placement | None = None) -> list[str]:
+    if placement is not None:  # (what it excuses can only shorten the list: one pass, not two)
+        return findings(pod, placed_env(pod, placement, config))
     found = findings(pod, {})
     if not found:  # the fast path: most pods set nothing of this, and then nothing is decoded
         return found
-    if placement is None:
-        text = _dict_at(_dict_at(pod, "metadata"), "annotations").get(PLACEMENT_ANNOTATION)
-        decoded = decode_bound(text, key) if isinstance(text, str) else None
-        placement = decoded[0] if decoded is not None else None
-    return found if placement is None else findings(pod, placed_env(pod, placement, config))
+    text = _dict_at(_dict_at(pod, "metadata"), "annotations").get(PLACEMENT_ANNOTATION)
+    decoded = decode_bound(text, key) if isinstance(text, str) else None
+    return found if decoded is None else findings(pod, placed_env(pod, decoded[0], config))
 
 
 def replacements(before: dict, after: dict, mode: str) -> list[str]:

@@ -19,6 +19,7 @@ from allocator.service import (
     Denial,
     Placement,
     PodRequestConfig,
+    Request,
     Unavailable,
     binding_mismatch,
     binding_of,
@@ -49,6 +50,7 @@ from webhook.admission.validation import Validating
 from webhook.config import WebhookConfig
 from webhook.ledger_client import LedgerClient, LedgerUnavailable
 from webhook.metrics import WebhookMetrics
+from webhook.prefetch import PlacementPrefetch
 
 log = logging.getLogger("gpuledger.webhook")
 
@@ -88,6 +90,16 @@ class AdmissionHandler(Validating):
         self.key = config.placement_key() if key is None else key
         self.new_id = id_factory or reservation_ids()
         self.parse_config = PodRequestConfig(gpu_resource=config.gpu_resource)
+        self.prefetch: PlacementPrefetch | None = None
+        if config.prefetch_depth:
+            self.prefetch = PlacementPrefetch(
+                ledger,
+                config.prefetch_settings(),
+                self.new_id,
+                on_outcome=lambda outcome, n: self.metrics.prefetch.labels(outcome).inc(n),
+            )
+            prefetch = self.prefetch
+            self.metrics.prefetch_held.set_function(lambda: prefetch.held)
 
     # ------------------------------------------------------------------ mutate
     async def mutate(self, review: Review) -> Decision:
@@ -192,13 +204,15 @@ class AdmissionHandler(Validating):
                         "available in device-plugin visibility mode; accepted: whole GPUs, or "
                         "ask the operator for host-indices or runtime-uuids mode",
                     )
-                asked = time.perf_counter()
-                batcher.batch_size.set(0)
-                result = await self.ledger.admit(
-                    AdmitCall(request, review.dry_run, prior.id if prior else None)
-                )
-                batch = batcher.batch_size.get() or 1  # an unbatched client answers one admission per call
-                self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
+                ahead = self.prefetch is not None and prior is None and not review.dry_run
+                taken = self.prefetch.take(request) if ahead and self.prefetch is not None else None
+                result: Placement | Denial | Unavailable
+                if taken is not None:  # admitted ahead for this pod's shape: no round trip (webhook.prefetch)
+                    result, batch = taken, 0
+                else:
+                    asked = time.perf_counter()
+                    result, batch = await self._admit(request, review.dry_run, prior)
+                    self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
         except TimeoutError:
             return self._unavailable(
                 pod, work, warnings, f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
@@ -251,6 +265,32 @@ class AdmissionHandler(Validating):
             + ("reinvocation: same placement; " if reused else "")
             + describe_placement(result),
         )
+
+    async def _admit(
+        self, request: Request, dry_run: bool, prior: Placement | None
+    ) -> tuple[Placement | Denial | Unavailable, int]:
+        """The ledger's answer and the batch it came in. A denial while this replica holds placements admitted
+        ahead gives them back and asks once more: they must never be why a pod the ledger has room for is
+        denied."""
+        call = AdmitCall(request, dry_run, prior.id if prior else None)
+        batcher.batch_size.set(0)
+        try:
+            result = await self.ledger.admit(call)
+        except LedgerUnavailable:
+            if self.prefetch is not None:
+                self.prefetch.forget()
+            raise
+        prefetch = self.prefetch
+        if isinstance(result, Unavailable) and prefetch is not None:
+            prefetch.forget()
+        elif (
+            isinstance(result, Denial)
+            and prefetch is not None
+            and (prefetch.held or prefetch.filling)
+            and await prefetch.release_all()
+        ):
+            result = await self.ledger.admit(call)
+        return result, batcher.batch_size.get() or 1  # an unbatched client answers one admission per call
 
     def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision:
         self.metrics.placement_decisions.labels("none", "unavailable").inc()

@@ -195,6 +195,17 @@ def create_app(
 
         app.on_startup.append(start_events)
         app.on_cleanup.append(stop_events)
+    if handler.prefetch is not None:
+        prefetch = handler.prefetch
+
+        async def start_prefetch(app: web.Application) -> None:
+            prefetch.start()
+
+        async def stop_prefetch(app: web.Application) -> None:
+            await prefetch.stop()  # what it still holds goes back to the ledger
+
+        app.on_startup.append(start_prefetch)
+        app.on_cleanup.append(stop_prefetch)
     app.router.add_post("/mutate", _route("mutate"))
     app.router.add_post("/validate", _route("validate"))
     app.router.add_get("/healthz", _healthz)
