@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from allocator.core.model import MILLI_PER_GPU, NodeInfo, Placement, Request
+from allocator.sim.ahead import AheadPools
 from allocator.sim.traces import WORKLOADS, TraceError, limit_nodes, load_yaml
 from allocator.sim.variants import VARIANT_SEED, load_variant
 from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload
@@ -155,13 +156,16 @@ def replay(
     workload: TargetWorkload | None = None,
     ledger_factory: LedgerFactory = default_ledger,
     progress=None,
+    prefetch_depth: int = 0,
 ) -> Run:
-    """Place `arrivals` one by one through `Ledger.reserve`; pods never leave."""
+    """Place `arrivals` one by one through `Ledger.reserve`; pods never leave. `prefetch_depth`: as the
+    webhook with that many placements admitted ahead per pod shape (allocator.sim.ahead)."""
     if workload is None:
         workload = TargetWorkload.from_requests(arrivals)
     ledger = ledger_factory(strategy, workload)
     for node in nodes:
         ledger.upsert_node(node)
+    place = AheadPools(ledger, prefetch_depth).place if prefetch_depth else (lambda r: ledger.reserve(r, 0.0))
     run = Run(strategy, seed, gpu_capacity_milli(nodes))
     arrived = allocated = 0
     started = time.perf_counter()
@@ -170,7 +174,7 @@ def replay(
         if not run.free_at_100 and arrived + milli > run.capacity_milli:
             run.free_at_100 = free_breakdown(ledger, workload, run.capacity_milli)
         arrived += milli
-        result = ledger.reserve(replace(request, strategy=strategy, seed=seed), 0.0)
+        result = place(replace(request, strategy=strategy, seed=seed))
         if isinstance(result, Placement):
             allocated += milli
             run.placed += 1
@@ -254,6 +258,7 @@ def simulate(
     ledger_factory: LedgerFactory = default_ledger,
     progress_factory=None,
     artifact_order: bool = False,
+    prefetch_depth: int = 0,
 ) -> list[StrategyResult]:
     capacity = gpu_capacity_milli(nodes)
     if capacity <= 0:
@@ -265,7 +270,7 @@ def simulate(
     results = []
     for strategy in strategies:
         runs = [
-            replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress)
+            replay(nodes, arrivals[seed], strategy, seed, workload, ledger_factory, progress, prefetch_depth)
             for seed in seeds
         ]
         results.append(StrategyResult(strategy, runs))
@@ -393,6 +398,14 @@ def parser() -> argparse.ArgumentParser:
         help="shuffle the trace's pods and append the sampled top-up after them, as the paper's artifact "
         "does (default: shuffle everything)",
     )
+    run.add_argument(
+        "--prefetch-depth",
+        type=int,
+        default=0,
+        metavar="N",
+        help="place as the webhook does with N placements admitted ahead per pod shape (never aged out "
+        "here: the pessimistic end; default 0, off)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("-o", "--output", choices=("table", "json"), default="table")
     out.add_argument("--plot", metavar="FILE.png", help="write the allocation curves as a PNG")
@@ -469,6 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             not args.no_shuffle,
             progress_factory=progress_factory,
             artifact_order=args.artifact_order,
+            prefetch_depth=args.prefetch_depth,
         )
     except TraceError as exc:
         print(f"gpuledger simulate: {exc}", file=sys.stderr)
@@ -476,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = (
         f"{label}: {len(pods)} pods, {gpu_capacity_milli(nodes) // MILLI_PER_GPU} GPUs, "
         f"{args.ratio:g}x capacity, {len(seeds)} seed(s) from {args.seed}"
+        + (f", {args.prefetch_depth} ahead per shape" if args.prefetch_depth else "")
     )
     if args.plot:
         plot(results, args.plot, title)

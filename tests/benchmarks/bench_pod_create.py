@@ -300,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-events", action="store_true", help="serve with --no-events (no GPUPlaced Events posted)"
     )
+    p.add_argument(
+        "--prefetch-depth",
+        type=int,
+        help="the webhook's prefetch_depth (placements admitted ahead per pod shape; default: the config's)",
+    )
     p.add_argument("--free-timeout", type=float, default=10.0, help="longest wait for one freed GPU, seconds")
     p.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -322,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(with_controllers=False) as cp:
         try:
             create_nodes(cp.api_client(), make_sample_cluster())
-            webhook = GpuledgerServe(
-                cp, {"ledger_channel": args.ledger_channel}, *(["--no-events"] if args.no_events else [])
-            )
+            settings: dict = {"ledger_channel": args.ledger_channel}
+            if args.prefetch_depth is not None:
+                settings["prefetch_depth"] = args.prefetch_depth
+            webhook = GpuledgerServe(cp, settings, *(["--no-events"] if args.no_events else []))
             served.append(webhook)
             tls, noop_port = webhook.tls, free_port()
             noop = ServedProcess(

@@ -180,3 +180,32 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "'nosuch' is not a registered strategy" in err and "fgd_host" in err
     assert simulator.main(["--cluster", "x.yaml", "-q"]) == 2
     assert "--cluster and --pods go together" in capsys.readouterr().err
+
+
+def test_replay_with_placements_admitted_ahead():
+    # one node, 4 GPUs: the first 1-GPU pod places, two more are held ahead for its shape; the next two 1-GPU
+    # pods take them; a 2-GPU pod then finds room only in what is held, which is given back first
+    nodes = [NodeInfo("n", 64_000, 256_000, tuple(Device(d) for d in range(4)))]
+    arrivals = [Request("a", gpus=1), Request("b", gpus=1), Request("c", gpus=2), Request("d", gpus=1)]
+    plain = replay(nodes, arrivals, "best_fit", seed=0)
+    ahead = replay(nodes, arrivals, "best_fit", seed=0, prefetch_depth=2)
+    assert plain.allocated == ahead.allocated == [1000, 2000, 4000, 4000]
+    assert (ahead.placed, ahead.failed) == (plain.placed, plain.failed) == (3, 1)
+
+
+def test_placements_ahead_are_taken_in_order_and_released_on_a_denial():
+    from allocator.core.ledger import Ledger, LedgerConfig
+    from allocator.sim.ahead import AheadPools
+
+    ledger = Ledger(LedgerConfig(default_strategy="best_fit"))
+    ledger.upsert_node(NodeInfo("n", 64_000, 256_000, tuple(Device(d) for d in range(4))))
+    pools = AheadPools(ledger, depth=2)
+    first = pools.place(Request("a", gpus=1))
+    assert pools.held == 2 and ledger.stats().whole_free == 1
+    second = pools.place(Request("b", gpus=1))
+    assert (
+        pools.taken == 1 and second.id.startswith("a~ahead") and pools.held == 2
+    )  # refilled from the last free
+    assert not {first.devices, second.devices} - {(0,), (1,), (2,), (3,)}
+    big = pools.place(Request("c", gpus=2))  # room only in what is held ahead
+    assert big.devices and pools.held == 0
