@@ -282,3 +282,36 @@ def test_the_sync_channel_ends_on_an_answer_that_does_not_decode():
         channel.close()
         listener.close()
         thread.join(5)
+
+
+async def test_placements_admitted_ahead_through_the_real_actor(tmp_path):
+    """webhook.prefetch over the channel: the second pod of a shape takes a placement the actor made ahead,
+    its claim passes in the actor, and what is not taken goes back to the actor when the webhook stops."""
+    from tests.webhook.webhook_support import apply_patch, gpu_pod, review
+    from webhook.admission.handler import AdmissionHandler
+
+    handle = new_actor(tmp_path)
+    client = RayLedgerClient(handle)
+    h = AdmissionHandler(config(prefetch_depth=2), client)
+    try:
+        first = await h.mutate(review(gpu_pod(1)))
+        assert first.allowed and first.ledger_batch >= 1
+        for _ in range(100):  # the fill is a background call: wait for its answer, not for a fixed time
+            if h.prefetch.held == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert h.prefetch.held == 2
+        pod = gpu_pod(1)
+        second = await h.mutate(review(pod))
+        assert second.allowed and second.ledger_batch == 0
+        placed = apply_patch(pod, second.patch)
+        assert (await h.validate(review(placed))).allowed  # the actor's claim of the prefetched reservation
+        copy = await h.validate(review(placed))  # the same pod admitted again (another uid)
+        assert not copy.allowed and "already admitted" in copy.message
+        await h.prefetch.stop()
+        assert h.prefetch.held == 0
+        stats = await handle.stats.remote()
+        assert stats.reservations_pending == 2  # the two pods' own: what was held ahead went back
+        assert client.transport_calls["channel"] >= 3 and client.transport_calls["ray"] == 0
+    finally:
+        await client.close()
