@@ -34,6 +34,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_placement_conflicts",
     "gpuledger_device_disagreements",
     "gpuledger_ledger_calls",
+    "gpuledger_prefetch_total",
+    "gpuledger_prefetch_held",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

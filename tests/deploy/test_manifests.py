@@ -945,6 +945,8 @@ EXPORTED_METRICS = {
     "topology_scheduler_domain_fragmentation_ratio",
     "gpuledger_placement_conflicts",
     "gpuledger_device_disagreements",
+    "gpuledger_prefetch_total",
+    "gpuledger_prefetch_held",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {
