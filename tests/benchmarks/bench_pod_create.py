@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks.bench_webhook import shipped_setting  # noqa: E402
+
 
 def pod(name: str) -> dict:
     return {
@@ -147,6 +149,15 @@ def server_breakdown(webhook) -> dict[str, float]:
         out[name] = s / c * 1e3 if c else float("nan")
         out[f"{name} p50<="] = metric_median_bound(text, metric, route)
     return out
+
+
+def prefetch_counts(webhook) -> dict[str, float]:
+    """gpuledger_prefetch_total by outcome, from the webhook's /metrics."""
+    import re
+
+    text = webhook.get("/metrics")[1]
+    pattern = r'^gpuledger_prefetch_total\{outcome="(\w+)"\} (\S+)$'
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.M)}
 
 
 def allocation_ratio(webhook) -> float | None:
@@ -303,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--prefetch-depth",
         type=int,
-        help="the webhook's prefetch_depth (placements admitted ahead per pod shape; default: the config's)",
+        default=shipped_setting("prefetch_depth", 0),
+        help="the webhook's prefetch_depth: placements admitted ahead per pod shape (default: what "
+        "manifests/config/config.yaml ships; 0 = off)",
     )
     p.add_argument("--free-timeout", type=float, default=10.0, help="longest wait for one freed GPU, seconds")
     p.add_argument("--serve-noop", action="store_true", help=argparse.SUPPRESS)
@@ -327,9 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     with ControlPlane(with_controllers=False) as cp:
         try:
             create_nodes(cp.api_client(), make_sample_cluster())
-            settings: dict = {"ledger_channel": args.ledger_channel}
-            if args.prefetch_depth is not None:
-                settings["prefetch_depth"] = args.prefetch_depth
+            settings = {"ledger_channel": args.ledger_channel, "prefetch_depth": args.prefetch_depth}
             webhook = GpuledgerServe(cp, settings, *(["--no-events"] if args.no_events else []))
             served.append(webhook)
             tls, noop_port = webhook.tls, free_port()
@@ -390,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                         cpu[mode][k] += (cpu_seconds(pid) if pid else 0.0) - before[k]
                 drain(cp, webhook, list(modes.values()))
             inside = server_breakdown(webhook)
+            ahead = prefetch_counts(webhook)
             freed, late = (
                 delete_to_free(cp, webhook, modes["webhook"], args.delete_to_free, args.free_timeout)
                 if args.delete_to_free
@@ -429,12 +441,18 @@ def main(argv: list[str] | None = None) -> int:
         f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} "
         "(goal <= 1.2), "
         f"p99 x{figures['webhook']['p99_ms'] / figures['noop']['p99_ms']:.2f}; "
-        f"ledger_channel {args.ledger_channel}{', no Events' if args.no_events else ''}"
+        f"ledger_channel {args.ledger_channel}, prefetch_depth {args.prefetch_depth}"
+        f"{', no Events' if args.no_events else ''}"
     )
     print(
         "inside the gpuledger webhook (means; p50<= the histogram bucket holding the median): "
         + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items())
     )
+    if ahead:
+        print(
+            "placements admitted ahead (warm-up included): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(ahead.items()))
+        )
     cpu_us = {m: {k: v / len(samples[m]) * 1e6 for k, v in c.items()} for m, c in cpu.items()}
     print(
         "CPU per pod created (us), by the mode's rounds: gpuledger webhook process "

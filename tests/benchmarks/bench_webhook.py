@@ -34,6 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+def shipped_setting(key: str, default):
+    """A setting as manifests/config/config.yaml ships it: the benchmarks measure the product as deployed."""
+    import yaml
+
+    return yaml.safe_load((ROOT / "manifests" / "config" / "config.yaml").read_text()).get(key, default)
+
+
 # --------------------------------------------------------------------------------------------- load generator
 
 
@@ -329,7 +336,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
 
     from webhook.config import WebhookConfig
     from webhook.ledger_client import RayLedgerClient
-    from webhook.transport.app import create_app
+    from webhook.transport.app import HANDLER_KEY, create_app
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
 
@@ -337,8 +344,18 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         return ReloadingTLS(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"), poll_interval_s=5)
 
     config = WebhookConfig(hmac_key="bench-key", deadline_s=2.0)
-    client = RayLedgerClient(handle)  # as shipped: the direct ledger channel (allocator.ledger_channel)
-    webhook = await start_server(create_app(config, client), "127.0.0.1", 0, tls())
+    # as shipped: the direct ledger channel (allocator.ledger_channel) and the placements admitted ahead
+    shipped = WebhookConfig(hmac_key="bench-key", deadline_s=2.0, prefetch_depth=args.prefetch_depth)
+    client = RayLedgerClient(handle)
+    webhook_app = create_app(shipped, client)
+    webhook = await start_server(webhook_app, "127.0.0.1", 0, tls())
+
+    async def sweep() -> None:
+        """Empty the ledger between phases (nothing is ever stored); what the webhook held ahead went too."""
+        await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+        if webhook_app[HANDLER_KEY].prefetch is not None:
+            webhook_app[HANDLER_KEY].prefetch.forget()
+
     ray_only = await start_server(
         create_app(config, RayLedgerClient(handle, channel="off")), "127.0.0.1", 0, tls()
     )
@@ -358,7 +375,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         await run_load(webhook.port, ca_file, 400, 20)  # warm up every path
         await run_load(ray_only.port, ca_file, 400, 20)
         await run_load(noop.port, ca_file, 400, 20)
-        await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+        await sweep()
         if args.profile:  # the webhook's own process, under the 100-in-flight load, by cProfile
             import cProfile
             import pstats
@@ -368,7 +385,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
             await run_load(webhook.port, ca_file, args.requests // 2, 100)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(40)
-            await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+            await sweep()
         for name, in_flight, n in (("throughput", 100, args.requests), ("latency", 20, args.requests // 2)):
             print(f"phase: webhook {name} ({n} admissions, {in_flight} in flight)", flush=True)
             calls_before, items_before = client.admissions.calls, client.admissions.items
@@ -378,10 +395,10 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
                 calls, 1
             )
             # release everything (nothing is ever stored): each phase starts from an empty 8,000-GPU ledger
-            await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+            await sweep()
             results[f"noop_{name}"] = await run_load(noop.port, ca_file, n, in_flight)
             results[f"rayonly_{name}"] = await run_load(ray_only.port, ca_file, n, in_flight)
-            await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
+            await sweep()
             if inproc is not None:
                 results[f"inproc_{name}"] = await run_load(inproc.port, ca_file, n, in_flight)
                 service.sweep(time.time() + 1e6)
@@ -406,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         "--in-process", action="store_true", help="also measure the webhook on an in-process ledger (no Ray)"
     )
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--prefetch-depth",
+        type=int,
+        default=shipped_setting("prefetch_depth", 0),
+        help="the webhook's prefetch_depth (default: what manifests/config/config.yaml ships; 0 = off)",
+    )
     parser.add_argument(
         "--profile", action="store_true", help="cProfile the webhook's process under load first"
     )
@@ -505,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Ray calls only: {rt['rate'] / nt['rate']:.2f}x); p99 at 20 in flight / no-op p99: "
         f"{lt['p99_ms'] / nl['p99_ms']:.2f}x (goal <= 2; "
         f"Ray calls only: {rl['p99_ms'] / nl['p99_ms']:.2f}x); "
-        f"ledger calls over the channel: {results['channel_calls']}"
+        f"ledger calls over the channel: {results['channel_calls']}; prefetch_depth {args.prefetch_depth}"
     )
     print(
         f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
