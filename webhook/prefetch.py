@@ -52,12 +52,15 @@ class _Ahead:
     use_by: float  # clock(): counted from when it was asked for, so never later than the actor's own age
 
 
-def shape_of(request: Request) -> Request | None:
-    """The request with what differs pod to pod blanked (id, seed, name): the pool's key. None for what is
-    never prefetched."""
+_PER_POD = frozenset({"id", "seed", "name"})  # what differs pod to pod within one shape
+
+
+def shape_of(request: Request) -> tuple | None:
+    """The pool's key: every field of the request but those that differ pod to pod (a plain tuple: hashing
+    it is cheaper than a dataclass's generated __hash__ and __eq__). None for what is never prefetched."""
     if request.group is not None or request.pinned is not None:
         return None
-    return replace(request, id="", seed=0, name="")
+    return tuple(v for k, v in vars(request).items() if k not in _PER_POD)
 
 
 class PlacementPrefetch:
@@ -71,9 +74,9 @@ class PlacementPrefetch:
     ):
         self.ledger, self.settings, self.new_id, self.clock = ledger, settings, new_id, clock
         self.on_outcome = on_outcome  # (hit | miss | released | denied, count): the metric
-        self.pools: dict[Request, deque[_Ahead]] = {}
-        self.paused_until: dict[Request, float] = {}
-        self.filling: dict[Request, asyncio.Task] = {}
+        self.pools: dict[tuple, deque[_Ahead]] = {}
+        self.paused_until: dict[tuple, float] = {}
+        self.filling: dict[tuple, asyncio.Task] = {}
         self._releases: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
 
@@ -95,7 +98,7 @@ class PlacementPrefetch:
             if pool:
                 taken = pool.popleft().placement
         self.on_outcome("hit" if taken is not None else "miss", 1)
-        self._refill(shape, now)
+        self._refill(shape, request, now)
         return taken
 
     def _drop_stale(self, pool: deque[_Ahead], now: float) -> None:
@@ -105,21 +108,20 @@ class PlacementPrefetch:
         if stale:
             self._release(stale)
 
-    def _refill(self, shape: Request, now: float) -> None:
+    def _refill(self, shape: tuple, request: Request, now: float) -> None:
         if shape in self.filling or self.paused_until.get(shape, float("-inf")) > now:
             return
         need = self.settings.depth - len(self.pools.get(shape, ()))
         if need > 0:
-            task = asyncio.get_running_loop().create_task(self._fill(shape, need))
+            task = asyncio.get_running_loop().create_task(self._fill(shape, request, need))
             self.filling[shape] = task
 
-    async def _fill(self, shape: Request, need: int) -> None:
+    async def _fill(self, shape: tuple, request: Request, need: int) -> None:
         asked = self.clock()
         use_by = asked + self.settings.max_age_s
         try:
-            requests = [
-                replace(shape, id=rid, seed=seed_for(rid)) for rid in (self.new_id() for _ in range(need))
-            ]
+            ids = [self.new_id() for _ in range(need)]
+            requests = [replace(request, id=rid, seed=seed_for(rid), name="") for rid in ids]
             answers = await asyncio.gather(
                 *(self.ledger.admit(AdmitCall(r, False, None)) for r in requests), return_exceptions=True
             )
