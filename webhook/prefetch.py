@@ -143,7 +143,7 @@ class PlacementPrefetch:
             self.filling.pop(shape, None)
 
     def sweep(self) -> None:
-        """Release what was not taken in time (the server calls this every max_age_s)."""
+        """Release what was not taken in time (`start` runs this every max_age_s / 2)."""
         now = self.clock()
         for shape, pool in list(self.pools.items()):
             self._drop_stale(pool, now)
