@@ -306,7 +306,8 @@ def test_more_than_fit_run_in_priority_order_as_earlier_ones_are_deleted(
 def test_failed_pod_is_retried_after_backoff(apiserver, stack, namespace, controllers):
     q = Queue(apiserver, namespace, "leaf-2-node-0")
     controllers("c1")
-    q.submit("flaky", 2, group="warp", retryPolicy={"maxRetries": 1, "backoffSeconds": 2})
+    # a backoff long enough that the Retrying phase outlasts a poll of a loaded machine (2 s was missed once)
+    q.submit("flaky", 2, group="warp", retryPolicy={"maxRetries": 1, "backoffSeconds": 8})
     q.wait_phases({"flaky": "Running"})
     q.finish_pods("flaky", "Failed")
     objs = q.wait_phases({"flaky": "Retrying"})
