@@ -52,17 +52,6 @@ class _Ahead:
     use_by: float  # clock(): counted from when it was asked for, so never later than the actor's own age
 
 
-_PER_POD = frozenset({"id", "seed", "name"})  # what differs pod to pod within one shape
-
-
-def shape_of(request: Request) -> tuple | None:
-    """The pool's key: every field of the request but those that differ pod to pod (a plain tuple: hashing
-    it is cheaper than a dataclass's generated __hash__ and __eq__). None for what is never prefetched."""
-    if request.group is not None or request.pinned is not None:
-        return None
-    return tuple(v for k, v in vars(request).items() if k not in _PER_POD)
-
-
 class PlacementPrefetch:
     def __init__(
         self,
@@ -87,7 +76,7 @@ class PlacementPrefetch:
     def take(self, request: Request) -> Placement | None:
         """A placement admitted ahead for `request`'s shape, now this pod's; None when there is none (the
         caller admits as usual). Either way the shape's pool is topped up in the background."""
-        shape = shape_of(request)
+        shape = request.shape()
         if shape is None or not self.settings.depth:
             return None
         pool = self.pools.get(shape)

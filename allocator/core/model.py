@@ -177,6 +177,18 @@ class Request:
     def needs_gpu(self) -> bool:
         return self.gpus > 0 or self.is_shared
 
+    def shape(self) -> tuple | None:
+        """Every field but those that differ pod to pod (id, seed, name): pods of one shape get the same
+        answer from a strategy in the same ledger state, so a placement made for one can serve the next
+        (webhook.prefetch, allocator.sim.ahead). None for gangs and pinned pods, which are planned per pod.
+        A plain tuple: hashing it is cheaper than a dataclass's generated __hash__ and __eq__."""
+        if self.group is not None or self.pinned is not None:
+            return None
+        return tuple(v for k, v in vars(self).items() if k not in _PER_POD)
+
+
+_PER_POD = frozenset({"id", "seed", "name"})
+
 
 @slots_init
 @dataclass(frozen=True, slots=True)  # no per-object __dict__: hundreds of thousands are kept

@@ -19,7 +19,7 @@ from allocator.core.model import Denial, Placement, Request
 class AheadPools:
     def __init__(self, ledger: Ledger, depth: int):
         self.ledger, self.depth = ledger, depth
-        self.pools: dict[Request, deque[Placement]] = {}
+        self.pools: dict[tuple, deque[Placement]] = {}
         self.taken = 0  # pods that took a placement decided ahead
 
     @property
@@ -27,7 +27,7 @@ class AheadPools:
         return sum(len(pool) for pool in self.pools.values())
 
     def place(self, request: Request) -> Placement | Denial:
-        shape = None if request.group or request.pinned else replace(request, id="", seed=0, name="")
+        shape = request.shape()
         pool = self.pools.get(shape) if shape is not None else None
         if pool:
             self.taken += 1
@@ -41,7 +41,7 @@ class AheadPools:
             self._refill(shape, request)
         return result
 
-    def _refill(self, shape: Request, request: Request) -> None:
+    def _refill(self, shape: tuple, request: Request) -> None:
         pool = self.pools.setdefault(shape, deque())
         while len(pool) < self.depth:
             ahead = self.ledger.reserve(replace(request, id=f"{request.id}~ahead{len(pool)}"), 0.0)

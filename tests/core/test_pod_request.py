@@ -384,3 +384,15 @@ def test_containers_that_are_not_a_list_are_named(field, value):
     with pytest.raises(AnnotationError) as err:
         req(p)
     assert f"spec.{field}" in str(err.value) and "a list of containers" in str(err.value)
+
+
+def test_a_requests_shape_leaves_out_only_what_differs_pod_to_pod():
+    from allocator.core.model import Request
+
+    a = Request("a", gpus=1, cpu_milli=2000, memory_mib=8192, seed=1, name="pod-a", namespace="ns")
+    b = Request("b", gpus=1, cpu_milli=2000, memory_mib=8192, seed=2, name="pod-b", namespace="ns")
+    assert a.shape() == b.shape() and hash(a.shape()) == hash(b.shape())
+    assert Request("c", gpus=1, cpu_milli=1000, memory_mib=8192, namespace="ns").shape() != a.shape()
+    assert Request("d", gpus=1, cpu_milli=2000, memory_mib=8192, namespace="other").shape() != a.shape()
+    assert Request("g", gpus=1, group=GroupSpec(key="job/ns/j", size=2)).shape() is None
+    assert Request("p", gpus=1, pinned=PinnedDevices(node="n", devices=(0,))).shape() is None

@@ -204,8 +204,9 @@ class AdmissionHandler(Validating):
                         "available in device-plugin visibility mode; accepted: whole GPUs, or "
                         "ask the operator for host-indices or runtime-uuids mode",
                     )
-                ahead = self.prefetch is not None and prior is None and not review.dry_run
-                taken = self.prefetch.take(request) if ahead and self.prefetch is not None else None
+                # reinvocations keep their own placement and dry runs reserve nothing: both ask the ledger
+                prefetch = self.prefetch if prior is None and not review.dry_run else None
+                taken = prefetch.take(request) if prefetch is not None else None
                 result: Placement | Denial | Unavailable
                 if taken is not None:  # admitted ahead for this pod's shape: no round trip (webhook.prefetch)
                     result, batch = taken, 0
@@ -272,15 +273,14 @@ class AdmissionHandler(Validating):
         """The ledger's answer and the batch it came in. A denial while this replica holds placements admitted
         ahead gives them back and asks once more: they must never be why a pod the ledger has room for is
         denied."""
-        call = AdmitCall(request, dry_run, prior.id if prior else None)
+        call, prefetch = AdmitCall(request, dry_run, prior.id if prior else None), self.prefetch
         batcher.batch_size.set(0)
         try:
             result = await self.ledger.admit(call)
         except LedgerUnavailable:
-            if self.prefetch is not None:
-                self.prefetch.forget()
+            if prefetch is not None:
+                prefetch.forget()
             raise
-        prefetch = self.prefetch
         if isinstance(result, Unavailable) and prefetch is not None:
             prefetch.forget()
         elif (
