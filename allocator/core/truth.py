@@ -49,6 +49,11 @@ class Truth:
             return None
         return state, state.info.truth
 
+    def quiet(self, key: str, node: str) -> bool:
+        """Whether a claim of `key` on `node` leaves every "truth:" holding as it is: no node's kubelet lists
+        the pod and its node's is not known (`Claims._first_holder`)."""
+        return not self.listed_on.get(key) and self.truth_of(node) is None
+
     def unlisted_gpus(self, key: str, node: str, gpus: int) -> int:
         """A counted pod's GPUs of unknown identity: those its node's kubelet does not name."""
         found = self.truth_of(node)

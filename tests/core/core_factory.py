@@ -101,3 +101,15 @@ def leafy_cluster(spines: int = 1, leaves: int = 4, per_leaf: int = 4, gpus: int
             for i in range(1, per_leaf + 1):
                 out.append(node(f"s{s}-l{leaf:02d}-n{i}", gpus, spine=f"s{s}", leaf=f"s{s}-leaf{leaf}"))
     return out
+
+
+def rebuilt_the_long_way(objects: list[dict], config) -> dict:
+    """The snapshot of a ledger rebuilt with every claim settled by the general path (`Claims.settle`), not
+    the first-holder shortcut: the property tests compare it with the shortcut's rebuild and the live one."""
+    from unittest import mock
+
+    from allocator.core.claims import Claims
+    from allocator.core.ledger import Ledger
+
+    with mock.patch.object(Claims, "_first_holder", return_value=False):
+        return Ledger.rebuild(objects, config).snapshot()

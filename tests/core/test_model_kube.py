@@ -183,6 +183,20 @@ def test_share_placement_roundtrip():
     assert kube.decode_placement(kube.encode_placement(p, b"k"), b"k") == p
 
 
+@pytest.mark.parametrize("key", [b"k", "text-key", b"\x00" * 64, b"\xff" * 65, bytes(range(200)), b"x" * 32])
+def test_signature_is_hmac_sha256(key):
+    """The codec's HMAC from precomputed pads is the standard library's HMAC-SHA256, byte for byte (a
+    rebuild verifies every stored pod's signature, so it is computed without rehashing the key each time)."""
+    import hmac
+
+    from allocator.core.placement_codec import _sign
+
+    raw = key.encode() if isinstance(key, str) else key
+    for text in ("", "{}", '{"id":"r","node":"n"}', "é" * 100, "x" * 1000):
+        assert _sign(text, key) == hmac.digest(raw, text.encode(), "sha256").hex()
+        assert _sign(text, key) == _sign(text, key)  # the cached pads are copied, never updated in place
+
+
 def test_pod_usage():
     p = pod("p", node_name="n1", gpus=2, cpu="1", memory="1Gi", phase="Running")
     u = kube.pod_usage(p)

@@ -74,3 +74,21 @@ def test_the_counted_claim_is_adopted_when_the_holder_goes():
     assert owner_of(snap, p1.devices[0]) == "r-b"
     assert snap["nodes"]["n1"]["unknown_gpus"] == 0
     assert Ledger.rebuild([b, truth], config()).snapshot() == snap
+
+
+def test_two_ids_on_one_device_without_truth_go_to_the_earlier_claim_in_any_order():
+    """No kubelet truth on the node (every claim takes the first-holder shortcut of `Claims.put`): two
+    validly signed placements of different ids naming one device still end as `contend` orders them."""
+    early = Placement("r-early", "n1", devices=(0,))
+    late = Placement("r-late", "n1", devices=(0,))
+    pods = [
+        stored_pod(name, "team", p, encode_placement(p, KEY, Binding("team", name)), created, f"u-{name}")
+        for name, p, created in (("early", early, 1), ("late", late, 2))
+    ]
+    snaps = []
+    for order in itertools.permutations(pods):
+        led = Ledger.rebuild([node("n1", gpus=4), *order], config())
+        assert led.reservations()["r-early"].placement.devices == (0,)
+        assert "r-late" not in led.reservations()  # counted as a GPU of unknown identity instead
+        snaps.append(led.snapshot())
+    assert snaps[0] == snaps[1]
