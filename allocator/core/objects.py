@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from allocator.core.device_truth import HOLDERS_ANNOTATION, parse_device_holders
 from allocator.core.model import Device, NodeInfo, Placement, Taint
@@ -42,7 +42,6 @@ from allocator.core.quantity import (  # noqa: F401
     parse_quantity,
 )
 from allocator.core.quantity import parse_or_default as _lenient  # the lenient policy: record, default
-from allocator.core.slots_init import slots_init
 
 DEVICES_ANNOTATION = "agentaflow.gpu/devices"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -302,10 +301,9 @@ def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
     return PodRequests(cpu, mem, gpus)
 
 
-@slots_init
-@dataclass(frozen=True, slots=True)
-class PodUsage:
-    """What one pod holds, as the ledger needs it."""
+class PodUsage(NamedTuple):
+    """What one pod holds, as the ledger needs it. A named tuple, not a dataclass: a rebuild makes one per
+    stored pod and drops it at once, and a tuple is built in a fifth of the time."""
 
     key: str  # namespace/name (uid when nameless)
     node: str  # spec.nodeName, "" when not bound yet

@@ -165,20 +165,22 @@ def placement_from_dict(d: dict) -> Placement:
     plan = get("plan")
     deadline = get("deadline")
     cpu, mem, score = get("cpu", 0), get("mem", 0), get("score", 0.0)
+    # positional, in the field order of `Placement` (a third faster than keywords; the round-trip tests fill
+    # every field with a distinct value)
     return Placement(
-        id=pid,
-        node=intern(node),  # one copy of each node name, device uuid and strategy name across placements
-        devices=_ints(get("devices")),
-        shares=_shares(get("shares")),
-        uuids=tuple(intern(str(u)) for u in uuids) if uuids else (),
-        cpu_milli=cpu if type(cpu) is int else ascii_int(cpu),
-        memory_mib=mem if type(mem) is int else ascii_int(mem),
-        group=get("group"),
-        slot=None if slot is None else ascii_int(slot),
-        strategy=intern(str(get("strategy", ""))),
-        score=score if type(score) is float else ascii_float(score),
-        tolerated_taints=tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
-        group_plan=tuple(
+        pid,
+        intern(node),  # one copy of each node name, device uuid and strategy name across placements
+        _ints(get("devices")),
+        _shares(get("shares")),
+        tuple(intern(str(u)) for u in uuids) if uuids else (),
+        cpu if type(cpu) is int else ascii_int(cpu),
+        mem if type(mem) is int else ascii_int(mem),
+        get("group"),
+        None if slot is None else ascii_int(slot),
+        intern(str(get("strategy", ""))),
+        score if type(score) is float else ascii_float(score),
+        tuple(Taint(str(k), str(v), str(e)) for k, v, e in taints) if taints else (),
+        tuple(
             GroupSlot(
                 ascii_int(s[0]),
                 str(s[1]),
@@ -190,7 +192,7 @@ def placement_from_dict(d: dict) -> Placement:
         )
         if plan
         else (),
-        group_deadline=None if deadline is None else ascii_float(deadline),
+        None if deadline is None else ascii_float(deadline),
     )
 
 

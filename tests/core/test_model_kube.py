@@ -293,3 +293,16 @@ def test_kubectl_get_yaml_is_valid_input():
 
 def test_natural_key_orders_numbers():
     assert sorted(["leaf-10", "leaf-2", "leaf-1"], key=kube.natural_key) == ["leaf-1", "leaf-2", "leaf-10"]
+
+
+def test_every_placement_field_survives_the_annotation():
+    """The decoder builds `Placement` positionally: a field it put in another's place would show here."""
+    import dataclasses
+
+    full = dataclasses.replace(
+        PLACEMENT, shares=(DeviceShare(1, 300, 2048),), uuids=("GPU-2", "GPU-3", "GPU-1")
+    )
+    assert all(getattr(full, f.name) != f.default for f in dataclasses.fields(Placement))
+    back = kube.decode_placement(kube.encode_placement(full, b"k"), b"k")
+    for f in dataclasses.fields(Placement):
+        assert getattr(back, f.name) == getattr(full, f.name), f.name
