@@ -93,6 +93,9 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         self._conflicts_seen: set[tuple[str, str]] = set()
         # the kubelets' word against the ledger's: counted, and an Event on each pod (allocator.device_events)
         self.device_reports = DeviceTruthReports(lambda: self.core, clock)
+        # called on the pod watch's thread with each pod it sees added (slimmed); they must be quick and not
+        # raise (an exception is logged and the watch goes on): the webhook's Events find placed pods here
+        self.on_pod_added: list[Callable[[dict], None]] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ClusterSync:
@@ -293,6 +296,13 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 self._resume_from[NODE] = self._resume_from[POD] = None
         self.request_resync(reason)
 
+    def _pod_added(self, pod: dict) -> None:
+        for listener in self.on_pod_added:
+            try:
+                listener(pod)
+            except Exception:  # a listener's bug must not stop the watch the ledger depends on
+                log.exception("a pod-added listener failed")
+
     def _watch_once(self, kind: str, generation: int, version: str) -> None:
         from kubernetes.client.exceptions import ApiException
         from kubernetes.watch.watch import iter_resp_lines
@@ -329,7 +339,10 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
                 new_version = (obj.get("metadata") or {}).get("resourceVersion")
                 if etype != "BOOKMARK":
-                    self._events.put((generation, (etype, slim(obj, kind))))
+                    obj = slim(obj, kind)
+                    self._events.put((generation, (etype, obj)))
+                    if etype == "ADDED" and kind == POD:
+                        self._pod_added(obj)
                 with self._lock:
                     if generation != self._generation:
                         return

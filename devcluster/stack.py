@@ -91,6 +91,7 @@ class Stack:
             raise RuntimeError(f"cluster sync did not finish its first list: {self.sync.stats}")
         self.port = free_port(self.webhook_host)
         self.server: ServerThread | None = None
+        self._pod_listeners: list = []
         self.start_webhook()
         self.register()
         return self
@@ -100,7 +101,7 @@ class Stack:
         from webhook.admission.owners import KubeOwners
         from webhook.event_writer import ApiEventWriter
         from webhook.ledger_client import RayLedgerClient
-        from webhook.transport.app import create_app
+        from webhook.transport.app import EVENTS_KEY, create_app
         from webhook.transport.server import ServerThread
         from webhook.transport.tls import ReloadingTLS
 
@@ -115,6 +116,11 @@ class Stack:
                 event_writer=ApiEventWriter(api_client),  # Events as the webhook's identity, under its RBAC
             )
             served.middlewares.append(_log_transport_errors())
+            poster = served[EVENTS_KEY]
+            if poster is not None:  # placed pods found by the sync's watch, as `gpuledger serve` wires it
+                listener = poster.watch_reports()
+                self.sync.on_pod_added.append(listener)
+                self._pod_listeners.append(listener)
             return served
 
         self.server = ServerThread(
@@ -128,6 +134,9 @@ class Stack:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        for listener in self._pod_listeners:
+            self.sync.on_pod_added.remove(listener)
+        self._pod_listeners = []
 
     def reconfigure(self, **overrides) -> WebhookConfig:
         """Restart the webhook (same port, certificate and registration) with `overrides` on its config, e.g.

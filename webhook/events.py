@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
+from allocator.service import RESERVATION_ID_KEY
+
 log = logging.getLogger("gpuledger.events")
 
 PLACED, DENIED = "GPUPlaced", "GPUPlacementDenied"
@@ -118,6 +120,9 @@ class EventSettings:
     # yet are looked for again at most this often (one LIST per namespace per look)
     look_after_s: float = 0.25
     pod_wait_s: float = 30.0  # then given up: the pod was never stored (another webhook denied it, a timeout)
+    # with the cluster sync's pod watch reporting stored pods (`watch_reports`), a placed pod is looked up by
+    # LIST only when the watch has not reported it this long after its admission (a watch restarting, resync)
+    watch_grace_s: float = 2.0
     component: str = "gpuledger-webhook"
 
 
@@ -142,6 +147,12 @@ class EventPoster:
         self.bucket = TokenBucket(self.settings.rate_per_s, self.settings.burst, clock)
         self._queue: deque[AdmissionEvent] = deque()
         self._waiting: list[AdmissionEvent] = []  # placed, pod not found stored yet
+        # (namespace, reservation id) of the placed events not posted yet, and the stored pods the watch has
+        # reported for them (`watch_reports`); the watch's thread reads `_awaited` to skip every other pod
+        self._awaited: set[tuple[str, str]] = set()
+        self._seen: dict[tuple[str, str], ObjectRef] = {}
+        self._watched = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._last_look = float("-inf")
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -149,6 +160,13 @@ class EventPoster:
         registry = registry if registry is not None else CollectorRegistry()
         self.posted = Counter(
             "gpuledger_events_posted", "Kubernetes Events created, by reason", ["reason"], registry=registry
+        )
+        self.found = Counter(
+            "gpuledger_events_pods_found",
+            "Placed pods found stored, so their GPUPlaced Event could be posted: by the cluster sync's watch "
+            "(watch) or a LIST (list)",
+            ["by"],
+            registry=registry,
         )
         self.dropped = Counter(
             "gpuledger_events_dropped",
@@ -165,6 +183,8 @@ class EventPoster:
                 self.dropped.labels("queue_full").inc()
                 return
             self._queue.append(replace(event, queued_at=self.clock()))
+            if event.involved is None:
+                self._awaited.add((event.namespace, event.reservation_id))
             if self._wakeup is not None:
                 self._wakeup.set()
         except Exception:  # an event must never fail an admission
@@ -173,6 +193,34 @@ class EventPoster:
     @property
     def pending(self) -> int:
         return len(self._queue) + len(self._waiting)
+
+    # ------------------------------------------------------------------ stored pods, from the cluster sync
+    def watch_reports(self) -> Callable[[dict], None]:
+        """The callback for the cluster sync's pod watch (`ClusterSync.on_pod_added`, called on its thread
+        with each pod it sees added): the placed pods this poster waits for are found there, so no LIST is
+        made for them. A pod the watch does not report within `watch_grace_s` is still looked up by LIST."""
+        self._watched = True
+        return self._reported
+
+    def _reported(self, pod: dict) -> None:
+        """On the watch's thread: hand a stored pod this poster waits for over to the loop, skip the rest."""
+        meta = pod.get("metadata") or {}
+        rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
+        key = (str(meta.get("namespace") or ""), str(rid or ""))
+        loop = self._loop
+        if not rid or key not in self._awaited or loop is None:
+            return
+        ref = ObjectRef("v1", "Pod", key[0], str(meta.get("name") or ""), str(meta.get("uid") or ""))
+        with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to post
+            loop.call_soon_threadsafe(self.stored, key[0], key[1], ref)
+
+    def stored(self, namespace: str, reservation_id: str, ref: ObjectRef) -> None:
+        """The pod placed under `reservation_id` is stored as `ref`: its Event can be posted now."""
+        key = (namespace, reservation_id)
+        if key in self._awaited:
+            self._seen[key] = ref
+            if self._wakeup is not None:
+                self._wakeup.set()
 
     # ------------------------------------------------------------------ one round
     async def flush(self) -> int:
@@ -208,14 +256,40 @@ class EventPoster:
             created += 1
         return created
 
+    def _done(self, event: AdmissionEvent) -> None:
+        key = (event.namespace, event.reservation_id)
+        self._awaited.discard(key)
+        self._seen.pop(key, None)
+
+    def _reported_ready(self) -> list[AdmissionEvent]:
+        """The waiting events whose pod the watch has reported: ready, no LIST."""
+        if not self._seen:
+            return []
+        ready, still = [], []
+        for event in self._waiting:
+            ref = self._seen.get((event.namespace, event.reservation_id))
+            if ref is not None:
+                ready.append(replace(event, involved=ref))
+                self._done(event)
+            else:
+                still.append(event)
+        self._waiting = still
+        if ready:
+            self.found.labels("watch").inc(len(ready))
+        return ready
+
+    def _look_after(self) -> float:
+        return self.settings.watch_grace_s if self._watched else self.settings.look_after_s
+
     async def _resolve(self) -> list[AdmissionEvent]:
         """Placed pods due a look: the stored ones become ready, those waited on too long are dropped."""
+        reported = self._reported_ready()
         now = self.clock()
         if now < self._last_look + self.settings.look_after_s:
-            return []
-        due = [e for e in self._waiting if now - e.queued_at >= self.settings.look_after_s]
+            return reported
+        due = [e for e in self._waiting if now - e.queued_at >= self._look_after()]
         if not due:
-            return []
+            return reported
         self._last_look = now
         found: dict[tuple[str, str], ObjectRef] = {}
         by_namespace: dict[str, list[str]] = {}
@@ -228,13 +302,16 @@ class EventPoster:
                 log.warning("could not look up placed pods in %s: %s", namespace, exc)
                 continue
             found.update({(namespace, rid): ref for rid, ref in pods.items()})
-        ready, still = [], []
+        ready, still = reported, []
         for event in self._waiting:
             ref = found.get((event.namespace, event.reservation_id))
             if ref is not None:
                 ready.append(replace(event, involved=ref))
+                self._done(event)
+                self.found.labels("list").inc()
             elif now - event.queued_at >= self.settings.pod_wait_s:
                 self.dropped.labels("pod_not_stored").inc()
+                self._done(event)
             else:
                 still.append(event)
         self._waiting = still
@@ -270,11 +347,14 @@ class EventPoster:
             return 0.0
         if not self._waiting:
             return None
-        first_due = min(e.queued_at for e in self._waiting) + self.settings.look_after_s
+        if self._seen:  # the watch reported a waiting pod: post its Event now
+            return 0.0
+        first_due = min(e.queued_at for e in self._waiting) + self._look_after()
         return max(first_due, self._last_look + self.settings.look_after_s) - self.clock()
 
     async def run(self) -> None:
         self._wakeup = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         while True:
             delay = self._next_delay()
             if delay is None or delay > 0:
@@ -294,6 +374,7 @@ class EventPoster:
         return self
 
     async def stop(self) -> None:
+        self._loop = None  # the watch stops handing pods over
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: its errors were logged

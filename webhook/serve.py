@@ -114,17 +114,26 @@ def _kube_client(kubeconfig: str | None):
 
 
 async def _run(
-    args: argparse.Namespace, config: WebhookConfig, handle, owners, stop: asyncio.Event, event_writer=None
+    args: argparse.Namespace,
+    config: WebhookConfig,
+    handle,
+    owners,
+    stop: asyncio.Event,
+    event_writer=None,
+    sync=None,
 ) -> None:
     from webhook.config_watch import ConfigWatcher, ray_push
     from webhook.ledger_client import RayLedgerClient
-    from webhook.transport.app import create_app
+    from webhook.transport.app import EVENTS_KEY, create_app
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
 
     tls = ReloadingTLS(args.tls_cert, args.tls_key, args.client_ca, poll_interval_s=args.tls_poll_interval)
     ledger = RayLedgerClient(handle, channel=config.ledger_channel)
     app = create_app(config, ledger, owners, event_writer=event_writer)
+    poster = app[EVENTS_KEY]
+    if poster is not None and sync is not None:  # placed pods found by the sync's watch, not a LIST each
+        sync.on_pod_added.append(poster.watch_reports())
     server = await start_server(app, args.host, args.port, tls)
     watcher = None
     if args.config:
@@ -218,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         event_writer = ApiEventWriter(api_client)
     stop = asyncio.Event()
     try:
-        asyncio.run(_run(args, config, handle, owners, stop, event_writer))
+        asyncio.run(_run(args, config, handle, owners, stop, event_writer, sync))
     finally:
         if sync is not None:
             sync.stop()

@@ -164,6 +164,29 @@ def test_pod_and_node_changes_are_forwarded(apiserver, core, plain_ns, running):
     assert len(target.resyncs) == 1  # nothing above needed a rebuild
 
 
+def test_pod_added_listeners_see_each_new_pod_once_and_a_failing_one_stops_nothing(
+    apiserver, core, plain_ns, running
+):
+    """What the webhook's Events use to find placed pods without a LIST (webhook/events.py)."""
+    sync, target = running
+    seen: list[str] = []
+
+    def broken(pod: dict) -> None:
+        raise RuntimeError("a listener's bug")
+
+    sync.on_pod_added.extend([broken, lambda p: seen.append(p["metadata"]["name"])])
+    core.create_namespaced_pod(plain_ns, pod("added-1", labels={RESERVATION_LABEL: "rid-added-1"}))
+    core.patch_namespaced_pod("added-1", plain_ns, {"metadata": {"labels": {"touched": "yes"}}})
+    core.create_namespaced_pod(plain_ns, pod("added-2"))
+    apiserver.wait_for(lambda: target.seen("ADDED", "Pod", "added-2"), what="second pod ADDED")
+    apiserver.wait_for(
+        lambda: any(t == "MODIFIED" and o["metadata"]["name"] == "added-1" for t, o in list(target.events)),
+        what="the patch MODIFIED",
+    )
+    assert seen == ["added-1", "added-2"]  # ADDED only, each once, past the listener that raised
+    assert len(target.resyncs) == 1 and sync.stats.watch_errors == 0  # the watch never broke
+
+
 def test_events_arrive_in_batches(apiserver, core, plain_ns, running):
     sync, target = running
     for i in range(60):

@@ -30,7 +30,23 @@ def events(workloads, reason: str, expect: int = 1, timeout: float = 30) -> list
     )
 
 
+def pods_found_by_watch(stack) -> float:
+    """The webhook's `gpuledger_events_pods_found_total{by="watch"}`: placed pods its Events found through the
+    cluster sync's watch rather than a LIST."""
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(stack.tls_paths["ca.crt"]))
+    with urllib.request.urlopen(f"{stack.url}/metrics", context=context, timeout=10) as answer:
+        text = answer.read().decode()
+    for line in text.splitlines():
+        if line.startswith('gpuledger_events_pods_found_total{by="watch"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_topology_aware_scheduler_deployment_is_placed_per_its_annotations(workloads):
+    found_before = pods_found_by_watch(workloads.stack)
     # topology-aware-scheduler's "Inference Service Deployment": the annotations sit on the Deployment, the
     # template names the scheduler gpuledger replaces
     workloads.apply(
@@ -64,6 +80,8 @@ spec:
     assert all(p["spec"]["schedulerName"] == "default-scheduler" for p in pods)
     workloads.wait_confirmed(pods)
     placed = events(workloads, "GPUPlaced", expect=2)
+    # the two generateName pods were found stored through the sync's watch (no LIST per round)
+    assert pods_found_by_watch(workloads.stack) >= found_before + 2
     by_pod = {e["involvedObject"]["name"]: e for e in placed}
     for pod, placement in zip(pods, placements, strict=True):
         event = by_pod[pod["metadata"]["name"]]

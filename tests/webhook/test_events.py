@@ -241,6 +241,83 @@ def test_next_delay_follows_the_waiting_pods():
     assert p._next_delay() == 0.25  # not found: look again after look_after_s
 
 
+# ------------------------------------------------------------------ placed pods reported by the sync's watch
+def stored_pod(namespace: str, rid: str, name: str) -> dict:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {"gpuledger.io/reservation-id": rid},
+        },
+    }
+
+
+def test_a_placed_pod_the_watch_reports_is_posted_without_a_lookup():
+    p, writer, clock, _, registry = poster(look_after_s=0.25, watch_grace_s=2.0)
+    p.watch_reports()
+    p.emit(events.placed("team", "rid-1", "m"))
+    assert run(p.flush()) == 0
+    p.stored("team", "rid-1", ObjectRef("v1", "Pod", "team", "train-x7k2p", "uid-train-x7k2p"))
+    assert p._next_delay() == 0.0  # posted at once, not when a look would be due
+    assert run(p.flush()) == 1 and writer.lookups == []
+    assert writer.created[0][1]["involvedObject"]["name"] == "train-x7k2p"
+    assert metric(registry, "gpuledger_events_pods_found_total", by="watch") == 1
+    assert p.pending == 0 and not p._awaited and not p._seen
+    p.stored("team", "rid-1", ObjectRef("v1", "Pod", "team", "again"))  # posted already: nothing kept
+    assert not p._seen
+
+
+def test_the_watch_reporting_before_the_round_took_the_event_is_enough():
+    p, writer, clock, _, _ = poster()
+    p.watch_reports()
+    p.emit(events.placed("team", "rid-1", "m"))
+    p.stored("team", "rid-1", ObjectRef("v1", "Pod", "team", "p", "u"))  # still queued, not yet waiting
+    assert run(p.flush()) == 1 and writer.lookups == []
+
+
+def test_a_pod_the_watch_missed_is_looked_up_after_the_grace():
+    p, writer, clock, _, registry = poster(look_after_s=0.25, watch_grace_s=2.0)
+    p.watch_reports()
+    p.emit(events.placed("team", "rid-1", "m"))
+    writer.store("team", "rid-1", "p")
+    run(p.flush())
+    clock.now += 0.5
+    assert run(p.flush()) == 0 and writer.lookups == []  # the watch has time to report it first
+    assert p._next_delay() == pytest.approx(1.5)
+    clock.now += 1.5
+    assert run(p.flush()) == 1 and writer.lookups == [("team", ["rid-1"])]
+    assert metric(registry, "gpuledger_events_pods_found_total", by="list") == 1
+
+
+def test_the_watch_callback_hands_over_only_awaited_pods_from_its_thread():
+    """The sync calls back on its own thread: only pods this poster waits for reach the loop."""
+    import threading
+
+    async def scenario():
+        p, writer, clock, _, _ = poster(look_after_s=0.25, watch_grace_s=30.0)
+        report = p.watch_reports()
+        p.start()
+        await asyncio.sleep(0)  # the task is running: it knows its loop
+        p.emit(events.placed("team", "rid-1", "m"))
+        for pod in (stored_pod("team", "rid-other", "other"), stored_pod("team", "rid-1", "mine"), {}):
+            thread = threading.Thread(target=report, args=(pod,))
+            thread.start()
+            thread.join()
+        for _ in range(100):
+            if writer.created:
+                break
+            await asyncio.sleep(0.01)
+        await p.stop()
+        report(stored_pod("team", "rid-1", "late"))  # stopped: ignored, never raises
+        return writer, p
+
+    writer, p = run(scenario())
+    assert [body["involvedObject"]["name"] for _, body in writer.created] == ["mine"]
+    assert writer.lookups == [] and not p._seen
+
+
 # ------------------------------------------------------------------ which decision reports what
 class Sink:
     def __init__(self):
