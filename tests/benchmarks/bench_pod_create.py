@@ -151,13 +151,18 @@ def server_breakdown(webhook) -> dict[str, float]:
     return out
 
 
-def prefetch_counts(webhook) -> dict[str, float]:
-    """gpuledger_prefetch_total by outcome, from the webhook's /metrics."""
+def labelled_counts(webhook, metric: str, label: str) -> dict[str, float]:
+    """A counter's samples by one label's value, from the webhook's /metrics."""
     import re
 
     text = webhook.get("/metrics")[1]
-    pattern = r'^gpuledger_prefetch_total\{outcome="(\w+)"\} (\S+)$'
+    pattern = rf'^{metric}\{{{label}="(\w+)"\}} (\S+)$'
     return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.M)}
+
+
+def prefetch_counts(webhook) -> dict[str, float]:
+    """gpuledger_prefetch_total by outcome."""
+    return labelled_counts(webhook, "gpuledger_prefetch_total", "outcome")
 
 
 def allocation_ratio(webhook) -> float | None:
@@ -402,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                 drain(cp, webhook, list(modes.values()))
             inside = server_breakdown(webhook)
             ahead = prefetch_counts(webhook)
+            found = labelled_counts(webhook, "gpuledger_events_pods_found_total", "by")
             freed, late = (
                 delete_to_free(cp, webhook, modes["webhook"], args.delete_to_free, args.free_timeout)
                 if args.delete_to_free
@@ -452,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "placements admitted ahead (warm-up included): "
             + ", ".join(f"{k} {v:.0f}" for k, v in sorted(ahead.items()))
+        )
+    if found:
+        print(
+            "placed pods found for their Events (warm-up included): "
+            + ", ".join(f"by {k} {v:.0f}" for k, v in sorted(found.items()))
         )
     cpu_us = {m: {k: v / len(samples[m]) * 1e6 for k, v in c.items()} for m, c in cpu.items()}
     print(
