@@ -317,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-events", action="store_true", help="serve with --no-events (no GPUPlaced Events posted)"
     )
     p.add_argument(
+        "--log-level",
+        default="INFO",
+        help="gpuledger serve's log level (default INFO, as shipped: one JSON line per admission, to the "
+        "process's log file)",
+    )
+    p.add_argument(
         "--prefetch-depth",
         type=int,
         default=shipped_setting("prefetch_depth", 0),
@@ -346,7 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             create_nodes(cp.api_client(), make_sample_cluster())
             settings = {"ledger_channel": args.ledger_channel, "prefetch_depth": args.prefetch_depth}
-            webhook = GpuledgerServe(cp, settings, *(["--no-events"] if args.no_events else []))
+            webhook = GpuledgerServe(
+                cp,
+                settings,
+                *(["--no-events"] if args.no_events else []),
+                "--log-level",  # the last one counts: GpuledgerServe's own WARNING is for the tests
+                args.log_level,
+                "--log-format",
+                "json",
+            )
             served.append(webhook)
             tls, noop_port = webhook.tls, free_port()
             noop = ServedProcess(
@@ -447,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} "
         "(goal <= 1.2), "
         f"p99 x{figures['webhook']['p99_ms'] / figures['noop']['p99_ms']:.2f}; "
-        f"ledger_channel {args.ledger_channel}, prefetch_depth {args.prefetch_depth}"
+        f"ledger_channel {args.ledger_channel}, prefetch_depth {args.prefetch_depth}, "
+        f"log level {args.log_level}"
         f"{', no Events' if args.no_events else ''}"
     )
     print(

@@ -370,6 +370,10 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         )
         inproc = await start_server(create_app(config, InProcessLedgerClient(service)), "127.0.0.1", 0, tls())
     tune_gc()  # as `gpuledger serve` does
+    if args.log_level:  # as `gpuledger serve` logs: JSON lines (one per admission at INFO), here to a file
+        from webhook.logs import configure
+
+        configure("json", args.log_level, open(tls_dir.parent / "serve.log", "a"))  # noqa: SIM115
     results = {}
     try:
         await run_load(webhook.port, ca_file, 400, 20)  # warm up every path
@@ -431,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--profile", action="store_true", help="cProfile the webhook's process under load first"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="the process's log level (default INFO, as `gpuledger serve` ships: one JSON line per "
+        "admission, written to a file in the run's temporary directory; '' leaves logging unconfigured)",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -528,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Ray calls only: {rt['rate'] / nt['rate']:.2f}x); p99 at 20 in flight / no-op p99: "
         f"{lt['p99_ms'] / nl['p99_ms']:.2f}x (goal <= 2; "
         f"Ray calls only: {rl['p99_ms'] / nl['p99_ms']:.2f}x); "
-        f"ledger calls over the channel: {results['channel_calls']}; prefetch_depth {args.prefetch_depth}"
+        f"ledger calls over the channel: {results['channel_calls']}; prefetch_depth {args.prefetch_depth}; "
+        f"log level {args.log_level or 'unconfigured'}"
     )
     print(
         f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
