@@ -158,7 +158,7 @@ class Claims:
         """Whether `put` is the common case of a rebuild: a pod that held nothing, bound to an id nobody holds
         or has reserved, on nodes without foreign holders or a kubelet's truth. `settle` would then make it
         the owner and adopt its placement, touching nothing else; `_own` does just that, without the walks
-        (a third of a 500,000-pod rebuild's time). tests/core/test_properties.py compares both paths."""
+        (a third of a 500,000-pod rebuild's time). The integrity property tests compare both paths."""
         books = self.books
         rid = claim.placement.id
         return (
