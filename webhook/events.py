@@ -256,45 +256,23 @@ class EventPoster:
             created += 1
         return created
 
-    def _done(self, event: AdmissionEvent) -> None:
-        key = (event.namespace, event.reservation_id)
-        self._awaited.discard(key)
-        self._seen.pop(key, None)
-
-    def _reported_ready(self) -> list[AdmissionEvent]:
-        """The waiting events whose pod the watch has reported: ready, no LIST."""
-        if not self._seen:
-            return []
-        ready, still = [], []
-        for event in self._waiting:
-            ref = self._seen.get((event.namespace, event.reservation_id))
-            if ref is not None:
-                ready.append(replace(event, involved=ref))
-                self._done(event)
-            else:
-                still.append(event)
-        self._waiting = still
-        if ready:
-            self.found.labels("watch").inc(len(ready))
-        return ready
-
     def _look_after(self) -> float:
         return self.settings.watch_grace_s if self._watched else self.settings.look_after_s
 
-    async def _resolve(self) -> list[AdmissionEvent]:
-        """Placed pods due a look: the stored ones become ready, those waited on too long are dropped."""
-        reported = self._reported_ready()
-        now = self.clock()
+    async def _listed(self, now: float) -> dict[tuple[str, str], ObjectRef]:
+        """The stored pods of the waiting events due a LIST (the watch has not reported them in time), at
+        most one round every look_after_s, one LIST per namespace."""
         if now < self._last_look + self.settings.look_after_s:
-            return reported
-        due = [e for e in self._waiting if now - e.queued_at >= self._look_after()]
-        if not due:
-            return reported
+            return {}
+        by_namespace: dict[str, list[str]] = {}
+        for event in self._waiting:
+            key = (event.namespace, event.reservation_id)
+            if key not in self._seen and now - event.queued_at >= self._look_after():
+                by_namespace.setdefault(event.namespace, []).append(event.reservation_id)
+        if not by_namespace:
+            return {}
         self._last_look = now
         found: dict[tuple[str, str], ObjectRef] = {}
-        by_namespace: dict[str, list[str]] = {}
-        for event in due:
-            by_namespace.setdefault(event.namespace, []).append(event.reservation_id)
         for namespace, ids in by_namespace.items():
             try:
                 pods = await self.writer.find_pods(namespace, ids)
@@ -302,18 +280,29 @@ class EventPoster:
                 log.warning("could not look up placed pods in %s: %s", namespace, exc)
                 continue
             found.update({(namespace, rid): ref for rid, ref in pods.items()})
-        ready, still = reported, []
+        return found
+
+    async def _resolve(self) -> list[AdmissionEvent]:
+        """Placed pods found stored (reported by the watch, or listed) become ready; those waited on too long
+        are dropped."""
+        now = self.clock()
+        listed = await self._listed(now)
+        ready, still = [], []
         for event in self._waiting:
-            ref = found.get((event.namespace, event.reservation_id))
+            key = (event.namespace, event.reservation_id)
+            ref, by = self._seen.get(key), "watch"
+            if ref is None:
+                ref, by = listed.get(key), "list"
             if ref is not None:
                 ready.append(replace(event, involved=ref))
-                self._done(event)
-                self.found.labels("list").inc()
+                self.found.labels(by).inc()
             elif now - event.queued_at >= self.settings.pod_wait_s:
                 self.dropped.labels("pod_not_stored").inc()
-                self._done(event)
             else:
                 still.append(event)
+                continue
+            self._awaited.discard(key)
+            self._seen.pop(key, None)
         self._waiting = still
         return ready
 
