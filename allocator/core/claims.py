@@ -189,11 +189,13 @@ class Claims:
             self.adopt(key, claim.placement, now, "", None)
         finally:
             self._settling = False
-        nodes = {claim.node, claim.placement.node} | self._freed
-        self._freed = set()
-        for node in sorted(nodes):
-            if node in books.foreign_on:
-                self.refresh(node)
+        freed = self._freed
+        if freed:
+            self._freed = set()
+        if books.foreign_on:  # (a node without foreign holders has nothing to refresh: every rebuild's pod)
+            for node in sorted({claim.node, claim.placement.node} | freed):
+                if node in books.foreign_on:
+                    self.refresh(node)
         if self.deferred is not None:
             self.deferred.add(claim.placement.node)
         elif claim.placement.node in self.bumped:

@@ -337,22 +337,25 @@ def pod_usage(
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     terminal = status.get("phase") in TERMINAL_PHASES
+    name = meta.get("name") or ""
+    # pod_key, inlined
+    pod_id = f"{meta.get('namespace') or 'default'}/{name}" if name else f"uid:{meta.get('uid', '')}"
     placement = None
     problem = ""
     text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
     unbound = None
     if text is not None:
-        decoded = decode_bound(str(text), key)
+        decoded = decode_bound(text if type(text) is str else str(text), key)
         if decoded is None:
             problem = f"annotation {PLACEMENT_ANNOTATION} ignored: bad signature or malformed"
         else:
             placement, binding = decoded
-            mismatch = binding_mismatch(binding, pod)
+            mismatch = binding_mismatch(binding, pod) if binding is not None else ""
             if mismatch:
                 unbound, placement = placement, None
                 problem = f"annotation {PLACEMENT_ANNOTATION} was issued for another pod: {mismatch}"
         if problem and problems is not None:
-            problems.append(f"pod {pod_key(pod)}: {problem}")
+            problems.append(f"pod {pod_id}: {problem}")
     if lazy and terminal:
         cpu = mem = gpus = 0
     elif lazy and (held := placement or unbound) is not None:
@@ -360,18 +363,22 @@ def pod_usage(
     else:
         req = pod_requests(pod, problems)
         cpu, mem, gpus = req.cpu_milli, req.memory_mib, req.gpus
+    node = spec.get("nodeName") or ""
+    created = meta.get("creationTimestamp") or ""
+    uid = meta.get("uid") or ""
+    # positional, in the field order of PodUsage (a rebuild makes one per stored pod)
     return PodUsage(
-        key=pod_key(pod),
-        node=str(spec.get("nodeName") or ""),
-        terminal=terminal,
-        cpu_milli=cpu,
-        memory_mib=mem,
-        gpus=gpus,
-        placement=placement,
-        placement_problem=problem,
-        unbound=unbound,
-        created=str(meta.get("creationTimestamp") or ""),
-        uid=str(meta.get("uid") or ""),
+        pod_id,
+        node if type(node) is str else str(node),
+        terminal,
+        cpu,
+        mem,
+        gpus,
+        placement,
+        problem,
+        unbound,
+        created if type(created) is str else str(created),
+        uid if type(uid) is str else str(uid),
     )
 
 

@@ -217,6 +217,31 @@ def test_pod_usage():
     assert forged.placement is None and kube.PLACEMENT_ANNOTATION in forged.placement_problem
 
 
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"name": "p", "namespace": "ns", "uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        {"name": "p"},  # no namespace: default
+        {"uid": "u2"},  # nameless: keyed by uid
+        {},  # nothing at all
+        {"name": "", "namespace": "ns", "uid": 7, "creationTimestamp": 5},  # not strings: as str() gives
+    ],
+)
+def test_pod_usage_key_and_text_fields_are_those_of_pod_key_and_str(meta):
+    """pod_usage inlines pod_key and skips str() on strings (a rebuild's hot path): the same values."""
+    obj = {"metadata": dict(meta), "spec": {"nodeName": 42}, "status": {"phase": "Running"}}
+    problems: list[str] = []
+    obj["metadata"]["annotations"] = {kube.PLACEMENT_ANNOTATION: "{not json"}
+    u = kube.pod_usage(obj, b"k", problems, lazy=True)
+    assert u.key == kube.pod_key(obj)
+    assert (u.node, u.created, u.uid) == (
+        "42",
+        str(meta.get("creationTimestamp") or ""),
+        str(meta.get("uid") or ""),
+    )
+    assert problems == [f"pod {kube.pod_key(obj)}: {u.placement_problem}"]
+
+
 KUBECTL_YAML = """
 apiVersion: v1
 items:
