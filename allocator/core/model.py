@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from allocator.core.slots_init import slots_init
+from allocator.core.slots_init import dict_init, slots_init
 
 MILLI_PER_GPU = 1000
 
@@ -138,6 +138,7 @@ class PinnedDevices:
     devices: tuple[int, ...]
 
 
+@dict_init  # one per admission, prefetched placement and replayed pod: its generated __init__ is 6 us
 @dataclass(frozen=True)
 class Request:
     """What one pod asks of the ledger. `id` is the reservation key chosen by the caller."""
