@@ -319,7 +319,11 @@ class PodUsage(NamedTuple):
 
 
 def pod_key(pod: dict) -> str:
-    meta = pod.get("metadata") or {}
+    return _key_of(pod.get("metadata") or {})
+
+
+def _key_of(meta: dict) -> str:
+    """namespace/name, or uid:<uid> for a nameless pod, from its metadata (what `pod_usage` already holds)."""
     name = meta.get("name") or ""
     if not name:
         return f"uid:{meta.get('uid', '')}"
@@ -337,9 +341,7 @@ def pod_usage(
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     terminal = status.get("phase") in TERMINAL_PHASES
-    name = meta.get("name") or ""
-    # pod_key, inlined
-    pod_id = f"{meta.get('namespace') or 'default'}/{name}" if name else f"uid:{meta.get('uid', '')}"
+    pod_id = _key_of(meta)
     placement = None
     problem = ""
     text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)

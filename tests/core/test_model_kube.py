@@ -228,7 +228,8 @@ def test_pod_usage():
     ],
 )
 def test_pod_usage_key_and_text_fields_are_those_of_pod_key_and_str(meta):
-    """pod_usage inlines pod_key and skips str() on strings (a rebuild's hot path): the same values."""
+    """pod_usage keys the pod from the metadata it holds and skips str() on strings (a rebuild's hot path):
+    the same values as pod_key and str()."""
     obj = {"metadata": dict(meta), "spec": {"nodeName": 42}, "status": {"phase": "Running"}}
     problems: list[str] = []
     obj["metadata"]["annotations"] = {kube.PLACEMENT_ANNOTATION: "{not json"}
