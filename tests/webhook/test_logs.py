@@ -177,3 +177,28 @@ def test_batcher_tells_each_caller_the_size_of_its_batch():
         return await asyncio.gather(*tasks)
 
     assert asyncio.run(main()) == [(0, 1), (10, 4), (20, 4), (30, 4), (40, 4)]
+
+
+def test_json_lines_keep_what_orjson_refuses():
+    """orjson encodes the lines; a record it refuses (an integer past 64 bits) comes out through the stdlib
+    encoder instead of being lost, and a traceback stays inside its line."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.json_formatter())
+    logger = logging.getLogger("gpuledger.test-json-lines")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("quantity %s", "huge", extra={"value": 2**80, "ids": (1, 2), "by_index": {3: "c"}})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    huge, failed = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (huge["level"], huge["logger"], huge["message"]) == ("WARNING", logger.name, "quantity huge")
+    assert (huge["value"], huge["ids"], huge["by_index"]) == (2**80, [1, 2], {"3": "c"})
+    assert "time" in huge
+    assert failed["message"] == "failed" and "ValueError: boom" in failed["exc_info"]
