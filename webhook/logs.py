@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
@@ -115,6 +116,7 @@ def json_formatter() -> logging.Formatter:
 
 def configure(log_format: str, level: str | int = "INFO", stream: IO | None = None) -> logging.Handler:
     """One handler on the root logger (replacing any), so every library's records come out the same way."""
+    global _direct
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(json_formatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
@@ -122,7 +124,12 @@ def configure(log_format: str, level: str | int = "INFO", stream: IO | None = No
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
+    _direct = handler if log_format == "json" else None
     return handler
+
+
+# the JSON handler `configure` installed: admission lines go straight to it while it is the only way out
+_direct: logging.StreamHandler | None = None
 
 
 def pod_of(obj: dict | None, name: str = "") -> str:
@@ -154,5 +161,46 @@ def admission_fields(route: str, review: Any, decision: Any, latency_s: float) -
 
 
 def log_admission(logger: logging.Logger, fields: dict[str, Any]) -> None:
-    if logger.isEnabledFor(logging.INFO):
+    """One line per admission. While the JSON handler of `configure` is the only place the line can go (the
+    shipped set-up), the line is encoded and written here, the same line the formatter writes: a record
+    through `logging` and python-json-logger runs ~30 functions, and on a pod's path, with the API server and
+    etcd on the same cores, that cold code cost as much CPU as the mutating handler itself (bench_pod_create,
+    docs/benchmarks.md). Anything else (other handlers, filters, the text format) gets the ordinary record."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _direct
+    if handler is None or not _only_way_out(logger, handler):
         logger.info("admission", extra=fields)
+        return
+    line = {"level": "INFO", "logger": logger.name, "message": "admission", **fields}
+    line["time"] = datetime.now(UTC).isoformat()
+    try:
+        text = orjson.dumps(line).decode() + handler.terminator
+    except TypeError:  # orjson.JSONEncodeError: what the formatter's stdlib fallback handles
+        logger.info("admission", extra=fields)
+        return
+    handler.acquire()
+    try:
+        handler.stream.write(text)
+        handler.flush()
+    except Exception:  # noqa: BLE001 - as a handler would: report it on stderr, never fail the admission
+        handler.handleError(logger.makeRecord(logger.name, logging.INFO, "", 0, "admission", (), None))
+    finally:
+        handler.release()
+
+
+def _only_way_out(logger: logging.Logger, handler: logging.StreamHandler) -> bool:
+    """The record would reach `handler` alone, unfiltered, with `configure`'s formatter: `logger` and its
+    ancestors up to the root have no handlers or filters of their own and propagate."""
+    node: Any = logger
+    while node.parent is not None:
+        if node.handlers or node.filters or not node.propagate or node.disabled:
+            return False
+        node = node.parent
+    return (
+        node.handlers == [handler]
+        and not node.filters
+        and not handler.filters
+        and isinstance(handler.formatter, _OrjsonLines)
+        and logging.INFO >= handler.level
+    )

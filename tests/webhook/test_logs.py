@@ -202,3 +202,97 @@ def test_json_lines_keep_what_orjson_refuses():
     assert (huge["value"], huge["ids"], huge["by_index"]) == (2**80, [1, 2], {"3": "c"})
     assert "time" in huge
     assert failed["message"] == "failed" and "ValueError: boom" in failed["exc_info"]
+
+
+FIELDS = {
+    "route": "mutate",
+    "uid": "u-9",
+    "namespace": "ml",
+    "pod": "train-*",
+    "decision": "placed",
+    "allowed": True,
+    "code": 200,
+    "node": "node-1",
+    "devices": [0, 3],
+    "strategy": "best_fit",
+    "reservation_id": "r-9",
+    "latency_ms": 1.25,
+    "ledger_batch": None,
+}
+
+
+@pytest.fixture
+def configured():
+    """`configure`'s JSON set-up on a stream, as `gpuledger serve` ships; the root logger's handlers and level
+    come back afterwards."""
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    stream = io.StringIO()
+    handler = logs.configure("json", "INFO", stream)
+    yield stream, handler
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in saved:
+        root.addHandler(h)
+    root.setLevel(level)
+    logs._direct = None
+
+
+def _lines(stream: io.StringIO) -> list[dict]:
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    stream.seek(0)
+    stream.truncate()
+    return lines
+
+
+def test_the_admission_line_written_directly_is_the_formatters_line(configured):
+    stream, handler = configured
+    logger = logging.getLogger(logs.ADMISSION_LOGGER)
+    logs.log_admission(logger, FIELDS)
+    direct_text = stream.getvalue()
+    (direct,) = _lines(stream)
+    logger.info("admission", extra=FIELDS)  # the ordinary record, through python-json-logger
+    (formatted,) = _lines(stream)
+    assert list(direct) == list(formatted)  # the same keys in the same order
+    assert {k: v for k, v in direct.items() if k != "time"} == {
+        k: v for k, v in formatted.items() if k != "time"
+    }
+    assert direct["time"].endswith("+00:00") and len(direct["time"]) == len(formatted["time"])
+    assert direct_text.endswith("}\n") and direct_text.count("\n") == 1
+
+
+def test_the_admission_line_takes_the_ordinary_way_whenever_it_could_go_elsewhere(configured):
+    """A filter, another handler, a handler level, the text format or a value orjson refuses: each time the
+    record goes through `logging`, so whatever was set up sees it."""
+    stream, handler = configured
+    logger = logging.getLogger(logs.ADMISSION_LOGGER)
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Filter):
+        def filter(self, record):
+            seen.append(record)
+            return True
+
+    keep = Keep()
+    logger.addFilter(keep)
+    logs.log_admission(logger, FIELDS)
+    logger.removeFilter(keep)
+    handler.addFilter(keep)
+    logs.log_admission(logger, FIELDS)
+    handler.removeFilter(keep)
+    other = logging.StreamHandler(io.StringIO())
+    other.addFilter(keep)
+    logger.addHandler(other)
+    logs.log_admission(logger, FIELDS)
+    logger.removeHandler(other)
+    assert len(seen) == 3 and len(_lines(stream)) == 3
+    logs.log_admission(logger, {**FIELDS, "latency_ms": 2**70})  # past what orjson encodes
+    (huge,) = _lines(stream)
+    assert huge["latency_ms"] == 2**70
+    handler.setLevel(logging.WARNING)
+    logs.log_admission(logger, FIELDS)
+    assert _lines(stream) == []
+    handler.setLevel(logging.NOTSET)
+    logs.configure("text", "INFO", stream)
+    logs.log_admission(logger, FIELDS)
+    assert "admission route=mutate uid=u-9" in stream.getvalue()
