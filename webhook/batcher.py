@@ -1,8 +1,10 @@
 """Coalesce concurrent calls into one: a Ray actor call costs ~1.2 ms whatever it carries.
 
-The first item goes out at once (no added latency when idle); items that arrive while a call is in flight
-wait and leave together as the next call the moment it returns. So a batch is what accumulated during one
-round trip, and the rate of calls stays at most 1/RTT however many admissions are in flight.
+When no call is in flight, the items submitted in the same turn of the event loop leave together at the end
+of it (the requests one socket read delivered, or a prefetch asking for several placements at once: one
+call, not one each; no wait beyond the turn). Items that arrive while a call is in flight wait and leave
+together as the next call the moment it returns. So a batch is what accumulated during one round trip, and
+the rate of calls stays at most 1/RTT however many admissions are in flight.
 """
 
 from __future__ import annotations
@@ -32,17 +34,24 @@ class Batcher(Generic[Item, Result]):
         self._max_in_flight = max_in_flight
         self._queue: list[tuple[Item, asyncio.Future]] = []
         self._in_flight = 0
+        self._launch_due = False  # a launch is scheduled for the end of this turn of the loop
         self.calls = 0
         self.items = 0
 
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queue.append((item, future))
-        if self._in_flight < self._max_in_flight:
-            self._launch()
+        if self._in_flight < self._max_in_flight and not self._launch_due:
+            self._launch_due = True
+            asyncio.get_running_loop().call_soon(self._launch_now)
         result, size = await future
         batch_size.set(size)
         return result
+
+    def _launch_now(self) -> None:
+        self._launch_due = False
+        while self._queue and self._in_flight < self._max_in_flight:
+            self._launch()
 
     def _launch(self) -> None:
         # items whose caller gave up (deadline) are not sent

@@ -2,7 +2,8 @@
 
 Pods come in runs of one shape (a Deployment's replicas, a Job's pods, a notebook per user): once the webhook
 has admitted a shape, it asks the ledger actor, off the request path, for `depth` more reservations of that
-shape and keeps their placements for `max_age_s`. The next pod of that shape takes one instead of waiting
+shape and keeps their placements for `max_age_s`, and tops the pool up again, in one call, once it is down to
+about half. The next pod of that shape takes one instead of waiting
 for an `admit` round trip. Each is an ordinary reservation in the actor, made by the actor's own strategy
 in its own order, so the actor stays the only owner of truth and nothing else changes: the validating
 webhook's claim (exactly one pod per reservation), the TTL expiry of reservations no stored pod confirms, the
@@ -38,6 +39,11 @@ class PrefetchSettings:
     depth: int = 0  # placements kept ahead per shape; 0 = off
     max_age_s: float = 1.0  # a placement not taken by then is released
     denied_pause_s: float = 5.0  # after the ledger denies a shape, it is not prefetched for this long
+
+    @property
+    def low_water(self) -> int:
+        """A pool is topped up once it holds this many or fewer: (depth - 1) // 2, so 0 at depths 1 and 2."""
+        return (self.depth - 1) // 2
 
     def __post_init__(self) -> None:
         if type(self.depth) is not int or not 0 <= self.depth <= 64:  # (a bool is not a depth)
@@ -98,10 +104,13 @@ class PlacementPrefetch:
             self._release(stale)
 
     def _refill(self, shape: tuple, request: Request, now: float) -> None:
+        """Top the pool up to `depth` once it is down to `low_water`: at depth 2, two placements every other
+        pod in one ledger call (webhook.batcher) rather than one placement in a call of its own per pod."""
         if shape in self.filling or self.paused_until.get(shape, float("-inf")) > now:
             return
-        need = self.settings.depth - len(self.pools.get(shape, ()))
-        if need > 0:
+        held = len(self.pools.get(shape, ()))
+        need = self.settings.depth - held
+        if held <= self.settings.low_water and need > 0:
             task = asyncio.get_running_loop().create_task(self._fill(shape, request, need))
             self.filling[shape] = task
 

@@ -122,7 +122,11 @@ async def test_client_falls_back_to_ray_while_the_channel_fails_and_retries_it_l
         first = await client.admit(admit("a"))
         assert isinstance(first, Placement) and client.channel_calls == 1
         broken = client.channel
-        broken.writer.transport.abort()  # the socket dies under the client (a network fault, a killed peer)
+
+        def reset(data):
+            raise ConnectionResetError("connection reset by peer")
+
+        broken.writer.write = reset  # the socket dies under the call (a network fault, a killed peer)
         second = await client.admit(admit("b"))
         assert isinstance(second, Placement) and client.channel_calls == 1  # answered through Ray
         assert client.channel is None and client.channel_failed_at == clock.now
@@ -301,6 +305,8 @@ async def test_placements_admitted_ahead_through_the_real_actor(tmp_path):
                 break
             await asyncio.sleep(0.01)
         assert h.prefetch.held == 2
+        # the pod's own admission, then the two placements ahead in one call (webhook.batcher)
+        assert (client.admissions.calls, client.admissions.items) == (2, 3)
         pod = gpu_pod(1)
         second = await h.mutate(review(pod))
         assert second.allowed and second.ledger_batch == 0

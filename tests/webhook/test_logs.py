@@ -171,12 +171,16 @@ def test_batcher_tells_each_caller_the_size_of_its_batch():
             result = await b.submit(i)
             return result, batcher.batch_size.get()
 
-        tasks = [asyncio.create_task(one(i)) for i in range(5)]
-        await asyncio.sleep(0)  # the first goes out alone, the other four wait for it
+        first = [asyncio.create_task(one(i)) for i in range(2)]
+        await asyncio.sleep(0)  # both submitted in one turn of the loop: they leave together
+        await asyncio.sleep(0)
+        later = [asyncio.create_task(one(i)) for i in range(2, 5)]
+        await asyncio.sleep(0)  # these three wait for the call in flight, then leave together
+        await asyncio.sleep(0)
         gate.set()
-        return await asyncio.gather(*tasks)
+        return await asyncio.gather(*first, *later)
 
-    assert asyncio.run(main()) == [(0, 1), (10, 4), (20, 4), (30, 4), (40, 4)]
+    assert asyncio.run(main()) == [(0, 2), (10, 2), (20, 3), (30, 3), (40, 3)]
 
 
 def test_json_lines_keep_what_orjson_refuses():
