@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from allocator.core.device_truth import HOLDERS_ANNOTATION, parse_device_holders
@@ -150,7 +151,7 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     if DEVICES_ANNOTATION in annotations:
         devices = _devices_from_annotation(annotations[DEVICES_ANNOTATION], product, gpu_mem, name, problems)
     if devices is None:
-        devices = tuple(Device(index=i, product=product, memory_mib=gpu_mem) for i in range(max(0, gpus)))
+        devices = _plain_devices(max(0, gpus), product, gpu_mem)
     truth = None
     if HOLDERS_ANNOTATION in annotations:  # who holds each device, by the node agent (allocator.core.truth)
         truth = parse_device_holders(
@@ -183,6 +184,13 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
         utilization_at=utilization_timestamp(annotations.get(LAST_UPDATE_ANNOTATION)),
         truth=truth,
     )
+
+
+@lru_cache(maxsize=1024)
+def _plain_devices(count: int, product: str, memory_mib: int) -> tuple[Device, ...]:
+    """Devices 0..count-1 of one model, for a node without the agent's device annotation. Nodes of one kind
+    share the tuple (a `Device` is frozen): at 65,000 nodes, 520,000 objects fewer to build and keep."""
+    return tuple(Device(index=i, product=product, memory_mib=memory_mib) for i in range(count))
 
 
 def utilization_pct(value: Any) -> int | None:

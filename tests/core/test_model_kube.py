@@ -332,3 +332,20 @@ def test_every_placement_field_survives_the_annotation():
     back = kube.decode_placement(kube.encode_placement(full, b"k"), b"k")
     for f in dataclasses.fields(Placement):
         assert getattr(back, f.name) == getattr(full, f.name), f.name
+
+
+def test_nodes_without_the_device_annotation_share_one_tuple_of_plain_devices():
+    def plain(name: str, gpus: str, product: str = "A100") -> dict:
+        labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920"}
+        return {
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": gpus}},
+        }
+
+    a, b = kube.node_from_object(plain("a", "8")), kube.node_from_object(plain("b", "8"))
+    other = kube.node_from_object(plain("c", "8", product="H100"))
+    assert a.devices == tuple(kube.Device(index=i, product="A100", memory_mib=81920) for i in range(8))
+    assert a.devices is b.devices  # one kind, one tuple: a Device is frozen
+    assert other.devices is not a.devices and {d.product for d in other.devices} == {"H100"}
+    assert kube.node_from_object(plain("d", "0")).devices == ()
