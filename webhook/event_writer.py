@@ -2,7 +2,8 @@
 
 The `kubernetes` client costs ~2.3 ms of CPU per Event here (a thread hop, its serializer, urllib3), more than
 an admission; one pod create posts one GPUPlaced Event, in the same process and under the same GIL as the
-admissions. A kept-alive aiohttp session does the same POST for ~0.3 ms (docs/benchmarks.md). The session
+admissions. A kept-alive aiohttp session does the same POST for ~0.3-0.8 ms (docs/benchmarks.md, sessions
+6 and 9). The session
 takes the API server's address, TLS and credentials from the `kubernetes` client's Configuration (so a
 kubeconfig and the in-cluster service account work as for the rest of the webhook). The Authorization header
 comes from the client's own refresh hook (which re-reads a rotated service-account token), asked at most every
