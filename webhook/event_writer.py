@@ -2,13 +2,12 @@
 
 The `kubernetes` client costs ~2.3 ms of CPU per Event here (a thread hop, its serializer, urllib3), more than
 an admission; one pod create posts one GPUPlaced Event, in the same process and under the same GIL as the
-admissions. A kept-alive aiohttp session does the same POST for ~0.3-0.8 ms (docs/benchmarks.md, sessions
-6 and 9). The session
-takes the API server's address, TLS and credentials from the `kubernetes` client's Configuration (so a
-kubeconfig and the in-cluster service account work as for the rest of the webhook). The Authorization header
-comes from the client's own refresh hook (which re-reads a rotated service-account token), asked at most every
-`auth_ttl_s` (the hook re-applies the whole kubeconfig: a third of an Event's CPU when asked per request) and
-again at once after a 401.
+admissions. A kept-alive aiohttp session does the same POST for ~0.3-0.8 ms (docs/benchmarks.md, sessions 6
+and 9). The session takes the API server's address, TLS and credentials from the `kubernetes` client's
+Configuration (so a kubeconfig and the in-cluster service account work as for the rest of the webhook). The
+Authorization header comes from the client's own refresh hook (which re-reads a rotated service-account
+token), asked at most every `auth_ttl_s` (the hook re-applies the whole kubeconfig: a third of an Event's CPU
+when asked per request) and again at once after a 401.
 """
 
 from __future__ import annotations
