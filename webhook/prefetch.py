@@ -3,12 +3,12 @@
 Pods come in runs of one shape (a Deployment's replicas, a Job's pods, a notebook per user): once the webhook
 has admitted a shape, it asks the ledger actor, off the request path, for `depth` more reservations of that
 shape and keeps their placements for `max_age_s`, and tops the pool up again, in one call, once it is down to
-about half. The next pod of that shape takes one instead of waiting
-for an `admit` round trip. Each is an ordinary reservation in the actor, made by the actor's own strategy
-in its own order, so the actor stays the only owner of truth and nothing else changes: the validating
-webhook's claim (exactly one pod per reservation), the TTL expiry of reservations no stored pod confirms, the
-rebuild from stored pods. A placement not taken within `max_age_s` is released, so a burst's leftovers hold
-their devices for a second, not for the reservation TTL.
+about half. The next pod of that shape takes one instead of waiting for an `admit` round trip. Each is an
+ordinary reservation in the actor, made by the actor's own strategy in its own order, so the actor stays the
+only owner of truth and nothing else changes: the validating webhook's claim (exactly one pod per
+reservation), the TTL expiry of reservations no stored pod confirms, the rebuild from stored pods. A placement
+not taken within `max_age_s` is released, so a burst's leftovers hold their devices for a second, not for the
+reservation TTL.
 
 What is never prefetched: gangs and pinned pods (`request.group` / `request.pinned`: the actor plans those
 together), dry runs and reinvocations (the handler asks the actor), and a shape the ledger just denied (it

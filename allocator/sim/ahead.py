@@ -3,8 +3,9 @@
 What it costs in placement quality: per pod shape, `depth` placements are decided before their pods arrive
 (in the actor's order, by the same strategy) and held meanwhile. The replay has no clock, so nothing here
 ages out: what a pool holds stays held until a pod of its shape takes it or a denial gives every pool back
-(as the webhook does before it asks once more). That is the pessimistic end: the webhook releases what is not
-taken within `prefetch_max_age_s`.
+(as the webhook does before it asks once more), and a pool is refilled after every placement, where the
+webhook tops it up only at its low-water mark. That is the pessimistic end: the webhook holds no more, and
+releases what is not taken within `prefetch_max_age_s`.
 """
 
 from __future__ import annotations
