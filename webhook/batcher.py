@@ -50,6 +50,9 @@ class Batcher(Generic[Item, Result]):
 
     def _launch_now(self) -> None:
         self._launch_due = False
+        self._launch_waiting()
+
+    def _launch_waiting(self) -> None:
         while self._queue and self._in_flight < self._max_in_flight:
             self._launch()
 
@@ -81,8 +84,7 @@ class Batcher(Generic[Item, Result]):
                     fut.set_result((result, len(batch)))
         finally:
             self._in_flight -= 1
-            while self._queue and self._in_flight < self._max_in_flight:
-                self._launch()
+            self._launch_waiting()
 
     @property
     def mean_batch(self) -> float:

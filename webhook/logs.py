@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
-import orjson
 from pythonjsonlogger.core import RESERVED_ATTRS, LogData
 from pythonjsonlogger.json import JsonFormatter
 from pythonjsonlogger.orjson import OrjsonFormatter
@@ -101,7 +100,7 @@ class _OrjsonLines(OrjsonFormatter):
 
     def jsonify_log_record(self, log_data: LogData) -> str:
         try:
-            return orjson.dumps(log_data, default=self.json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+            return super().jsonify_log_record(log_data)
         except TypeError:  # orjson.JSONEncodeError
             return self._stdlib.jsonify_log_record(log_data)
 
@@ -175,11 +174,8 @@ def log_admission(logger: logging.Logger, fields: dict[str, Any]) -> None:
         return
     line = {"level": "INFO", "logger": logger.name, "message": "admission", **fields}
     line["time"] = datetime.now(UTC).isoformat()
-    try:
-        text = orjson.dumps(line).decode() + handler.terminator
-    except TypeError:  # orjson.JSONEncodeError: what the formatter's stdlib fallback handles
-        logger.info("admission", extra=fields)
-        return
+    formatter: _OrjsonLines = handler.formatter  # type: ignore[assignment]  # (checked by _only_way_out)
+    text = formatter.jsonify_log_record(line) + handler.terminator  # its encoder, with its stdlib fallback
     handler.acquire()
     try:
         handler.stream.write(text)

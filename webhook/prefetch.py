@@ -109,9 +109,10 @@ class PlacementPrefetch:
         if shape in self.filling or self.paused_until.get(shape, float("-inf")) > now:
             return
         held = len(self.pools.get(shape, ()))
-        need = self.settings.depth - held
-        if held <= self.settings.low_water and need > 0:
-            task = asyncio.get_running_loop().create_task(self._fill(shape, request, need))
+        if held <= self.settings.low_water:  # (low_water < depth: there is always something to ask for)
+            task = asyncio.get_running_loop().create_task(
+                self._fill(shape, request, self.settings.depth - held)
+            )
             self.filling[shape] = task
 
     async def _fill(self, shape: tuple, request: Request, need: int) -> None:
