@@ -93,8 +93,15 @@ def test_nodes_unknown_node_exits_4(cli, stack):
 def test_status_totals_agree_with_nodes_and_table(apiserver, stack, namespace, cli):
     client.create_gpu_job("status", "busybox", 1, namespace=namespace, kube=apiserver.api_client())
     placed_pods(apiserver, namespace, 1)
+    # `status` and `nodes` read the cluster at two moments, and other tests' namespaces are still going away
+    # (their pods with them): take a `nodes` read between two `status` reads that agree
     data = cli("status", "--source", "nodes", "-o", "json").json()
-    nodes = cli("nodes", "--source", "nodes", "-o", "json").json()["items"]
+    for _ in range(10):
+        nodes = cli("nodes", "--source", "nodes", "-o", "json").json()["items"]
+        again = cli("status", "--source", "nodes", "-o", "json").json()
+        if again == data:
+            break
+        data = again
     placeable = [n for n in nodes if n["placeable"]]
     cluster = data["cluster"]
     assert cluster["gpus"] == sum(n["healthyGpus"] for n in placeable)
@@ -103,8 +110,7 @@ def test_status_totals_agree_with_nodes_and_table(apiserver, stack, namespace, c
     assert sum(leaf["gpus"] for leaf in data["leaves"]) == cluster["gpus"]
     assert {leaf["leaf"] for leaf in data["leaves"]} >= {"leaf-0", "leaf-1", "leaf-2", "leaf-3"}
 
-    # the table and the JSON read the cluster at two moments: take a table read while the JSON did not change
-    # (other tests' namespaces are still going away, and their pods with them)
+    # the same for the table and the JSON
     for _ in range(10):
         text = cli("status", "--source", "nodes")
         again = cli("status", "--source", "nodes", "-o", "json").json()
