@@ -56,8 +56,6 @@ class ClusterIndex:
         self.all = _Buckets()
         self.leaves: dict[LeafKey, _Buckets] = {}
         self._key: dict[str, int] = {}  # name -> bucket key it is filed under (placeable nodes only)
-        # devices holding shares on placeable nodes, sorted: (free milli, node, index) — best fit for shares
-        self.open: list[tuple[int, str, int]] = []
         # leaves by their whole-free total, for strategies that rank leaves (consolidated, distributed)
         self.leaves_by_total: dict[int, set[LeafKey]] = {}
         self.leaf_members: dict[LeafKey, int] = {}  # nodes per leaf, placeable or not
@@ -266,18 +264,7 @@ class ClusterIndex:
         self._dirty(name)
         return node
 
-    def _add_open(self, entries) -> None:
-        for e in entries:
-            insort(self.open, e)
-
-    def _remove_open(self, entries) -> None:
-        for e in entries:
-            i = bisect_left(self.open, e)
-            if i < len(self.open) and self.open[i] == e:
-                del self.open[i]
-
     def _file(self, node: NodeState) -> None:
-        self._add_open(node.open_devices())
         k = node.whole_free
         self._key[node.name] = k
         if not self._fit_stale:
@@ -295,7 +282,6 @@ class ClusterIndex:
         k = self._key.pop(node.name, None)
         if k is None:
             return
-        self._remove_open(node.open_devices())
         if not self._fit_stale:
             self._fit_unfile(node.name, k)
         self._stale_heads.add(node.leaf_key)
@@ -317,14 +303,9 @@ class ClusterIndex:
             return
         k_old = self._key[node.name]
         milli_old = node.free_milli
-        open_old = node.open_devices()
         mutate()
         k_new = node.whole_free
         milli_new = node.free_milli
-        open_new = node.open_devices()
-        if open_old != open_new:
-            self._remove_open(open_old)
-            self._add_open(open_new)
         if not self._fit_stale:
             name = node.name
             key = node.cpu_free * self.max_gpu_milli + milli_new * self.max_cpu_milli  # fit_key, inlined

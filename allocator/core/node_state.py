@@ -113,16 +113,6 @@ class NodeState:
         """Physical indices of healthy devices nobody holds (unknown-identity GPUs not deducted)."""
         return [self.dev_index[p] for p in range(len(self.dev_index)) if self.is_fully_free(p)]
 
-    def open_devices(self) -> list[tuple[int, str, int]]:
-        """(free milli, node, index) of healthy devices that hold shares and no exclusive holder."""
-        if not any(self.dev_nshares):
-            return []
-        return [
-            (self.dev_free_milli[p], self.name, self.dev_index[p])
-            for p in range(len(self.dev_index))
-            if self.dev_nshares[p] and self.dev_owner[p] is None and self.dev_healthy[p]
-        ]
-
     def utilization(self) -> float:
         if not self.total_milli:
             return 1.0

@@ -184,7 +184,6 @@ def check_invariants(led: Ledger) -> None:
         rid: r.created for rid, r in led.reservations().items() if r.state == ReservationState.RESERVED
     }
     assert led._books.pending == pending  # expiry's index of the unconfirmed reservations
-    open_entries = []
     leaf_totals: Counter = Counter()
     for name, n in index.nodes.items():
         assert n.cpu_free >= 0 and n.mem_free >= 0, name
@@ -214,9 +213,7 @@ def check_invariants(led: Ledger) -> None:
         assert set(n.holders) == {hid for hid, h in led._books.holdings.items() if h.node == name}
         if n.placeable:
             assert name in index.all.by_free.get(n.whole_free, ()), name
-            open_entries += n.open_devices()
             leaf_totals[n.leaf_key] += n.whole_free
-    assert sorted(open_entries) == index.open
     for key, b in index.leaves.items():
         assert b.total_whole == leaf_totals.get(key, 0)
         for k, names in b.by_free.items():
