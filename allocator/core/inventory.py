@@ -13,34 +13,30 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable
 
+from allocator.core import sorted_buckets
 from allocator.core.model import MILLI_PER_GPU
 from allocator.core.node_state import LeafKey, NodeState
+from allocator.core.sorted_buckets import Bucket
 
 
 class _Buckets:
-    """Name-sorted lists of node names keyed by whole-free GPU count."""
+    """Name-sorted buckets of node names keyed by whole-free GPU count (lists, or SortedLists once long:
+    allocator.core.sorted_buckets)."""
 
     __slots__ = ("by_free", "total_whole", "total_milli", "free_milli", "count")
 
     def __init__(self) -> None:
-        self.by_free: dict[int, list[str]] = {}
+        self.by_free: dict[int, Bucket[str]] = {}
         self.total_whole = 0  # sum of whole_free
         self.total_milli = 0
         self.free_milli = 0
         self.count = 0
 
     def add(self, name: str, k: int) -> None:
-        bucket = self.by_free.get(k)
-        if bucket is None:
-            bucket = self.by_free[k] = []
-        insort(bucket, name)
+        sorted_buckets.add(self.by_free, k, name)
 
     def discard(self, name: str, k: int) -> None:
-        bucket = self.by_free.get(k)
-        if bucket:
-            i = bisect_left(bucket, name)
-            if i < len(bucket) and bucket[i] == name:
-                del bucket[i]
+        sorted_buckets.discard(self.by_free, k, name)
 
     def keys_from(self, need: int, descending: bool = False) -> list[int]:
         keys = [k for k, b in self.by_free.items() if k >= need and b]
@@ -72,7 +68,7 @@ class ClusterIndex:
         self._stale_heads: set[LeafKey] = set()
         # best fit's order: whole-free count -> sorted (fit_key, name) of the placeable nodes with that count;
         # rebuilt lazily (`fit_buckets`) when a cluster maximum, and so the key's weights, changes
-        self._by_fit: dict[int, list[tuple[int, str]]] = {}
+        self._by_fit: dict[int, Bucket[tuple[int, str]]] = {}
         self._fit_key: dict[str, int] = {}
         self._fit_stale = False
         self._cpu_sizes: Counter[int] = Counter()  # node cpu_milli -> nodes of that size (for the maximum)
@@ -98,7 +94,7 @@ class ClusterIndex:
         integer."""
         return node.cpu_free * self.max_gpu_milli + node.free_milli * self.max_cpu_milli
 
-    def fit_buckets(self) -> dict[int, list[tuple[int, str]]]:
+    def fit_buckets(self) -> dict[int, Bucket[tuple[int, str]]]:
         """Whole-free count -> (fit_key, name) of the placeable nodes with that count, ascending."""
         if self._fit_stale:
             by_fit: dict[int, list[tuple[int, str]]] = {}
@@ -110,7 +106,7 @@ class ClusterIndex:
                 by_fit.setdefault(k, []).append((key, name))
             for entries in by_fit.values():
                 entries.sort()
-            self._by_fit = by_fit
+            self._by_fit = sorted_buckets.settle(by_fit)
             self._fit_stale = False
         return self._by_fit
 
@@ -151,16 +147,10 @@ class ClusterIndex:
 
     def _fit_file(self, name: str, k: int, key: int) -> None:
         self._fit_key[name] = key
-        entries = self._by_fit.get(k)
-        if entries is None:
-            self._by_fit[k] = [(key, name)]
-        else:
-            insort(entries, (key, name))
+        sorted_buckets.add(self._by_fit, k, (key, name))
 
     def _fit_unfile(self, name: str, k: int) -> None:
-        key = self._fit_key.pop(name)
-        entries = self._by_fit[k]
-        del entries[bisect_left(entries, (key, name))]
+        sorted_buckets.discard(self._by_fit, k, (self._fit_key.pop(name), name))
 
     def _dirty(self, name: str) -> None:
         dirty = self.dirty
@@ -311,14 +301,9 @@ class ClusterIndex:
             key = node.cpu_free * self.max_gpu_milli + milli_new * self.max_cpu_milli  # fit_key, inlined
             key_old = self._fit_key[name]
             if k_new != k_old or key != key_old:
-                entries = self._by_fit[k_old]
-                del entries[bisect_left(entries, (key_old, name))]
+                sorted_buckets.discard(self._by_fit, k_old, (key_old, name))
                 self._fit_key[name] = key
-                new_entries = self._by_fit.get(k_new)
-                if new_entries is None:
-                    self._by_fit[k_new] = [(key, name)]
-                else:
-                    insort(new_entries, (key, name))
+                sorted_buckets.add(self._by_fit, k_new, (key, name))
         leaf = self.leaves[node.leaf_key]
         if k_new != k_old:
             self._leaf_total(node.leaf_key, leaf, k_new - k_old)

@@ -107,15 +107,20 @@ def best_fit_walk(index: ClusterIndex, leaves: list[LeafKey] | None, request: Re
         picked.sort(key=lambda node: (best_fit_cost(node, request, index), node.name))
         yield from (node for node in picked if fits(node))
         return
-    by_fit = index.fit_buckets()
-    heads = [(entries[0], k, 0) for k, entries in by_fit.items() if k >= need and entries]
+    # each bucket's next entry and the rest of it (an iterator: a long bucket is a SortedList, where an
+    # index is a tree walk); entries are unique (one per node), so the heap never compares the iterators
+    heads = []
+    for k, entries in index.fit_buckets().items():
+        if k >= need and entries:
+            rest = iter(entries)
+            heads.append((next(rest), rest))
     heapq.heapify(heads)
     while heads:
-        entry, k, i = heads[0]
+        entry, rest = heads[0]
         node = nodes[entry[1]]
-        entries = by_fit[k]
-        if i + 1 < len(entries):
-            heapq.heapreplace(heads, (entries[i + 1], k, i + 1))
+        after = next(rest, None)
+        if after is not None:
+            heapq.heapreplace(heads, (after, rest))
         else:
             heapq.heappop(heads)
         if node.cpu_free >= cpu and node.mem_free >= mem and node.free_milli_raw >= taken:  # fits(), inlined

@@ -1,0 +1,68 @@
+"""Buckets that turn from lists into SortedLists once long (allocator.core.sorted_buckets) hold exactly what
+a sorted list would, and a ledger whose buckets cross the thresholds decides exactly what one whose buckets
+stay lists decides. The thresholds are lowered here so that a handful of nodes crosses them both ways."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sortedcontainers import SortedList
+
+from allocator.core import sorted_buckets
+from tests.core.test_properties import node_spec, op, run
+
+
+@contextlib.contextmanager
+def thresholds(long: int, short: int):
+    saved = sorted_buckets.LONG, sorted_buckets.SHORT
+    sorted_buckets.LONG, sorted_buckets.SHORT = long, short
+    try:
+        yield
+    finally:
+        sorted_buckets.LONG, sorted_buckets.SHORT = saved
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_buckets_hold_what_sorted_lists_hold_across_both_forms(seed):
+    rng = random.Random(seed)
+    buckets: dict[int, sorted_buckets.Bucket[str]] = {}
+    expected: dict[int, list[str]] = {}
+    forms = set()
+    with thresholds(8, 3):
+        for _ in range(3000):
+            key, name = rng.randrange(3), f"n{rng.randrange(40):02d}"
+            if rng.random() < 0.55 and name not in expected.get(key, []):
+                sorted_buckets.add(buckets, key, name)
+                expected.setdefault(key, []).append(name)
+                expected[key].sort()
+            else:
+                sorted_buckets.discard(buckets, key, name)  # (often absent: that must change nothing)
+                if name in expected.get(key, []):
+                    expected[key].remove(name)
+            forms |= {type(b) for b in buckets.values()}
+            assert {k: list(b) for k, b in buckets.items() if b} == {k: v for k, v in expected.items() if v}
+            for b in buckets.values():
+                assert (len(b) <= 8) if isinstance(b, list) else (len(b) >= 3)
+                if b:
+                    assert b[0] == min(b)
+    assert forms == {list, SortedList}
+
+
+def test_settled_buckets_are_sorted_lists_only_when_long():
+    with thresholds(4, 2):
+        out = sorted_buckets.settle({1: ["a", "b"], 2: ["a", "b", "c", "d", "e"]})
+    assert type(out[1]) is list and type(out[2]) is SortedList and list(out[2]) == ["a", "b", "c", "d", "e"]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(node_spec, min_size=3, max_size=8), st.lists(op, min_size=10, max_size=60))
+def test_a_ledger_with_sorted_list_buckets_keeps_every_invariant_and_answer(node_specs, ops):
+    """test_properties' random streams (every invariant, the index against a full scan, rebuild against the
+    live ledger) with buckets of 2 or more entries as SortedLists, and the same answers as with lists only."""
+    with thresholds(1, 1):
+        answers = run(node_specs, ops)
+    assert answers == run(node_specs, ops)
