@@ -3,7 +3,7 @@
 
 A sorted insert or delete in a list moves every entry after it. Near the front of a 65,000-node bucket (the
 free nodes of a large cluster, in name order: where best fit, the bucket walks and spreading take nodes from)
-a delete and an insert cost ~32 us; in chunks of at most 2,000 entries they move one chunk. Below a few
+a delete and an insert cost 30-40 us; in chunks of at most 2,000 entries they move one chunk. Below a few
 thousand entries the one list is faster, and that is every bucket of a cluster of a few thousand nodes.
 Readers see a sorted sequence either way: iteration, `len`, `[0]`. (sortedcontainers' SortedList is the same
 idea, with more; the core imports only the standard library.)
