@@ -233,7 +233,7 @@ JSON_EDGES = [
 def _decoded(loads, text):
     try:
         value = loads(text)
-    except ValueError:  # json.JSONDecodeError and orjson.JSONDecodeError are both ValueErrors
+    except ValueError:  # (json.JSONDecodeError is one)
         return "refused"
     return json.dumps(value)  # (a float and an int that compare equal still encode differently)
 
