@@ -20,7 +20,7 @@ from allocator.core.sorted_buckets import Bucket
 
 
 class _Buckets:
-    """Name-sorted buckets of node names keyed by whole-free GPU count (lists, or LongBuckets once long:
+    """Name-sorted buckets of node names keyed by whole-free GPU count (lists, or SortedNames once long:
     allocator.core.sorted_buckets)."""
 
     __slots__ = ("by_free", "total_whole", "total_milli", "free_milli", "count")

@@ -107,7 +107,7 @@ def best_fit_walk(index: ClusterIndex, leaves: list[LeafKey] | None, request: Re
         picked.sort(key=lambda node: (best_fit_cost(node, request, index), node.name))
         yield from (node for node in picked if fits(node))
         return
-    # each bucket's next entry and the rest of it (an iterator: a long bucket is a LongBucket, where an
+    # each bucket's next entry and the rest of it (an iterator: a long bucket is a SortedNames, where an
     # index walks its chunks); entries are unique (one per node), so the heap never compares the iterators
     heads = []
     for k, entries in index.fit_buckets().items():

@@ -1,7 +1,7 @@
-"""Buckets that turn from lists into LongBuckets once long (allocator.core.sorted_buckets) hold exactly what
+"""Buckets that turn from lists into SortedNames once long (allocator.core.sorted_buckets) hold exactly what
 a sorted list would, and a ledger whose buckets cross the thresholds decides exactly what one whose buckets
 stay lists decides. The thresholds and the chunk size are lowered here so that a handful of entries crosses
-them: lists into LongBuckets and back, chunks split and joined."""
+them: lists into SortedNames and back, chunks split and emptied."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.core import sorted_buckets
-from allocator.core.sorted_buckets import LongBucket
+from allocator.core import sorted_buckets, sorted_names
+from allocator.core.sorted_names import SortedNames
 from tests.core.test_properties import node_spec, op, run
 
 
 @contextlib.contextmanager
 def thresholds(long: int, short: int, chunk: int):
-    saved = sorted_buckets.LONG, sorted_buckets.SHORT, sorted_buckets.CHUNK
-    sorted_buckets.LONG, sorted_buckets.SHORT, sorted_buckets.CHUNK = long, short, chunk
+    saved = sorted_buckets.LONG, sorted_buckets.SHORT, sorted_names.CHUNK
+    sorted_buckets.LONG, sorted_buckets.SHORT, sorted_names.CHUNK = long, short, chunk
     try:
         yield
     finally:
-        sorted_buckets.LONG, sorted_buckets.SHORT, sorted_buckets.CHUNK = saved
+        sorted_buckets.LONG, sorted_buckets.SHORT, sorted_names.CHUNK = saved
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -48,19 +48,19 @@ def test_buckets_hold_what_sorted_lists_hold_across_both_forms(seed):
             assert {k: list(b) for k, b in buckets.items() if b} == {k: v for k, v in expected.items() if v}
             for key, b in buckets.items():
                 assert (len(b) <= 8) if isinstance(b, list) else (len(b) >= 3)
-                if isinstance(b, LongBucket):
+                if isinstance(b, SortedNames):
                     check_chunks(b)
                     want = expected[key]
                     assert [b[i] for i in range(len(b))] == want and b[-1] == want[-1] and b == want
                     with pytest.raises(IndexError):
                         b[len(b)]
-    assert forms == {list, LongBucket}
+    assert forms == {list, SortedNames}
 
 
-def check_chunks(b: LongBucket) -> None:
-    chunks, lasts = b._chunks, b._lasts
+def check_chunks(b: SortedNames) -> None:
+    chunks, lasts = b._chunks, b._maxes
     assert all(chunks) and [c[-1] for c in chunks] == lasts and len(b) == sum(map(len, chunks))
-    assert all(len(c) <= 2 * sorted_buckets.CHUNK for c in chunks)
+    assert all(len(c) <= 2 * sorted_names.CHUNK for c in chunks)
     flat = [x for c in chunks for x in c]
     assert flat == sorted(set(flat))
 
@@ -68,14 +68,14 @@ def check_chunks(b: LongBucket) -> None:
 def test_settled_buckets_are_sorted_lists_only_when_long():
     with thresholds(4, 2, chunk=2):
         out = sorted_buckets.settle({1: ["a", "b"], 2: ["a", "b", "c", "d", "e"]})
-    assert type(out[1]) is list and type(out[2]) is LongBucket and list(out[2]) == ["a", "b", "c", "d", "e"]
+    assert type(out[1]) is list and type(out[2]) is SortedNames and list(out[2]) == ["a", "b", "c", "d", "e"]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(node_spec, min_size=3, max_size=8), st.lists(op, min_size=10, max_size=60))
 def test_a_ledger_with_sorted_list_buckets_keeps_every_invariant_and_answer(node_specs, ops):
     """test_properties' random streams (every invariant, the index against a full scan, rebuild against the
-    live ledger) with buckets of 2 or more entries as LongBuckets, and the same answers as with lists only."""
+    live ledger) with buckets of 2 or more entries as SortedNames, and the same answers as with lists only."""
     with thresholds(1, 1, chunk=2):
         answers = run(node_specs, ops)
     assert answers == run(node_specs, ops)
