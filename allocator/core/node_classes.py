@@ -12,6 +12,7 @@ import heapq
 from bisect import bisect_left, insort
 
 from allocator.core import objects as kube
+from allocator.core import sorted_buckets
 from allocator.core.inventory import ClusterIndex
 from allocator.core.node_state import NodeState
 from allocator.core.sorted_names import CHUNK, SortedNames
@@ -87,23 +88,14 @@ class NodeClasses:
                 if len(group) == 1:
                     del members[old]
                     del self._ids[self._key_of_id.pop(old)]
-                elif isinstance(group, list):
-                    del group[bisect_left(group, name)]
-                else:
-                    group.remove(name)
+                else:  # a class's members stay chunked once they were (it is deleted when it empties)
+                    sorted_buckets.discard(members, old, name, short=0)
             if new is None:
                 del class_of[name]
             else:
                 class_of[name] = new
-                joined = members.get(new)
-                if joined is None:  # a plain list while small: one object for the collector, not three
-                    members[new] = [name]
-                elif isinstance(joined, list):
-                    insort(joined, name)
-                    if len(joined) > CHUNK:
-                        members[new] = SortedNames(joined)
-                else:
-                    joined.add(name)
+                # a plain list while small (one object for the collector, not three), chunked past CHUNK
+                sorted_buckets.add(members, new, name, long=CHUNK)
         moves = self.moves
         moves.extend((name, old, new))  # also when unchanged: the node's own detail may have
         if len(moves) > self._moves_limit:
@@ -129,9 +121,7 @@ class NodeClasses:
                 grouped[cid] = [name]
             else:
                 group.append(name)
-        self.members = {
-            cid: SortedNames(names) if len(names) > CHUNK else names for cid, names in grouped.items()
-        }
+        self.members = sorted_buckets.settle(grouped, long=CHUNK)
         for name in [n for n in self._static if n not in nodes]:
             self._unstatic(name)
 

@@ -24,21 +24,23 @@ SHORT = 1024  # ...and a SortedNames shorter than this a list again
 Bucket: TypeAlias = "list[T] | SortedNames[T]"
 
 
-def add(buckets: dict[K, Bucket[T]], key: K, item: T) -> None:
-    """File `item` in its place in `buckets[key]` (made when missing)."""
+def add(buckets: dict[K, Bucket[T]], key: K, item: T, long: int | None = None) -> None:
+    """File `item` in its place in `buckets[key]` (made when missing); a list past `long` entries becomes a
+    SortedNames (None: LONG, read at the call, so tests can shrink it)."""
     bucket = buckets.get(key)
     if bucket is None:
         buckets[key] = [item]
     elif isinstance(bucket, list):
         insort(bucket, item)
-        if len(bucket) > LONG:
+        if len(bucket) > (LONG if long is None else long):
             buckets[key] = SortedNames(bucket)
     else:
         bucket.add(item)
 
 
-def discard(buckets: dict[K, Bucket[T]], key: K, item: T) -> None:
-    """Take `item` out of `buckets[key]` where it is there."""
+def discard(buckets: dict[K, Bucket[T]], key: K, item: T, short: int | None = None) -> None:
+    """Take `item` out of `buckets[key]` where it is there; a SortedNames below `short` entries becomes a list
+    again (0: never; None: SHORT). An emptied bucket stays: callers that drop empty keys do so themselves."""
     bucket = buckets.get(key)
     if not bucket:
         return
@@ -48,14 +50,15 @@ def discard(buckets: dict[K, Bucket[T]], key: K, item: T) -> None:
             del bucket[i]
         return
     bucket.discard(item)
-    if len(bucket) < SHORT:
+    if len(bucket) < (SHORT if short is None else short):
         buckets[key] = list(bucket)
 
 
-def settle(buckets: dict[K, list[T]]) -> dict[K, Bucket[T]]:
-    """Buckets built as sorted lists, the long ones made SortedNames."""
+def settle(buckets: dict[K, list[T]], long: int | None = None) -> dict[K, Bucket[T]]:
+    """Buckets built as sorted lists, those past `long` entries (None: LONG) made SortedNames."""
+    limit = LONG if long is None else long
     out: dict[K, Bucket[T]] = dict(buckets)
     for key, bucket in buckets.items():
-        if len(bucket) > LONG:
+        if len(bucket) > limit:
             out[key] = SortedNames(bucket)
     return out
