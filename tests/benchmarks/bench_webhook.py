@@ -7,6 +7,8 @@ The server (aiohttp + TLS + the batched Ray client) runs in this process; the lo
 second process (raw asyncio TLS connections, one request in flight per connection, pre-encoded bodies), so
 the two share the machine's cores as they would share a node. Baselines measured in the same run:
 - a no-op aiohttp handler over the same TLS (what HTTP + TLS alone cost here),
+- the same transport answering a real mutate answer (same patch, same size) and doing none of the webhook's
+  work (`answer_only_app`): what the webhook costs over it is its own work, not the answer's size,
 - the raw Ray actor call rate (one admission per call, sequential: what an unbatched webhook could reach),
 - the raw cost of one Ray actor call, local (Ray started in this process) and in-cluster (joining a
   `ray start --head` cluster by address), for docs/deployment.md.
@@ -225,6 +227,39 @@ def noop_app():
     return app
 
 
+def answer_only_app(answer: dict):
+    """A handler that does none of the webhook's work but its transport: it decodes the body with the
+    webhook's codec and answers a real mutate answer (the same patch, warnings and size, the request's uid).
+    What the webhook costs over it is the admission's own work (request, placement, patch, signature, logs,
+    metrics, the ledger calls), not HTTP, TLS, JSON or the answer's size."""
+    from aiohttp import web
+
+    from webhook.admission.review import dumps, loads
+
+    async def mutate(request):
+        body = loads(await request.read())
+        response = dict(answer["response"], uid=body["request"]["uid"])
+        return web.Response(body=dumps({**answer, "response": response}), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/mutate", mutate)
+    return app
+
+
+async def sample_answer(config, cluster_file: str) -> dict:
+    """One real mutate answer for a bench pod: the handler on an in-process ledger of the same cluster."""
+    from allocator.service import LedgerService
+    from webhook.admission.handler import AdmissionHandler
+    from webhook.admission.review import encode_response, loads, parse_review
+    from webhook.ledger_client import InProcessLedgerClient
+
+    service = LedgerService(config.ledger_config(), {"kind": "file", "path": cluster_file}, time.time())
+    review = parse_review(loads(_pod_body(0, "sample")))
+    decision = await AdmissionHandler(config, InProcessLedgerClient(service, time.time)).mutate(review)
+    assert decision.allowed and decision.patch, decision
+    return encode_response(review.uid, decision, review.api_version)
+
+
 def raw_call_cost(handle, n: int) -> dict:
     import ray
 
@@ -360,6 +395,9 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         create_app(config, RayLedgerClient(handle, channel="off")), "127.0.0.1", 0, tls()
     )
     noop = await start_server(noop_app(), "127.0.0.1", 0, tls())
+    answer_only = await start_server(
+        answer_only_app(await sample_answer(config, args.cluster_file)), "127.0.0.1", 0, tls()
+    )
     inproc = None
     if args.in_process:  # the same webhook on an in-process ledger: what Ray adds
         from allocator.service import LedgerService
@@ -379,6 +417,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         await run_load(webhook.port, ca_file, 400, 20)  # warm up every path
         await run_load(ray_only.port, ca_file, 400, 20)
         await run_load(noop.port, ca_file, 400, 20)
+        await run_load(answer_only.port, ca_file, 400, 20)
         await sweep()
         if args.profile:  # the webhook's own process, under the 100-in-flight load, by cProfile
             import cProfile
@@ -401,6 +440,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
             # release everything (nothing is ever stored): each phase starts from an empty 8,000-GPU ledger
             await sweep()
             results[f"noop_{name}"] = await run_load(noop.port, ca_file, n, in_flight)
+            results[f"answeronly_{name}"] = await run_load(answer_only.port, ca_file, n, in_flight)
             results[f"rayonly_{name}"] = await run_load(ray_only.port, ca_file, n, in_flight)
             await sweep()
             if inproc is not None:
@@ -412,6 +452,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         await webhook.stop()
         await ray_only.stop()
         await noop.stop()
+        await answer_only.stop()
         if inproc is not None:
             await inproc.stop()
     return results
@@ -518,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         ("no-op aiohttp, 100 in flight", nt),
         ("webhook, 20 in flight", lt),
         ("no-op aiohttp, 20 in flight", nl),
+        ("real answer, no work, 100", results["answeronly_throughput"]),
+        ("real answer, no work, 20", results["answeronly_latency"]),
         ("webhook Ray calls only, 100", results["rayonly_throughput"]),
         ("webhook Ray calls only, 20", results["rayonly_latency"]),
     ]
@@ -540,6 +583,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Ray calls only: {rl['p99_ms'] / nl['p99_ms']:.2f}x); "
         f"ledger calls over the channel: {results['channel_calls']}; prefetch_depth {args.prefetch_depth}; "
         f"log level {args.log_level or 'unconfigured'}"
+    )
+    at, al = results["answeronly_throughput"], results["answeronly_latency"]
+    print(
+        f"the same transport answering a real patch and doing no work / no-op: throughput "
+        f"{at['rate'] / nt['rate']:.2f}x, p99 {al['p99_ms'] / nl['p99_ms']:.2f}x; CPU per admission over it: "
+        f"webhook {t['server_cpu_us'] - at['server_cpu_us']:.0f} us (its own work), no-op "
+        f"{nt['server_cpu_us'] - at['server_cpu_us']:.0f} us"
     )
     print(
         f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
