@@ -71,6 +71,21 @@ def test_settled_buckets_are_sorted_lists_only_when_long():
     assert type(out[1]) is list and type(out[2]) is SortedNames and list(out[2]) == ["a", "b", "c", "d", "e"]
 
 
+def test_a_caller_s_own_thresholds_win_over_the_module_s():
+    """What node classes ask (node_classes.py): chunked past their own limit, and never back to a list."""
+    buckets: dict[int, sorted_buckets.Bucket[str]] = {}
+    with thresholds(1000, 500, chunk=2):
+        for name in "abcde":
+            sorted_buckets.add(buckets, 0, name, long=3)
+        assert type(buckets[0]) is SortedNames
+        for name in "abcd":
+            sorted_buckets.discard(buckets, 0, name, short=0)
+        assert type(buckets[0]) is SortedNames and list(buckets[0]) == ["e"]
+        sorted_buckets.discard(buckets, 0, "e", short=0)
+        assert type(buckets[0]) is SortedNames and not buckets[0]
+        assert type(sorted_buckets.settle({1: list("abcd")}, long=3)[1]) is SortedNames
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(node_spec, min_size=3, max_size=8), st.lists(op, min_size=10, max_size=60))
 def test_a_ledger_with_sorted_list_buckets_keeps_every_invariant_and_answer(node_specs, ops):
