@@ -357,10 +357,15 @@ def test_one_leaf_shortcut_picks_what_the_window_search_picks(spine_caps_lists, 
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["place", "release", "gang", "cordon", "remove"]), st.integers(0, 40))
+        st.tuples(
+            st.sampled_from(["place", "release", "gang", "cordon", "remove", "add", "new"]),
+            st.integers(0, 40),
+        )
     ),
 )
 def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
+    """Bounds and topology kept across placements, releases, gangs and nodes cordoned, removed, added back
+    and added new (to a leaf that has nodes, or to a new leaf) equal a count and a topology built afresh."""
     from allocator.core.leaf_caps import LeafCaps, upper
 
     led = Ledger()
@@ -384,8 +389,27 @@ def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
             )
         elif kind == "remove":
             led.delete_object(objs[a % 12])
+        elif kind == "add":  # back (a no-op where it never left)
+            led.apply_object(objs[a % 12], 0.0)
+        elif kind == "new":
+            led.apply_object(node(f"new{step}", 1 + a % 4, leaf=f"l{a % 7}", spine=f"s{a % 2}"), 0.0)
         topo = led._books.topology()
+        assert topo == Topology.build(list(led.index.leaf_members))
         for shape in ((1, 2, 2), (2, 16, 16)):
             got = caps.bounds(topo, *shape)
             fresh = {leaf: upper(led.index.leaves.get(leaf), *shape) for leaf in topo.order()}
             assert got == (fresh, {s: sum(fresh[leaf] for leaf in topo.leaves_of[s]) for s in topo.spines})
+
+
+def test_a_node_joining_a_leaf_keeps_the_topology_a_new_leaf_rebuilds_it():
+    led = make([node(f"n{i}", 8, leaf=f"l{i % 2}", spine="s") for i in range(4)])
+    topo = led._books.topology()
+    led.apply_object(node("n9", 8, leaf="l1", spine="s"), 0.0)
+    assert led._books.topology() is topo  # the same leaves: nothing to rebuild
+    led.apply_object(node("n10", 8, leaf="l2", spine="s"), 0.0)
+    grown = led._books.topology()
+    assert grown is not topo and grown.leaves_of["s"] == (("s", "l0"), ("s", "l1"), ("s", "l2"))
+    led.apply_object(node("n10", 8, leaf="l0", spine="s"), 0.0)  # moved: l2 is empty again
+    assert led._books.topology().leaves_of["s"] == (("s", "l0"), ("s", "l1"))
+    p = led.reserve(gang("g-0", "job/g", 5), 0.0)  # 5 pods of 8 GPUs: n9 and the moved n10 count too
+    assert isinstance(p, Placement) and len(p.group_plan) == 5
