@@ -60,6 +60,8 @@ class ClusterIndex:
         # in the whole history, so a reader that remembers a position re-reads only what changed since
         self.touched: list[str] = []
         self.touched_base = 0
+        # the leaf of each node removed since touched[0]: a reader of `touched` finds a gone node's leaf here
+        self.gone: dict[str, LeafKey] = {}
         # per leaf total: sorted (-most whole-free, first name in that bucket, leaf) of each leaf with
         # placeable nodes, so a walk that ranks leaves by total finds a tied group's first node without
         # merging its leaves; recomputed lazily for the leaves in `_stale_heads`
@@ -166,6 +168,7 @@ class ClusterIndex:
         if len(log) > 2 * len(self.nodes) + 1024:  # readers this far behind recompute everything anyway
             self.touched_base += len(log)
             log.clear()
+            self.gone.clear()
 
     def sorted_names(self) -> list[str]:
         if self._sorted_names is None:
@@ -243,6 +246,7 @@ class ClusterIndex:
             return None
         self._sorted_names = None
         self.touch(name)
+        self.gone[name] = node.leaf_key
         self._unfile(node)
         self._size(node, -1)
         self.utilization_nodes -= node.info.utilization_at is not None

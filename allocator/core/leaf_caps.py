@@ -61,8 +61,14 @@ class LeafCaps:
         else:
             self.kept.move_to_end(shape)
             if kept.seq < base + len(log):
-                nodes = index.nodes
-                stale = {nodes[name].leaf_key for name in set(log[kept.seq - base :]) if name in nodes}
+                nodes, gone = index.nodes, index.gone
+                stale = set()
+                for name in set(log[kept.seq - base :]):
+                    node = nodes.get(name)
+                    if node is not None:
+                        stale.add(node.leaf_key)
+                    if name in gone:  # removed (and maybe back, in another leaf): its old leaf changed too
+                        stale.add(gone[name])
                 caps, spines, leaves = kept.caps, kept.spines, index.leaves
                 for leaf in stale:
                     if leaf in caps:  # a node gone takes its leaf out of the topology (rebuilt above)

@@ -358,14 +358,15 @@ def test_one_leaf_shortcut_picks_what_the_window_search_picks(spine_caps_lists, 
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["place", "release", "gang", "cordon", "remove", "add", "new"]),
+            st.sampled_from(["place", "release", "gang", "cordon", "remove", "add", "new", "move"]),
             st.integers(0, 40),
         )
     ),
 )
 def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
-    """Bounds and topology kept across placements, releases, gangs and nodes cordoned, removed, added back
-    and added new (to a leaf that has nodes, or to a new leaf) equal a count and a topology built afresh."""
+    """Bounds and topology kept across placements, releases, gangs and nodes cordoned, removed, added back,
+    added new and moved (to and from leaves that have other nodes, new leaves, leaves they empty) equal a
+    count and a topology built afresh."""
     from allocator.core.leaf_caps import LeafCaps, upper
 
     led = Ledger()
@@ -393,6 +394,8 @@ def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
             led.apply_object(objs[a % 12], 0.0)
         elif kind == "new":
             led.apply_object(node(f"new{step}", 1 + a % 4, leaf=f"l{a % 7}", spine=f"s{a % 2}"), 0.0)
+        elif kind == "move":  # to another leaf, maybe a new one, maybe emptying its own
+            led.apply_object(node(f"n{a % 12}", 1 + a % 4, leaf=f"l{step % 7}", spine=f"s{a % 3}"), 0.0)
         topo = led._books.topology()
         assert topo == Topology.build(list(led.index.leaf_members))
         for shape in ((1, 2, 2), (2, 16, 16)):
@@ -401,11 +404,16 @@ def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
             assert got == (fresh, {s: sum(fresh[leaf] for leaf in topo.leaves_of[s]) for s in topo.spines})
 
 
-def test_a_node_joining_a_leaf_keeps_the_topology_a_new_leaf_rebuilds_it():
+def test_the_topology_is_rebuilt_only_when_a_leaf_appears_or_empties():
     led = make([node(f"n{i}", 8, leaf=f"l{i % 2}", spine="s") for i in range(4)])
     topo = led._books.topology()
     led.apply_object(node("n9", 8, leaf="l1", spine="s"), 0.0)
     assert led._books.topology() is topo  # the same leaves: nothing to rebuild
+    led.delete_object(node("n9", 8, leaf="l1", spine="s"))
+    led.apply_object(node("n3", 8, leaf="l0", spine="s"), 0.0)  # moved; l1 still has n1
+    assert led._books.topology() is topo
+    led.apply_object(node("n9", 8, leaf="l1", spine="s"), 0.0)
+    led.apply_object(node("n3", 8, leaf="l1", spine="s"), 0.0)
     led.apply_object(node("n10", 8, leaf="l2", spine="s"), 0.0)
     grown = led._books.topology()
     assert grown is not topo and grown.leaves_of["s"] == (("s", "l0"), ("s", "l1"), ("s", "l2"))
