@@ -60,8 +60,9 @@ class ClusterIndex:
         # in the whole history, so a reader that remembers a position re-reads only what changed since
         self.touched: list[str] = []
         self.touched_base = 0
-        # the leaf of each node removed since touched[0]: a reader of `touched` finds a gone node's leaf here
-        self.gone: dict[str, LeafKey] = {}
+        # the leaves each node was removed from since touched[0] (a node may leave, come back elsewhere and
+        # leave again between two reads): a reader of `touched` finds a gone node's leaves here
+        self.gone: dict[str, set[LeafKey]] = {}
         # per leaf total: sorted (-most whole-free, first name in that bucket, leaf) of each leaf with
         # placeable nodes, so a walk that ranks leaves by total finds a tied group's first node without
         # merging its leaves; recomputed lazily for the leaves in `_stale_heads`
@@ -246,7 +247,7 @@ class ClusterIndex:
             return None
         self._sorted_names = None
         self.touch(name)
-        self.gone[name] = node.leaf_key
+        self.gone.setdefault(name, set()).add(node.leaf_key)
         self._unfile(node)
         self._size(node, -1)
         self.utilization_nodes -= node.info.utilization_at is not None

@@ -67,8 +67,8 @@ class LeafCaps:
                     node = nodes.get(name)
                     if node is not None:
                         stale.add(node.leaf_key)
-                    if name in gone:  # removed (and maybe back, in another leaf): its old leaf changed too
-                        stale.add(gone[name])
+                    if name in gone:  # removed (and maybe back elsewhere): the leaves it left changed too
+                        stale |= gone[name]
                 caps, spines, leaves = kept.caps, kept.spines, index.leaves
                 for leaf in stale:
                     if leaf in caps:  # a node gone takes its leaf out of the topology (rebuilt above)
