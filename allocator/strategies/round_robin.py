@@ -28,9 +28,10 @@ class RoundRobin(Strategy):
         wanted = None if leaves is None else set(leaves)
         nodes = ctx.index.nodes
 
-        def walk():
-            for name in names[start:] + names[:start]:
-                node = nodes[name]
+        def walk():  # the ring from `start`, by index: no copy of a cluster-long list per placement
+            count = len(names)
+            for i in range(start, start + count):
+                node = nodes[names[i - count if i >= count else i]]
                 if wanted is None or node.leaf_key in wanted:
                     yield node
 
