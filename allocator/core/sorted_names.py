@@ -17,8 +17,7 @@ CHUNK = 512  # a chunk splits in two above 2 * CHUNK names
 
 
 class SortedNames(Generic[T]):
-    """Distinct names in sorted order: `add`, `remove`, `discard`, `first`, `[i]`, `len`, iteration (in
-    order)."""
+    """Distinct names in sorted order: `add`, `remove`, `discard`, `[i]`, `len`, iteration (in order)."""
 
     __slots__ = ("_chunks", "_maxes", "_len")
     __hash__ = None  # type: ignore[assignment]  # (mutable)
@@ -29,15 +28,6 @@ class SortedNames(Generic[T]):
         self._chunks = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
         self._maxes = [c[-1] for c in self._chunks]  # the last name of each chunk
         self._len = len(items)
-
-    @classmethod
-    def of(cls, name: T) -> SortedNames[T]:
-        """A list of one name (what most node classes are, on a cluster of varied pods), made cheaply."""
-        out = cls.__new__(cls)
-        out._chunks = [[name]]
-        out._maxes = [name]
-        out._len = 1
-        return out
 
     def __len__(self) -> int:
         return self._len
@@ -62,9 +52,6 @@ class SortedNames(Generic[T]):
 
     def __repr__(self) -> str:
         return f"SortedNames({list(self)!r})"
-
-    def first(self) -> T:
-        return self._chunks[0][0]
 
     def add(self, name: T) -> None:
         """Add a name not present."""

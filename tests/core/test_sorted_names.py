@@ -29,7 +29,7 @@ def test_sorted_names_equal_a_sorted_set(initial, toggles, chunk):
             assert list(s) == sorted(ref)
             assert len(s) == len(ref)
             if ref:
-                assert s.first() == min(ref)
+                assert s[0] == min(ref)
             assert all(0 < len(c) <= 2 * chunk for c in s._chunks)
             assert s._maxes == [c[-1] for c in s._chunks]
     finally:
@@ -37,8 +37,8 @@ def test_sorted_names_equal_a_sorted_set(initial, toggles, chunk):
 
 
 def test_one_name_and_a_missing_name():
-    s = SortedNames.of("b")
-    assert list(s) == ["b"] and len(s) == 1 and s.first() == "b"
+    s = SortedNames(["b"])
+    assert list(s) == ["b"] and len(s) == 1 and s[0] == "b"
     try:
         s.remove("a")
     except KeyError:
