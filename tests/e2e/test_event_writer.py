@@ -1,8 +1,10 @@
-"""webhook.event_writer against the real kube-apiserver: the pod look-up and the Event POST over aiohttp, with
-the credentials of a kubeconfig (the admin's token), and a refusal named as such."""
+"""webhook.event_writer and the owner reader against the real kube-apiserver: the pod look-up, the Event POST
+and the owners' reads over the webhook's own connections (webhook.kube_api), with the credentials of a
+kubeconfig (the admin's token), and a refusal named as such."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
 
@@ -10,6 +12,7 @@ import pytest
 
 from allocator.service import RESERVATION_ID_KEY
 from devcluster.kubeclient import ALICE
+from webhook.admission.owners import KubeObjectReader, OwnerLookupError
 from webhook.event_writer import ApiEventWriter
 from webhook.events import EventPoster, ObjectRef, placed
 from webhook.serve import _kube_client
@@ -81,12 +84,63 @@ async def test_credentials_are_read_once_a_while_and_again_after_a_401(apiserver
     try:
         for _ in range(3):
             await writer.find_pods(ns, ["r-1"])
-        assert writer.auth_reads == 1
+        assert writer.api.auth_reads == 1
         now[0] += 60.0
         await writer.find_pods(ns, ["r-1"])
-        assert writer.auth_reads == 2
-        writer._auth = {"authorization": "Bearer rotated-away"}  # what a rotated token looks like to us
+        assert writer.api.auth_reads == 2
+        writer.api._auth = {"authorization": "Bearer rotated-away"}  # what a rotated token looks like to us
         assert await writer.find_pods(ns, ["r-1"]) == {}  # answered, after one 401 and a fresh read
-        assert writer.auth_reads == 3
+        assert writer.api.auth_reads == 3
     finally:
         await writer.close()
+
+
+async def test_owners_are_read_on_the_loop_and_a_refusal_is_named(apiserver, plain_namespace):
+    """KubeOwners' reader: built-in and missing workloads, the API's words on a refusal, and a burst of reads
+    of different owners spread over its few kept-alive connections instead of a connection each."""
+    ns = plain_namespace
+    template = {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    apiserver.apply(
+        [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {
+                    "name": "web",
+                    "namespace": ns,
+                    "annotations": {"topology.scheduler/gpu-count": "2"},
+                },
+                "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template},
+            },
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "train", "namespace": ns},
+                "spec": {
+                    "parallelism": 4,
+                    "template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}},
+                },
+            },
+        ]
+    )
+    reader = KubeObjectReader(_kube_client(apiserver.kubeconfig), connections=2)
+    alice = KubeObjectReader(_kube_client(apiserver.kubeconfig_for(ALICE)))
+    try:
+        web = await reader("Deployment", ns, "web")
+        assert (
+            web["kind"] == "Deployment"
+            and web["metadata"]["annotations"]["topology.scheduler/gpu-count"] == "2"
+        )
+        job = await reader("Job", ns, "train")
+        assert job["kind"] == "Job" and job["spec"]["parallelism"] == 4
+        assert await reader("StatefulSet", ns, "never-made") is None
+        reads = await asyncio.gather(
+            *(reader(kind, ns, name) for kind, name in [("Deployment", "web"), ("Job", "train")] * 5)
+        )
+        assert [r["metadata"]["name"] for r in reads] == ["web", "train"] * 5
+        assert reader.api.opened <= 2
+        with pytest.raises(OwnerLookupError, match=rf"reading Job {ns}/train: HTTP 403: .*forbidden"):
+            await alice("Job", ns, "train")
+    finally:
+        await reader.close()
+        await alice.close()

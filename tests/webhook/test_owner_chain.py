@@ -65,15 +65,16 @@ def owned_pod(
 
 
 class FakeReader:
-    """The blocking reader KubeOwners runs on a thread, over a dict of objects; counts its reads."""
+    """A reader as KubeOwners' (async), over a dict of objects; counts its reads."""
 
     def __init__(self, objects: list[dict], fail: bool = False):
         self.objects = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects}
         self.calls: list[tuple[str, str, str]] = []
         self.fail = fail
 
-    def __call__(self, kind: str, namespace: str, name: str) -> dict | None:
+    async def __call__(self, kind: str, namespace: str, name: str) -> dict | None:
         self.calls.append((kind, namespace, name))
+        await asyncio.sleep(0)  # a read yields to the loop, as a real one does
         if self.fail:
             raise OwnerLookupError(f"reading {kind} {namespace}/{name}: 503 Service Unavailable")
         return self.objects.get((kind, namespace, name))

@@ -206,6 +206,13 @@ def create_app(
 
         app.on_startup.append(start_prefetch)
         app.on_cleanup.append(stop_prefetch)
+    close_owners = getattr(owner_lookup, "close", None)
+    if close_owners is not None:  # an owner lookup with connections of its own (KubeOwners)
+
+        async def stop_owners(app: web.Application) -> None:
+            await close_owners()
+
+        app.on_cleanup.append(stop_owners)
     app.router.add_post("/mutate", _route("mutate"))
     app.router.add_post("/validate", _route("validate"))
     app.router.add_get("/healthz", _healthz)
