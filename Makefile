@@ -73,6 +73,7 @@ bench: venv apiserver
 	$(PY) tests/benchmarks/bench_handler_cpu.py
 	$(PY) tests/benchmarks/bench_webhook.py --in-process
 	$(PY) tests/benchmarks/bench_pod_create.py
+	$(PY) tests/benchmarks/bench_api_requests.py
 	$(PY) tests/benchmarks/bench_simulator.py
 
 simulate: venv

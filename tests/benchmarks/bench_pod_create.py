@@ -487,6 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{cpu_us['baseline']['actor']:.0f}); no-op webhook process {cpu_us['noop']['noop']:.0f}"
         + ("" if watched["actor"] else " (the actor's process was not found: 0)")
     )
+    if cpu_us["noop"]["noop"]:  # the no-op does fixed work per pod: this run's yardstick of the host
+        print(
+            "  per the no-op webhook process's CPU (host-independent): gpuledger webhook process "
+            f"{cpu_us['webhook']['webhook'] / cpu_us['noop']['noop']:.2f}x, with its actor "
+            f"{(cpu_us['webhook']['webhook'] + cpu_us['webhook']['actor']) / cpu_us['noop']['noop']:.2f}x"
+        )
     free_figures = None
     if freed:
         median_create = figures["webhook"]["median_ms"]
