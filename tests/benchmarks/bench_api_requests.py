@@ -48,7 +48,10 @@ async def measure(cp, requests: int, loops: int) -> dict[str, dict[str, float]]:
     api = cp.api_client()
     writer = ApiEventWriter(api)
     poster = EventPoster(writer)
-    body = event_body(poster, "pod-x")
+
+    def body() -> dict:  # a fresh Event name each time, as the poster makes one per Event
+        return event_body(poster, "pod-x")
+
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
     reader = KubeObjectReader(api)
@@ -62,13 +65,13 @@ async def measure(cp, requests: int, loops: int) -> dict[str, dict[str, float]]:
             "Content-Type": "application/json",
             **writer.api._auth_headers(),
         }
-        data = json.dumps(body, separators=(",", ":"))
+        data = json.dumps(body(), separators=(",", ":"))
         async with session.post(f"{base}/api/v1/namespaces/{NS}/events", data=data, headers=headers) as resp:
             await resp.read()
             assert resp.status < 300, resp.status
 
     async def kube_post() -> None:
-        await asyncio.to_thread(core.create_namespaced_event, NS, body, _preload_content=False)
+        await asyncio.to_thread(core.create_namespaced_event, NS, body(), _preload_content=False)
 
     async def kube_get() -> None:
         def read() -> dict:
@@ -83,7 +86,7 @@ async def measure(cp, requests: int, loops: int) -> dict[str, dict[str, float]]:
         assert (await reader("Deployment", NS, "web"))["metadata"]["name"] == "web"  # type: ignore[index]
 
     ways = {
-        "Event POST, webhook (kube_api)": lambda: writer.create(NS, body),
+        "Event POST, webhook (kube_api)": lambda: writer.create(NS, body()),
         "Event POST, aiohttp session": aiohttp_post,
         "Event POST, kubernetes client": kube_post,
         "owner GET, webhook (kube_api)": ours_get,
@@ -91,21 +94,23 @@ async def measure(cp, requests: int, loops: int) -> dict[str, dict[str, float]]:
     }
     walls: dict[str, list[float]] = {k: [] for k in ways}
     cpus: dict[str, list[float]] = {k: [] for k in ways}
-    for way in ways.values():  # warm every path (connections, TLS sessions, imports)
-        for _ in range(5):
-            await way()
-    for loop in range(loops):
-        order = list(ways) if loop % 2 == 0 else list(reversed(ways))
-        for name in order:
-            way = ways[name]
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(requests):
+    try:
+        for way in ways.values():  # warm every path (connections, TLS sessions, imports)
+            for _ in range(5):
                 await way()
-            walls[name].append((time.perf_counter() - t0) / requests * 1e3)
-            cpus[name].append((time.process_time() - c0) / requests * 1e6)
-    await session.close()
-    await writer.close()
-    await reader.close()
+        for loop in range(loops):
+            order = list(ways) if loop % 2 == 0 else list(reversed(ways))
+            for name in order:
+                way = ways[name]
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(requests):
+                    await way()
+                walls[name].append((time.perf_counter() - t0) / requests * 1e3)
+                cpus[name].append((time.process_time() - c0) / requests * 1e6)
+    finally:
+        await session.close()
+        await writer.close()
+        await reader.close()
     return {k: {"wall_ms": statistics.median(walls[k]), "cpu_us": statistics.median(cpus[k])} for k in ways}
 
 
