@@ -347,8 +347,9 @@ class EventPoster:
         while True:
             delay = self._next_delay()
             if delay is None or delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), delay)
+                with contextlib.suppress(TimeoutError):  # no task per wait, as wait_for would make
+                    async with asyncio.timeout(delay):
+                        await self._wakeup.wait()
                 self._wakeup.clear()
                 if delay is None or self._queue:
                     continue
