@@ -88,16 +88,21 @@ class KubeObjectReader:
         what = WORKLOAD_KINDS[kind]
         root = f"/apis/{what.group}/{what.version}" if what.group else f"/api/{what.version}"
         path = f"{root}/namespaces/{quote(namespace, safe='')}/{what.plural}/{quote(name, safe='')}"
+        what_read = f"reading {kind} {namespace}/{name}"
         try:
             status, data = await self.api.call("GET", path)
         except (ConnectionError, OSError, TimeoutError) as exc:  # the connection's errors, a timeout
-            raise OwnerLookupError(f"reading {kind} {namespace}/{name}: {exc!r}") from exc
+            raise OwnerLookupError(f"{what_read}: {exc!r}") from exc
         if status == 404:
             return None
         if status != 200:
-            said = _status_message(data)
-            raise OwnerLookupError(f"reading {kind} {namespace}/{name}: HTTP {status}{said}")
-        obj = json.loads(data)
+            raise OwnerLookupError(f"{what_read}: HTTP {status}{_status_message(data)}")
+        try:
+            obj = json.loads(data)
+        except ValueError as exc:
+            raise OwnerLookupError(f"{what_read}: the answer is not JSON ({exc})") from exc
+        if not isinstance(obj, dict):
+            raise OwnerLookupError(f"{what_read}: the answer is not a JSON object")
         obj.setdefault("kind", kind)
         return obj
 
