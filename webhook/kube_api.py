@@ -23,7 +23,8 @@ from webhook.api_http import ApiHttp
 
 
 class KubeApi:
-    """`call` over up to `connections` kept-alive connections (opened as needed, the last used first)."""
+    """`call` over up to `connections` kept-alive connections (each opened on its first request, the last used
+    first)."""
 
     def __init__(
         self,
@@ -37,13 +38,26 @@ class KubeApi:
             raise ValueError(f"connections={connections!r}: expected at least 1")
         self.configuration = api_client.configuration
         self.base = str(self.configuration.host).rstrip("/")
-        self._timeout, self._auth_ttl_s, self._clock = timeout_s, auth_ttl_s, clock
+        self._auth_ttl_s, self._clock = auth_ttl_s, clock
         self._auth: dict[str, str] | None = None
         self._auth_at = 0.0
         self.auth_reads = 0
-        self._size = connections
-        self._all: list[ApiHttp] = []
-        self._idle: asyncio.LifoQueue[ApiHttp] | None = None
+        cfg = self.configuration
+        tls = self._tls()  # at start-up, not on the first admission reading an owner: a bad CA fails here
+        self._all = [
+            ApiHttp(  # each connects on its first request
+                self.base,
+                tls,
+                server_hostname=getattr(cfg, "tls_server_name", None) or None,
+                proxy=getattr(cfg, "proxy", None) or None,  # as the kubernetes client would go
+                proxy_headers=getattr(cfg, "proxy_headers", None) or None,
+                timeout_s=timeout_s,
+            )
+            for _ in range(connections)
+        ]
+        self._idle: asyncio.LifoQueue[ApiHttp] = asyncio.LifoQueue()
+        for http in self._all:
+            self._idle.put_nowait(http)
 
     def _tls(self) -> ssl.SSLContext | None:
         cfg = self.configuration
@@ -70,24 +84,6 @@ class KubeApi:
             self._auth, self._auth_at = auth, now
         return self._auth
 
-    def _connections(self) -> asyncio.LifoQueue[ApiHttp]:
-        if self._idle is None:
-            cfg = self.configuration
-            tls = self._tls()
-            self._idle = asyncio.LifoQueue()
-            for _ in range(self._size):  # each connects on its first request
-                http = ApiHttp(
-                    self.base,
-                    tls,
-                    server_hostname=getattr(cfg, "tls_server_name", None) or None,
-                    proxy=getattr(cfg, "proxy", None) or None,  # as the kubernetes client would go
-                    proxy_headers=getattr(cfg, "proxy_headers", None) or None,
-                    timeout_s=self._timeout,
-                )
-                self._all.append(http)
-                self._idle.put_nowait(http)
-        return self._idle
-
     @property
     def opened(self) -> int:
         """Connections made so far (tests read it)."""
@@ -103,7 +99,7 @@ class KubeApi:
     ) -> tuple[int, bytes]:
         """(status, body) of one request; ApiHttpError (webhook.api_http) or TimeoutError when none came
         back."""
-        idle = self._connections()
+        idle = self._idle
         http = await idle.get()
         try:
             for attempt in (1, 2):
@@ -120,8 +116,6 @@ class KubeApi:
             idle.put_nowait(http)
 
     async def close(self) -> None:
-        for http in self._all:
+        for http in self._all:  # each opens again on its next request
             with contextlib.suppress(Exception):
                 await http.close()
-        self._all.clear()
-        self._idle = None
