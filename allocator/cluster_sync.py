@@ -7,6 +7,10 @@ about expiring reservations before the ledger drops one whose pod was stored aft
 
 The `kubernetes` watch client blocks, so each watch runs in its own thread; one forwarding thread owns every
 call to the ledger, which keeps those calls ordered and batched (one actor call per batch, not per event).
+Every webhook replica runs a sync, but only the one holding the ledger's sync lease writes
+(allocator.sync_writer: two streams interleaved would free a device twice); a lease thread takes or renews
+it, the others stand by, watching (the webhook's Events read the pod stream) and dropping what they see, and
+a sync that takes the lease starts with a full list.
 Moved out, each its own idea: the targets (allocator.sync_targets), config and counters (sync_config), the
 expiry check (sync_expiry) and the conflict Events (sync_conflicts); every old name still imports from here.
 """
@@ -16,7 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import queue
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +36,7 @@ from allocator.sync_config import NODE, POD, RESERVATION_LABEL, SyncConfig, Sync
 from allocator.sync_conflicts import ConflictReports, conflict_event
 from allocator.sync_expiry import ExpiryChecks, batches
 from allocator.sync_targets import LedgerTarget, LocalLedgerTarget, RayLedgerTarget
+from allocator.sync_writer import is_fenced
 
 # names importable from here as before the split (tests, devcluster and the webhook's serve import them)
 __all__ = [
@@ -73,6 +81,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         target: LedgerTarget,
         config: SyncConfig | None = None,
         clock: Callable[[], float] = time.time,
+        identity: str = "",
     ):
         from kubernetes import client
 
@@ -87,10 +96,17 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         self._resume_from: dict[str, str | None] = {NODE: None, POD: None}
         self._responses: dict[str, Any] = {}
         self._resync_needed: str | None = "initial list"
+        self._resync_asked = 0  # requests so far: one made during a resync is not cleared by its end
         self._stop = threading.Event()
         self._synced = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conflicts_seen: set[tuple[str, str]] = set()
+        # who this sync is to the ledger's sync lease: unique per process start, so a restarted replica is a
+        # new holder (and lists first)
+        self.identity = identity or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+        self._term: tuple[str, int] | None = None  # (ledger incarnation, epoch) of the lease this sync holds
+        self._lease_wakeup = threading.Event()
+        self._lease_answered = threading.Event()  # the first answer: the first list waits for it, briefly
         # the kubelets' word against the ledger's: counted, and an Event on each pod (allocator.device_events)
         self.device_reports = DeviceTruthReports(lambda: self.core, clock)
         # called on the pod watch's thread with each pod it sees added (slimmed); they must be quick and not
@@ -100,6 +116,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ClusterSync:
         self._threads = [
+            threading.Thread(target=self._lease_loop, name="gpuledger-sync-lease", daemon=True),
             threading.Thread(target=self._forward_loop, name="gpuledger-sync", daemon=True),
             threading.Thread(
                 target=self._watch_loop, args=(NODE,), name="gpuledger-watch-nodes", daemon=True
@@ -110,8 +127,11 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             t.start()
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, hand_back: bool = True) -> None:
+        """End the threads, then hand the sync lease back so another replica's sync takes over at once
+        (`hand_back=False` leaves it to lapse, as a crash would)."""
         self._stop.set()
+        self._lease_wakeup.set()
         self._events.put((-1, None))  # wakes the forwarding thread from its wait for events
         with self._lock:
             self._lock.notify_all()
@@ -119,6 +139,17 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             self._interrupt(kind)
         for t in self._threads:
             t.join(timeout)
+        if hand_back and self.stats.leading:
+            try:
+                self.target.sync_lease(self.identity, self.config.lease_term_s, True)
+            except Exception as exc:  # noqa: BLE001 - the ledger is gone: the lease lapses within its term
+                log.warning("sync: could not hand the ledger's sync lease back: %r", exc)
+            self.stats.leading = False
+
+    @property
+    def leading(self) -> bool:
+        """Whether this sync holds the ledger's sync lease (and so writes the ledger)."""
+        return self.stats.leading
 
     def wait_synced(self, timeout: float = 30.0) -> bool:
         """True once a full list has reached the ledger (after start, or after the last forced resync)."""
@@ -128,6 +159,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         with self._lock:
             if self._resync_needed is None:
                 self._resync_needed = reason
+            self._resync_asked += 1
             self._synced.clear()
             self._lock.notify_all()
 
@@ -160,20 +192,37 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             if not token:
                 return items, version
 
+    def list_version(self, kind: str) -> str:
+        """The current resourceVersion of `kind`'s list (a page of one): where a standby's watch starts."""
+        body = json.loads(self._raw_list(kind)(limit=1, _preload_content=False).data)
+        return str((body.get("metadata") or {}).get("resourceVersion", ""))
+
     def resync(self, reason: str) -> None:
-        """Rebuild the ledger from a full list and resume both watches from that list's resourceVersions."""
+        """Rebuild the ledger from a full list and resume both watches from that list's resourceVersions.
+        Standing by (another sync holds the lease), only the watches restart: from the lists' current
+        versions, nothing sent."""
         with self._lock:
             self._generation += 1
             self._resume_from = {NODE: None, POD: None}
+            asked, to_ledger = self._resync_asked, self.stats.leading
         for kind in (NODE, POD):  # old streams stop at once instead of at their next event or timeout
             self._interrupt(kind)
-        nodes, node_version = self.list_objects(NODE)
-        pods, pod_version = self.list_objects(POD)
-        self.target.resync(nodes + pods)
+        nodes: list[dict] = []
+        pods: list[dict] = []
+        if to_ledger:
+            nodes, node_version = self.list_objects(NODE)
+            pods, pod_version = self.list_objects(POD)
+            self.target.resync(nodes + pods, self.identity)
+        else:
+            node_version, pod_version = self.list_version(NODE), self.list_version(POD)
         with self._lock:
             self._resume_from = {NODE: node_version, POD: pod_version}
-            self._resync_needed = None
+            if self._resync_asked == asked:  # else asked again meanwhile (a new term): another list follows
+                self._resync_needed = None
             self._lock.notify_all()
+        if not to_ledger:
+            log.info("sync: standing by, watching from the current lists (%s)", reason)
+            return
         self.stats.resyncs += 1
         self.stats.resync_reasons.append(reason)
         self._synced.set()
@@ -184,9 +233,58 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         first, largest = self.config.retry_backoff_s
         return min(largest, first * (2 ** min(failures, 10)))
 
+    # ------------------------------------------------------------------ the sync lease
+    def _lease_loop(self) -> None:
+        """Take or renew the ledger's sync lease every `lease_renew_s` (at once when a write was fenced)."""
+        while not self._stop.is_set():
+            try:
+                self.lease_answer(self.target.sync_lease(self.identity, self.config.lease_term_s))
+                self._lease_answered.set()
+            # everything, on purpose: the actor restarting; its fencing of the writes keeps the ledger safe
+            except Exception as exc:  # noqa: BLE001
+                self.stats.lease_errors += 1
+                log.warning("sync: asking for the ledger's sync lease failed: %r", exc)
+            self._lease_wakeup.wait(self.config.lease_renew_s)
+            self._lease_wakeup.clear()
+
+    def lease_answer(self, answer: dict) -> None:
+        """Lead or stand by as the ledger answered; a new term starts with a full list."""
+        held = bool(answer.get("held"))
+        term = (str(answer.get("incarnation", "")), int(answer.get("epoch", 0)))
+        with self._lock:  # the list is asked for before the forwarding thread can see it leads
+            new_term = held and term != self._term
+            if new_term:
+                self.request_resync(f"took the sync lease (term {term[1]})")
+            was, self.stats.leading = self.stats.leading, held
+            self._term = term if held else None
+        if new_term:
+            self.stats.lease_taken += 1
+            log.info("sync: %s holds the ledger's sync lease (term %s); listing first", self.identity, term)
+        elif was and not held:
+            self.stats.lease_lost += 1
+            log.warning("sync: the ledger's sync lease went to %r; standing by", answer.get("holder"))
+        if not held:
+            self._synced.clear()
+
+    def _fenced(self, exc: BaseException) -> None:
+        """The ledger refused a write: this sync does not hold the lease (or its term changed). Stand by, and
+        ask again now; a term it is given again starts with a full list."""
+        self.stats.fenced += 1
+        with self._lock:
+            self.stats.leading, self._term = False, None
+        log.warning("sync: %s", exc)
+        self._lease_wakeup.set()
+
+    def _stand_by(self) -> None:
+        """While another sync writes: drop what the watches queue (the list of a new term covers it)."""
+        dropped = len(self._next_batch(0.2))
+        self.stats.events_dropped += dropped
+
     def _forward_loop(self) -> None:
         failures = 0
         next_status = next_expiry = time.monotonic()
+        # the holder lists once, not a standby's list first: the lease's first answer is usually quick
+        self._lease_answered.wait(5.0)
         while not self._stop.is_set():
             try:
                 with self._lock:
@@ -194,10 +292,13 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 if reason:
                     self.resync(reason)
                     next_status = time.monotonic() + self.config.status_interval_s
+                if not self.stats.leading:
+                    self._stand_by()
+                    continue
                 wait = max(0.0, min(next_status, next_expiry) - time.monotonic())
                 batch = self._next_batch(wait)
                 if batch:
-                    self.target.apply_events(batch)
+                    self.target.apply_events(batch, self.identity)
                     self.stats.events_applied += len(batch)
                     self.stats.batches += 1
                 if time.monotonic() >= next_status:
@@ -216,6 +317,9 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             except Exception as exc:  # noqa: BLE001
                 if self._stop.is_set():
                     return
+                if is_fenced(exc):
+                    self._fenced(exc)
+                    continue
                 failures += 1
                 self.stats.target_errors += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"

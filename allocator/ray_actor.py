@@ -20,7 +20,8 @@ from typing import Any
 import ray
 
 from allocator.ledger_channel import ChannelInfo, ChannelServer, channel_host
-from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings
+from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings, SyncLeaseAnswer
+from allocator.sync_writer import DEFAULT_TERM_S
 
 ACTOR_NAME = "gpu-ledger"
 RAY_NAMESPACE = "gpuledger"
@@ -90,14 +91,15 @@ class LedgerActor:
         return ChannelInfo(host=host, port=port, token=token, node_id=node_id, incarnation=self.incarnation)
 
     # ------------------------------------------------------------ cluster (allocator.cluster_sync)
-    async def apply_events(self, events: list[tuple[str, dict]]) -> int:
+    # `holder`: the sync making the call, which must hold the ledger's sync lease (allocator.sync_writer)
+    async def apply_events(self, events: list[tuple[str, dict]], holder: str | None = None) -> int:
         self._tick(len(events))
-        return self.service.apply_events(events, time.time())
+        return self.service.apply_events(events, time.time(), holder)
 
-    async def resync(self, objects: list[dict]) -> dict:
+    async def resync(self, objects: list[dict], holder: str | None = None) -> dict:
         self._tick(len(objects))
         before = self.service.rebuilds
-        result = self.service.resync(objects, time.time())
+        result = self.service.resync(objects, time.time(), holder)
         self._settle_heap(before)
         return result
 
@@ -112,13 +114,20 @@ class LedgerActor:
         gc.collect()
         gc.freeze()
 
-    async def confirm(self, ids: list[str]) -> list[bool]:
+    async def confirm(self, ids: list[str], holder: str | None = None) -> list[bool]:
         self._tick(len(ids))
-        return self.service.confirm(ids, time.time())
+        return self.service.confirm(ids, time.time(), holder)
 
-    async def release(self, ids: list[str]) -> list[bool]:
+    async def release(self, ids: list[str], holder: str | None = None) -> list[bool]:
         self._tick(len(ids))
-        return self.service.release(ids)
+        return self.service.release(ids, time.time(), holder)
+
+    async def sync_lease(
+        self, holder: str, term_s: float = DEFAULT_TERM_S, hand_back: bool = False
+    ) -> SyncLeaseAnswer:
+        """Take, renew or hand back the right to write the ledger from the cluster, on the actor's clock."""
+        self._tick()
+        return self.service.sync_lease(holder, time.time(), term_s, hand_back)
 
     async def expiry_candidates(self, now: float | None = None) -> list[str]:
         self._tick()

@@ -58,6 +58,7 @@ from allocator.settings import (
     strategy_names,
 )
 from allocator.sources import ExternalSource, reservation_ids, source_from_spec
+from allocator.sync_writer import DEFAULT_TERM_S, SyncFenced, SyncLeaseAnswer, SyncWriter
 
 # The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
 # from a core module, so the core can be rearranged without touching them.
@@ -80,6 +81,8 @@ __all__ = [
     "Recoveries",
     "Request",
     "ServiceStats",
+    "SyncFenced",
+    "SyncLeaseAnswer",
     "Taint",
     "Unavailable",
     "binding_mismatch",
@@ -185,6 +188,8 @@ class LedgerService(LiveSettings):
         # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
         # reservation id -> who claimed it (the admission request's uid; "" when the caller named none)
         self._claimed: dict[str, str] = {}
+        # which cluster sync may write the ledger (one at a time; allocator.sync_writer)
+        self.sync_writer = SyncWriter(incarnation=incarnation)
         self.rebuild_from_source(now)
 
     # ---------------------------------------------------------------- sources
@@ -193,11 +198,18 @@ class LedgerService(LiveSettings):
         objects = self.source.objects()
         if objects is None:
             return False
-        self.resync(objects, now)
+        self._rebuild(objects, now)
         return True
 
-    def resync(self, objects: list[dict], now: float) -> dict:
-        """A full list replaces the ledger; reservations whose pod is not stored yet are kept."""
+    def resync(self, objects: list[dict], now: float, holder: str | None = None) -> dict:
+        """A full list replaces the ledger; reservations whose pod is not stored yet are kept. `holder`: the
+        sync sending it (allocator.sync_writer), which may then stream events."""
+        self.sync_writer.check(holder, now, "resync", listing=True)
+        result = self._rebuild(objects, now)
+        self.sync_writer.listed_by(holder, now + result["seconds"])
+        return result
+
+    def _rebuild(self, objects: list[dict], now: float) -> dict:
         started = self.timer()
         objects = list(objects)
         stored = reservation_ids(objects)
@@ -313,19 +325,29 @@ class LedgerService(LiveSettings):
         self._pending.pop(rid, None)
         self._claimed.pop(rid, None)
 
-    def confirm(self, ids: Iterable[str], now: float) -> list[bool]:
+    def confirm(self, ids: Iterable[str], now: float, holder: str | None = None) -> list[bool]:
+        """Reservations whose pod is stored. `holder`: the sync asking (its expiry check), fenced by the
+        sync lease; the webhook's own calls name none."""
+        if holder is not None:
+            self.sync_writer.check(holder, now, "confirm")
         ids = list(ids)
         for i in ids:
             self._forget(i)
         return [self.ledger.confirm(i, now) for i in ids]
 
-    def release(self, ids: Iterable[str]) -> list[bool]:
+    def release(self, ids: Iterable[str], now: float = 0.0, holder: str | None = None) -> list[bool]:
+        """Reservations no pod will hold. `holder` as for `confirm` (then `now` is the lease's clock)."""
+        if holder is not None:
+            self.sync_writer.check(holder, now, "release")
         ids = list(ids)
         for i in ids:
             self._forget(i)
         return [self.ledger.release(i) for i in ids]
 
-    def apply_events(self, events: Iterable[tuple[str, dict]], now: float) -> int:
+    def apply_events(self, events: Iterable[tuple[str, dict]], now: float, holder: str | None = None) -> int:
+        """Watch events, in the order one sync saw them. `holder`: that sync, which must hold the sync lease
+        and have listed (allocator.sync_writer): two syncs' streams interleaved would free a device twice."""
+        self.sync_writer.check(holder, now, "apply_events")
         n = 0
         touched: list[str] = []
         for event_type, obj in events:
@@ -345,6 +367,14 @@ class LedgerService(LiveSettings):
 
     def expiry_candidates(self, now: float) -> list[str]:
         return self.ledger.expiry_candidates(now)
+
+    def sync_lease(
+        self, holder: str, now: float, term_s: float = DEFAULT_TERM_S, hand_back: bool = False
+    ) -> SyncLeaseAnswer:
+        """Take or renew the right to write the ledger from the cluster (or hand it back when stopping)."""
+        if hand_back:
+            return self.sync_writer.hand_back(holder, now)
+        return self.sync_writer.acquire(holder, now, term_s)
 
     def sweep(self, now: float) -> list[str]:
         """For a source we can read: confirm what is stored, expire the rest. The API's sweep is the
@@ -382,6 +412,11 @@ class LedgerService(LiveSettings):
             # sync counts new ones and posts an Event on each pod
             "device_corrections": self.ledger.device_corrections()[:MAX_CONFLICTS_REPORTED],
             "device_conflicts": self.ledger.device_conflicts()[:MAX_CONFLICTS_REPORTED],
+            # the cluster sync writing the ledger now (allocator.sync_writer); its term ends at sync_expires
+            "sync_holder": self.sync_writer.holder,
+            "sync_epoch": self.sync_writer.epoch,
+            "sync_listed": self.sync_writer.listed,
+            "sync_expires": self.sync_writer.expires,
         }
 
     @property

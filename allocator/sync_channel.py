@@ -164,8 +164,12 @@ class ChannelLedgerTarget(CallingTarget):
         self.calls["ray"] += 1
         return getattr(self.ray_target, method)(*args)
 
-    def resync(self, objects):  # large and rare: Ray's object transfer, not a frame
-        return self.ray_target.resync(objects)
+    def resync(self, objects, holder):  # large and rare: Ray's object transfer, not a frame
+        return self.ray_target.resync(objects, holder)
+
+    def sync_lease(self, holder, term_s, hand_back=False):
+        # the sync's lease thread, beside the forwarding thread that owns the channel: Ray, a call per renewal
+        return self.ray_target.sync_lease(holder, term_s, hand_back)
 
     def close(self) -> None:
         if self.channel is not None:

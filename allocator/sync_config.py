@@ -23,6 +23,10 @@ class SyncConfig:
     retry_backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait after a failure
     watch_retries: int = 5  # consecutive failures of one watch before a full resync
     reservation_label: str = RESERVATION_LABEL
+    # the ledger's sync lease (allocator.sync_writer): one replica's sync writes at a time; the others take
+    # over within a term of its going silent, at once when it stops
+    lease_term_s: float = 30.0
+    lease_renew_s: float = 10.0  # how often the holder renews, and a standby asks
 
 
 @dataclass
@@ -38,4 +42,10 @@ class SyncStats:
     conflicts: int = 0  # placement conflicts that appeared (a pod holding a placement it does not own)
     conflict_events: int = 0  # Events posted on such pods
     last_error: str = ""
+    leading: bool = False  # whether this sync holds the ledger's sync lease (it writes; the others stand by)
+    lease_taken: int = 0  # terms this sync began (each starts with a full list)
+    lease_lost: int = 0  # terms that ended without this sync handing the lease back (another took it)
+    fenced: int = 0  # writes the ledger refused because this sync no longer held the lease
+    lease_errors: int = 0  # lease calls that failed (the ledger restarting)
+    events_dropped: int = 0  # events seen while standing by (the holder's own watch forwards them)
     resync_reasons: list[str] = field(default_factory=list)

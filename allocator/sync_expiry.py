@@ -32,6 +32,7 @@ class ExpiryChecks:
     config: SyncConfig
     stats: SyncStats
     target: LedgerTarget
+    identity: str
     _raw_list: Callable[[str], Callable[..., Any]]
     list_objects: Callable[[str], tuple[list[dict], str]]
 
@@ -64,9 +65,9 @@ class ExpiryChecks:
         confirmed = [i for i in ids if i in stored]
         released = [i for i in ids if i not in stored]
         if confirmed:
-            self.target.confirm(confirmed)
+            self.target.confirm(confirmed, self.identity)
         if released:
-            self.target.release(released)
+            self.target.release(released, self.identity)
         self.stats.expiry_confirmed += len(confirmed)
         self.stats.expiry_released += len(released)
         if released:

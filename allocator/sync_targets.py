@@ -14,17 +14,20 @@ from typing import Any, Protocol
 
 class LedgerTarget(Protocol):
     """What the sync needs of the ledger: the Ray actor's batched methods (docs/architecture.md), called
-    blocking."""
+    blocking. `holder` is the sync's identity: the ledger takes these writes only from the holder of its sync
+    lease (allocator.sync_writer), which `sync_lease` takes, renews and hands back."""
 
-    def apply_events(self, events: list[tuple[str, dict]]) -> Any: ...
+    def apply_events(self, events: list[tuple[str, dict]], holder: str) -> Any: ...
 
-    def resync(self, objects: list[dict]) -> Any: ...
+    def resync(self, objects: list[dict], holder: str) -> Any: ...
 
     def expiry_candidates(self, now: float) -> list[str]: ...
 
-    def confirm(self, ids: list[str]) -> Any: ...
+    def confirm(self, ids: list[str], holder: str) -> Any: ...
 
-    def release(self, ids: list[str]) -> Any: ...
+    def release(self, ids: list[str], holder: str) -> Any: ...
+
+    def sync_lease(self, holder: str, term_s: float, hand_back: bool = False) -> dict: ...
 
     def status(self) -> dict: ...
 
@@ -35,20 +38,23 @@ class CallingTarget:
     def _call(self, method: str, *args: Any) -> Any:
         raise NotImplementedError
 
-    def apply_events(self, events):
-        return self._call("apply_events", events)
+    def apply_events(self, events, holder):
+        return self._call("apply_events", events, holder)
 
-    def resync(self, objects):
-        return self._call("resync", objects)
+    def resync(self, objects, holder):
+        return self._call("resync", objects, holder)
 
     def expiry_candidates(self, now):
         return self._call("expiry_candidates", now)
 
-    def confirm(self, ids):
-        return self._call("confirm", ids)
+    def confirm(self, ids, holder):
+        return self._call("confirm", ids, holder)
 
-    def release(self, ids):
-        return self._call("release", ids)
+    def release(self, ids, holder):
+        return self._call("release", ids, holder)
+
+    def sync_lease(self, holder, term_s, hand_back=False):
+        return self._call("sync_lease", holder, term_s, hand_back)
 
     def status(self):
         return self._call("status")
@@ -73,25 +79,29 @@ class LocalLedgerTarget:
         self.service, self.clock = service, clock
         self._lock = threading.Lock()  # the sync's thread and a caller's may share the service
 
-    def apply_events(self, events):
+    def apply_events(self, events, holder):
         with self._lock:
-            return self.service.apply_events(events, self.clock())
+            return self.service.apply_events(events, self.clock(), holder)
 
-    def resync(self, objects):
+    def resync(self, objects, holder):
         with self._lock:
-            return self.service.resync(objects, self.clock())
+            return self.service.resync(objects, self.clock(), holder)
 
     def expiry_candidates(self, now):
         with self._lock:
             return self.service.expiry_candidates(now)
 
-    def confirm(self, ids):
+    def confirm(self, ids, holder):
         with self._lock:
-            return self.service.confirm(ids, self.clock())
+            return self.service.confirm(ids, self.clock(), holder)
 
-    def release(self, ids):
+    def release(self, ids, holder):
         with self._lock:
-            return self.service.release(ids)
+            return self.service.release(ids, self.clock(), holder)
+
+    def sync_lease(self, holder, term_s, hand_back=False):
+        with self._lock:
+            return self.service.sync_lease(holder, self.clock(), term_s, hand_back)
 
     def status(self):
         with self._lock:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # every metric this webhook exports, by the name a dashboard queries (counters gain `_total` on the wire as
 # written here; histograms add `_bucket`/`_sum`/`_count`)
@@ -164,6 +164,8 @@ class WebhookMetrics:
         )
         self.ledger_transport: dict[str, int] | None = None
         r.register(_LedgerCalls(self))
+        self.sync_stats: Any = None  # this replica's cluster sync's counters (a sync_config.SyncStats)
+        r.register(_SyncLease(self))
 
     def observe_decision(self, strategy: str, seconds: float) -> None:
         """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
@@ -213,6 +215,10 @@ class WebhookMetrics:
         """Export the ledger client's own tally of calls by transport (a dict it keeps current)."""
         self.ledger_transport = by_transport
 
+    def watch_sync(self, stats: Any) -> None:
+        """Export this replica's cluster sync's lease and event counts (its SyncStats, kept current)."""
+        self.sync_stats = stats
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -232,6 +238,41 @@ class _LedgerCalls:
         for transport, count in sorted((self.metrics.ledger_transport or {}).items()):
             family.add_metric([transport], count)
         yield family
+
+
+class _SyncLease:
+    """gpuledger_sync_lease_held (1 on the replica whose cluster sync writes the ledger, 0 on those standing
+    by) and gpuledger_sync_events_total{outcome}: events sent to the ledger or dropped while standing by.
+    Absent on a replica that runs no sync (`--no-sync`, a cluster file)."""
+
+    def __init__(self, metrics: WebhookMetrics):
+        self.metrics = metrics
+
+    def describe(self):
+        return list(self._families(None))
+
+    def collect(self):
+        stats = self.metrics.sync_stats
+        if stats is not None:
+            yield from self._families(stats)
+
+    @staticmethod
+    def _families(stats: Any):
+        held = GaugeMetricFamily(
+            "gpuledger_sync_lease_held",
+            "1 when this replica's cluster sync holds the ledger's sync lease (it alone writes the ledger)",
+        )
+        events = CounterMetricFamily(
+            "gpuledger_sync_events",
+            "watch events this replica's cluster sync sent to the ledger (applied) or dropped standing by",
+            labels=["outcome"],
+        )
+        if stats is not None:
+            held.add_metric([], 1.0 if stats.leading else 0.0)
+            events.add_metric(["applied"], stats.events_applied)
+            events.add_metric(["dropped"], stats.events_dropped)
+        yield held
+        yield events
 
 
 _LEDGER_CALLS_HELP = (

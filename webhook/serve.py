@@ -124,7 +124,7 @@ async def _run(
 ) -> None:
     from webhook.config_watch import ConfigWatcher, ray_push
     from webhook.ledger_client import RayLedgerClient
-    from webhook.transport.app import EVENTS_KEY, create_app
+    from webhook.transport.app import EVENTS_KEY, METRICS_KEY, create_app
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
 
@@ -132,6 +132,8 @@ async def _run(
     ledger = RayLedgerClient(handle, channel=config.ledger_channel)
     app = create_app(config, ledger, owners, event_writer=event_writer)
     poster = app[EVENTS_KEY]
+    if sync is not None:
+        app[METRICS_KEY].watch_sync(sync.stats)
     if poster is not None and sync is not None:  # placed pods found by the sync's watch, not a LIST each
         sync.on_pod_added.append(poster.watch_reports())
     server = await start_server(app, args.host, args.port, tls)

@@ -193,18 +193,27 @@ def test_the_sync_target_sends_its_calls_over_the_channel_and_resyncs_through_ra
     handle = new_actor(tmp_path)
     target = ChannelLedgerTarget(RayLedgerTarget(handle), ray_channel_opener(handle, "auto"))
     try:
+        lease = target.sync_lease("sync-a", 30.0)  # the lease thread's calls: through Ray
+        assert lease["held"] and not lease["listed"] and target.calls == {"channel": 0, "ray": 0}
         [placed] = ray.get(handle.admit.remote([admit("a")]))
-        assert target.apply_events([("ADDED", placed_pod("pod-a", placed))]) == 1
+        with pytest.raises(RuntimeError, match="SyncFenced: apply_events from 'sync-a' before its full list"):
+            target.apply_events([("ADDED", placed_pod("pod-a", placed))], "sync-a")
+        target.resync(cluster(2, 8), "sync-a")  # large and rare: through Ray
+        assert target.calls == {"channel": 0, "ray": 0} and target.status()["rebuilds"] == 2
+        [placed] = ray.get(handle.admit.remote([admit("a")]))
+        assert target.apply_events([("ADDED", placed_pod("pod-a", placed))], "sync-a") == 1
         [held] = ray.get(handle.lookup.remote(["a"]))
         assert held.confirmed  # the stored pod's event confirmed the reservation, over the channel
         [second] = ray.get(handle.admit.remote([admit("b")]))
         assert target.expiry_candidates(time.time() + 3600) == ["b"]
-        assert target.release(["b"]) == [True] and ray.get(handle.lookup.remote(["b"])) == [None]
+        assert target.release(["b"], "sync-a") == [True] and ray.get(handle.lookup.remote(["b"])) == [None]
         status = target.status()
         assert status["channel_connections"] == 1 and status["synced"] is True
-        assert target.calls == {"channel": 4, "ray": 0}
-        target.resync(cluster(2, 8))  # large and rare: through Ray
-        assert target.calls == {"channel": 4, "ray": 0} and target.status()["rebuilds"] == 2
+        assert status["sync_holder"] == "sync-a" and status["sync_listed"] is True
+        assert target.calls == {"channel": 5, "ray": 0}
+        with pytest.raises(RuntimeError, match="SyncFenced: release from 'sync-b'"):
+            target.release(["a"], "sync-b")  # another replica's sync, standing by, is refused
+        assert ray.get(handle.lookup.remote(["a"]))[0].confirmed
     finally:
         target.close()
 
@@ -217,10 +226,10 @@ def test_the_sync_target_falls_back_to_ray_while_the_channel_fails(tmp_path):
     try:
         assert target.status()["ready"] and target.calls == {"channel": 1, "ray": 0}
         target.channel.sock.shutdown(socket.SHUT_RDWR)  # the socket dies under the sync's thread
-        assert target.confirm(["nothing"]) == [False]  # answered through Ray
+        assert target.confirm(["nothing"], None) == [False]  # answered through Ray
         assert target.calls == {"channel": 1, "ray": 1} and target.channel is None
         assert target.failed_at == clock.now
-        target.release(["nothing"])  # inside retry_s: Ray again
+        target.release(["nothing"], None)  # inside retry_s: Ray again
         assert target.calls == {"channel": 1, "ray": 2}
         clock.now += 5.0
         target.status()  # the channel again

@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from allocator.cluster_sync import RESERVATION_LABEL, ClusterSync, SyncConfig, slim
+from allocator.sync_writer import SyncFenced, SyncWriter
 from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node, patch_node
 
@@ -22,10 +23,14 @@ pytestmark = pytest.mark.e2e
 
 class RecordingTarget:
     """Records every batched call; `fail_next` makes the next call raise, `synced` is what status()
-    reports."""
+    reports. The sync lease is the ledger's own (allocator.sync_writer), on `clock`."""
 
     def __init__(self):
         self.lock = threading.Lock()
+        self.writer = SyncWriter(incarnation="recording")
+        self.clock = 1000.0
+        self.holders: list[str | None] = []  # who made each write
+        self.asked: dict[str, int] = {}  # lease calls by holder
         self.events: list[tuple[str, dict]] = []
         self.batches: list[int] = []
         self.resyncs: list[list[dict]] = []
@@ -41,29 +46,43 @@ class RecordingTarget:
                 self.fail_next -= 1
                 raise ConnectionError("ledger actor unavailable (restarting)")
 
-    def apply_events(self, events):
+    def apply_events(self, events, holder):
         self._maybe_fail()
         with self.lock:
+            self.writer.check(holder, self.clock, "apply_events")
+            self.holders.append(holder)
             self.events.extend(events)
             self.batches.append(len(events))
 
-    def resync(self, objects):
+    def resync(self, objects, holder):
         self._maybe_fail()
         with self.lock:
+            self.writer.check(holder, self.clock, "resync", listing=True)
+            self.writer.listed_by(holder, self.clock)
+            self.holders.append(holder)
             self.resyncs.append(list(objects))
             self.synced = True
+
+    def sync_lease(self, holder, term_s, hand_back=False):
+        with self.lock:
+            self.asked[holder] = self.asked.get(holder, 0) + 1
+            if hand_back:
+                return self.writer.hand_back(holder, self.clock)
+            return self.writer.acquire(holder, self.clock, term_s)
 
     def expiry_candidates(self, now):
         with self.lock:
             out, self.candidates = self.candidates, []
             return out
 
-    def confirm(self, ids):
+    def confirm(self, ids, holder):
         with self.lock:
+            self.writer.check(holder, self.clock, "confirm")
             self.confirmed.extend(ids)
 
-    def release(self, ids):
+    def release(self, ids, holder):
         with self.lock:
+            self.writer.check(holder, self.clock, "release")
             self.released.extend(ids)
 
     def status(self):
@@ -259,6 +278,9 @@ def test_expiry_confirms_stored_pods_and_releases_the_rest(apiserver, core, plai
     stored = f"r-{uuid.uuid4().hex}"
     core.create_namespaced_pod(plain_ns, pod("carrier", labels={RESERVATION_LABEL: stored}))
     target.candidates = [stored, "r-never-stored", "id with spaces"]
+    # as a started sync's lease thread and first list would
+    target.writer.acquire(sync.identity, target.clock)
+    target.writer.listed_by(sync.identity, target.clock)
     confirmed, released = sync.check_expiry(time.time())
     assert confirmed == [stored] and target.confirmed == [stored]
     assert released == ["r-never-stored", "id with spaces"] == target.released
@@ -271,3 +293,97 @@ def test_stop_ends_threads_promptly(apiserver):
     sync.stop()
     assert all(not t.is_alive() for t in sync._threads)
     assert time.monotonic() - started < 5
+
+
+def _lease_config() -> SyncConfig:
+    return SyncConfig(
+        expiry_interval_s=3600, status_interval_s=0.2, retry_backoff_s=(0.05, 0.5), lease_renew_s=0.1
+    )
+
+
+def _writes_of(target: RecordingTarget, identity: str) -> int:
+    with target.lock:
+        return sum(h == identity for h in target.holders)
+
+
+def test_of_two_replicas_syncs_one_writes_and_the_other_takes_over_when_it_stops(apiserver, core, plain_ns):
+    """Every replica runs a sync; only the lease holder's stream reaches the ledger, and a replica that stops
+    hands the lease back: the other lists first, then streams."""
+    target = RecordingTarget()
+    first = ClusterSync(apiserver.api_client(WEBHOOK_USER), target, _lease_config(), identity="replica-1")
+    second = ClusterSync(apiserver.api_client(WEBHOOK_USER), target, _lease_config(), identity="replica-2")
+    with first:
+        assert first.wait_synced(30), first.stats
+        second.start()
+        apiserver.wait_for(lambda: target.asked.get("replica-2", 0) >= 2, what="the second sync asking")
+        core.create_namespaced_pod(plain_ns, pod("seen-once"))
+        apiserver.wait_for(lambda: target.seen("ADDED", "Pod", "seen-once"), what="the holder's event")
+        apiserver.wait_for(lambda: second.stats.events_dropped >= 1, what="the standby's copy dropped")
+        assert first.leading and not second.leading and target.writer.holder == "replica-1"
+        assert _writes_of(target, "replica-2") == 0
+        with target.lock:
+            assert [o["metadata"]["name"] for t, o in target.events].count("seen-once") == 1
+    # first stopped: it handed the lease back, and the second takes it within a renewal
+    assert not first.leading and target.writer.holder in ("", "replica-2")
+    try:
+        apiserver.wait_for(lambda: second.leading and second.wait_synced(0), what="takeover")
+        assert second.stats.lease_taken == 1 and "took the sync lease (term 2)" in second.stats.resync_reasons
+        with target.lock:
+            assert target.holders[-1] == "replica-2" and len(target.resyncs) == 2  # its list came first
+        core.create_namespaced_pod(plain_ns, pod("after-takeover"))
+        apiserver.wait_for(lambda: target.seen("ADDED", "Pod", "after-takeover"), what="the new holder's")
+    finally:
+        second.stop()
+    assert target.writer.holder == ""
+
+
+def test_a_silent_holder_loses_the_lease_after_its_term_and_its_late_writes_are_refused(
+    apiserver, core, plain_ns
+):
+    """A replica that dies without handing back: its term runs out (the ledger's clock, moved here), a standby
+    takes the lease and lists, and anything the old holder still sends is refused."""
+    target = RecordingTarget()
+    config = _lease_config()
+    dead = ClusterSync(apiserver.api_client(WEBHOOK_USER), target, config, identity="replica-dead")
+    dead.start()
+    assert dead.wait_synced(30)
+    dead.stop(hand_back=False)  # as a crash: the lease is still its own
+    standby = ClusterSync(apiserver.api_client(WEBHOOK_USER), target, config, identity="replica-live")
+    with standby:
+        apiserver.wait_for(lambda: target.asked.get("replica-live", 0) >= 2, what="the standby asking")
+        core.create_namespaced_pod(plain_ns, pod("while-leaderless"))
+        assert not standby.leading
+        with target.lock:
+            target.clock += config.lease_term_s  # the dead holder's term ends
+        apiserver.wait_for(lambda: standby.leading and standby.wait_synced(0), what="takeover after the term")
+        with target.lock:  # the pod created while nobody wrote is in the new holder's list
+            assert any(o["metadata"]["name"] == "while-leaderless" for o in target.resyncs[-1])
+        with pytest.raises(SyncFenced, match="apply_events from 'replica-dead'"):
+            target.apply_events([("DELETED", pod("while-leaderless"))], "replica-dead")
+        with pytest.raises(SyncFenced, match="release from 'replica-dead'"):
+            target.release(["r-any"], "replica-dead")
+
+
+def test_a_refused_write_makes_the_sync_stand_by_and_list_again_when_it_leads_again(
+    apiserver, core, plain_ns
+):
+    """A write refused (here: the ledger restarted and nobody holds the lease) wakes the lease thread at once,
+    which never renews on its own in this test: the sync takes a new term and lists before streaming again."""
+    target = RecordingTarget()
+    config = _lease_config()
+    config.lease_renew_s = 3600
+    with ClusterSync(apiserver.api_client(WEBHOOK_USER), target, config) as sync:
+        assert sync.wait_synced(30)
+        before = len(target.resyncs)
+        with target.lock:
+            target.writer.hand_back(sync.identity, target.clock)
+        core.create_namespaced_pod(plain_ns, pod("fenced-then-listed"))
+        apiserver.wait_for(lambda: len(target.resyncs) > before, what="a new term's list")
+        assert sync.stats.fenced == 1 and sync.leading and sync.stats.lease_taken == 2, sync.stats
+        apiserver.wait_for(
+            lambda: (
+                target.seen("ADDED", "Pod", "fenced-then-listed")
+                or any(o["metadata"]["name"] == "fenced-then-listed" for o in target.resyncs[-1])
+            ),
+            what="the pod, in the list or as an event",
+        )

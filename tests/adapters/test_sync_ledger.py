@@ -110,6 +110,7 @@ def test_expiry_asks_the_api_before_releasing(apiserver, world):
     service = new_service()
     target = LocalLedgerTarget(service)
     sync = ClusterSync(apiserver.api_client(WEBHOOK_USER), target)  # not started: no watch confirms for us
+    sync.lease_answer(target.sync_lease(sync.identity, 30.0))  # what its lease thread would do first
     sync.resync("test")
     now = time.time()
     stored, lost = (

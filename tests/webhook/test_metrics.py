@@ -8,6 +8,7 @@ from itertools import count
 from prometheus_client.parser import text_string_to_metric_families
 
 from allocator.service import LedgerService, Recoveries
+from allocator.sync_config import SyncStats
 from tests.webhook.webhook_support import cluster, config, gpu_pod
 from webhook.admission.review import make_review
 from webhook.ledger_client import InProcessLedgerClient
@@ -38,6 +39,20 @@ def test_the_new_names_are_exported():
     ):
         assert name in METRIC_NAMES
         assert f"# TYPE {name}" in WebhookMetrics().exposition().decode()
+
+
+def test_the_sync_lease_and_its_events_are_exported_only_where_a_sync_runs():
+    metrics = WebhookMetrics()
+    assert "gpuledger_sync_lease_held" not in metrics.exposition().decode()  # --no-sync: no sync, no lie
+    stats = SyncStats(events_applied=7, events_dropped=0, leading=True)
+    metrics.watch_sync(stats)
+    text = metrics.exposition().decode()
+    assert value(text, "gpuledger_sync_lease_held") == 1.0
+    assert value(text, "gpuledger_sync_events_total", outcome="applied") == 7.0
+    stats.leading, stats.events_dropped = False, 3  # the sync keeps its stats current: read at each scrape
+    text = metrics.exposition().decode()
+    assert value(text, "gpuledger_sync_lease_held") == 0.0
+    assert value(text, "gpuledger_sync_events_total", outcome="dropped") == 3.0
 
 
 def test_placement_duration_counts_gpu_decisions_only():
