@@ -1,6 +1,6 @@
-"""Two `gpuledger serve` replicas, each its own process with its own cluster sync, sharing one Ray ledger actor:
-only the holder of the ledger's sync lease writes, and a replica that stops hands it to the other, which
-lists and then keeps the ledger true (a deleted pod's GPUs freed, a new pod confirmed).
+"""Two `gpuledger serve` replicas, each its own process with its own cluster sync, sharing one Ray ledger
+actor: only the holder of the ledger's sync lease writes, and a replica that stops hands it to the other,
+which lists and then keeps the ledger true (a deleted pod's GPUs freed, a new pod confirmed).
 
 Its own control plane and its own Ray head (a process of this test, stopped with it).
 """
