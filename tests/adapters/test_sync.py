@@ -316,6 +316,8 @@ def test_of_two_replicas_syncs_one_writes_and_the_other_takes_over_when_it_stops
         assert first.wait_synced(30), first.stats
         second.start()
         apiserver.wait_for(lambda: target.asked.get("replica-2", 0) >= 2, what="the second sync asking")
+        # its watches resume from a version listed before the pod below exists: it sees the pod's events
+        apiserver.wait_for(lambda: second._resume_from["Pod"] is not None, what="the standby's watch")
         core.create_namespaced_pod(plain_ns, pod("seen-once"))
         apiserver.wait_for(lambda: target.seen("ADDED", "Pod", "seen-once"), what="the holder's event")
         apiserver.wait_for(lambda: second.stats.events_dropped >= 1, what="the standby's copy dropped")
