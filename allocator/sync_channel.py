@@ -114,8 +114,6 @@ class ChannelLedgerTarget(CallingTarget):
     """A `LedgerTarget` whose frequent calls go over the channel; `resync` (rare, large) and every call while
     the channel is unusable go to `ray_target`."""
 
-    CHANNEL_CALLS = frozenset({"apply_events", "confirm", "release", "expiry_candidates", "status"})
-
     def __init__(
         self,
         ray_target: Any,
