@@ -37,12 +37,10 @@ class SyncLeaseAnswer(TypedDict):
     expires_in: float  # seconds of the term left (0 when nobody holds it)
 
 
-def check_term(term_s: object) -> float:
-    """The term a sync asked for, in seconds (it crosses Ray from a replica's config)."""
+def check_term(term_s: object, what: str = "sync lease term") -> float:
+    """The term a sync asked for, in seconds (it crosses Ray from a replica's config, `what` names it)."""
     if isinstance(term_s, bool) or not isinstance(term_s, (int, float)) or not 0 < term_s <= MAX_TERM_S:
-        raise ValueError(
-            f"sync lease term {term_s!r}: expected seconds, more than 0 and at most {MAX_TERM_S:g}"
-        )
+        raise ValueError(f"{what} {term_s!r}: expected seconds, more than 0 and at most {MAX_TERM_S:g}")
     return float(term_s)
 
 

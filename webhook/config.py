@@ -27,6 +27,8 @@ from allocator.service import (
     check_scoring_weights,
     check_strategy,
 )
+from allocator.sync_config import SyncConfig
+from allocator.sync_writer import check_term
 from webhook.prefetch import PrefetchSettings
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
@@ -92,6 +94,10 @@ class WebhookConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     # how long an owner Job/StatefulSet fetched from the API is reused
     owner_cache_ttl_s: float = 5.0
+    # the ledger's sync lease (allocator.sync_writer): how long a replica's cluster sync holds the right to
+    # write the ledger without renewing it (renewed every third of it), so how long a crashed replica's
+    # sync keeps the ledger from following the cluster before another takes over
+    sync_lease_term_s: float = 30.0
     # /readyz asks the ledger at most this often
     ready_cache_s: float = 1.0
     # the earlier tools' schedulers: a pod naming one gets schedulerName default-scheduler and a GPU placement
@@ -113,6 +119,7 @@ class WebhookConfig:
             )
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s={self.deadline_s!r}: expected a positive number of seconds")
+        self.sync_lease_term_s = check_term(self.sync_lease_term_s, "sync_lease_term_s")
         self.privileged_usernames = tuple(self.privileged_usernames)
         self.default_strategy = check_strategy(self.default_strategy, "default_strategy")
         self.scoring_weights = check_scoring_weights(self.scoring_weights, "scoring_weights")
@@ -129,6 +136,10 @@ class WebhookConfig:
         if not name:
             return self
         return WebhookConfig(**{**self.__dict__, "default_strategy": check_strategy(name, STRATEGY_ENV)})
+
+    def sync_config(self) -> SyncConfig:
+        """The cluster sync's tuning this config sets (its lease; the rest are the sync's defaults)."""
+        return SyncConfig(lease_term_s=self.sync_lease_term_s, lease_renew_s=self.sync_lease_term_s / 3)
 
     def prefetch_settings(self) -> PrefetchSettings:
         return PrefetchSettings(depth=self.prefetch_depth, max_age_s=self.prefetch_max_age_s)

@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         target: Any = RayLedgerTarget(handle)
         if config.ledger_channel != "off":  # the sync's per-pod calls off Ray too (allocator.sync_channel)
             target = ChannelLedgerTarget(target, ray_channel_opener(handle, config.ledger_channel))
-        sync = ClusterSync(api_client, target).start()
+        sync = ClusterSync(api_client, target, config.sync_config()).start()
     event_writer = None
     if api_client is not None and not args.no_events:
         from webhook.event_writer import ApiEventWriter

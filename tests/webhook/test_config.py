@@ -176,6 +176,14 @@ def test_the_deployed_config_loads_with_the_default_ledger_settings():
             r"expected one of maxNodesPerLeaf, maxGPUsPerLeaf",
         ),
         (
+            {"sync_lease_term_s": 0},
+            r"sync_lease_term_s 0: expected seconds, more than 0 and at most 600",
+        ),
+        (
+            {"syncLeaseTermS": "30s"},
+            r"sync_lease_term_s '30s': expected seconds, more than 0 and at most 600",
+        ),
+        (
             {"leaf_label": "not a label!"},
             r"leaf_label='not a label!' is not accepted: expected a Kubernetes label key",
         ),
@@ -388,3 +396,9 @@ def test_configured_gang_limits_spread_a_gang_through_the_handler():
     assert leaves(config()) == ["leaf-0"] * 4  # packed into one leaf
     limited = config(topology_constraints={"maxNodesPerLeaf": 2})
     assert leaves(limited) == ["leaf-0", "leaf-0", "leaf-1", "leaf-1"]
+
+
+def test_the_sync_lease_term_reaches_the_cluster_sync_with_a_renewal_every_third_of_it():
+    sync = WebhookConfig.from_mapping({"syncLeaseTermS": 12}).sync_config()
+    assert (sync.lease_term_s, sync.lease_renew_s) == (12.0, 4.0)
+    assert WebhookConfig().sync_config().lease_term_s == 30.0  # the default serve runs with
