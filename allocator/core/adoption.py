@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from allocator.core import objects as kube
 from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
-from allocator.core.claims import Claims, claim_of
+from allocator.core.claims import Claims, bound_claim_of_pod, claim_of
 from allocator.core.leases import Leases
 from allocator.core.model import GroupSlot, Placement, ReservationState
 from allocator.core.node_state import Holding
@@ -90,6 +90,10 @@ class Adoption:
 
     def apply_pod(self, obj: dict, now: float) -> None:
         books = self.books
+        claim = bound_claim_of_pod(obj, books.config.placement_key)
+        if claim is not None:  # the common stored pod, read without its usage
+            self.claims.put(claim.key, self.truth.effective(claim), now)
+            return
         problems: list[str] = []
         usage = kube.pod_usage(obj, books.config.placement_key, problems, lazy=True)
         if problems:

@@ -204,7 +204,7 @@ class Books:
         self.holdings[h.id] = h
         self.node_holders.setdefault(h.node, set()).add(h.id)
         if node is not None:
-            self.index.change(node, lambda: node.apply(h))
+            self.index.change(node, node.apply, h)
         if yielded and self.on_truth_yield is not None:
             self.on_truth_yield(h.node)
 
@@ -219,7 +219,7 @@ class Books:
                 del self.node_holders[h.node]
         node = self.index.nodes.get(h.node)
         if node is not None:
-            self.index.change(node, lambda: node.remove(hid))
+            self.index.change(node, node.remove, hid)
         if self.on_freed is not None and h.node in self.foreign_on:
             self.on_freed(h.node, hid)
         return h

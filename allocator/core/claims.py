@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from allocator.core import objects as kube
 from allocator.core.books import TRUTH, Books
 from allocator.core.leases import Leases
 from allocator.core.model import DeviceShare, Placement, ReservationState
@@ -70,6 +71,44 @@ def claim_of(
         node or p.node,
         (created or _NO_TIME, uid, key),
     )
+
+
+def bound_claim_of_pod(pod: dict, key: bytes | str) -> Claim | None:
+    """The claim of a stored pod that is not terminal and carries a placement validly signed with `key` and
+    issued for it, read straight from the object: `claim_of` of its `kube.pod_usage`, without the usage (a
+    rebuild's pods are nearly all such). None for every other pod, a malformed one included: the general
+    path reads those (the integrity property tests compare both)."""
+    meta = pod.get("metadata")
+    if type(meta) is not dict:
+        return None
+    annotations = meta.get("annotations")
+    if type(annotations) is not dict:
+        return None
+    text = annotations.get(kube.PLACEMENT_ANNOTATION)
+    if type(text) is not str:
+        return None
+    status = pod.get("status")
+    if status and (type(status) is not dict or status.get("phase") in kube.TERMINAL_PHASES):
+        return None
+    spec = pod.get("spec")
+    if spec:
+        if type(spec) is not dict:
+            return None
+        node = spec.get("nodeName") or ""
+    else:
+        node = ""
+    created = meta.get("creationTimestamp") or ""
+    uid = meta.get("uid") or ""
+    if type(node) is not str or type(created) is not str or type(uid) is not str:
+        return None
+    decoded = kube.decode_bound(text, key)
+    if decoded is None:
+        return None
+    placement, binding = decoded
+    if binding is not None and kube.binding_mismatch(binding, pod):
+        return None
+    pod_key = kube.pod_key_of(meta)
+    return Claim(pod_key, placement, True, "", node or placement.node, (created or _NO_TIME, uid, pod_key))
 
 
 def same_place(a: Placement, b: Placement) -> bool:

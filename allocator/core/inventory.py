@@ -288,17 +288,18 @@ class ClusterIndex:
             b.free_milli -= node.free_milli
             b.count -= 1
 
-    def change(self, node: NodeState, mutate) -> None:
-        """Run `mutate()` on a node and keep the buckets and leaf totals true."""
+    def change(self, node: NodeState, mutate, arg) -> None:
+        """Run `mutate(arg)` on a node (its bound `apply` or `remove`: no closure per call) and keep the
+        buckets and leaf totals true."""
         self.touch(node.name)
         if node.name not in self._key:
-            mutate()
+            mutate(arg)
             if not self._bulk:  # (a bulk load re-keys every node once, at its end)
                 self._dirty(node.name)
             return
         k_old = self._key[node.name]
         milli_old = node.free_milli
-        mutate()
+        mutate(arg)
         k_new = node.whole_free
         milli_new = node.free_milli
         if not self._fit_stale:

@@ -125,29 +125,41 @@ class NodeState:
             self.fully_free += 1 if now_free else -1
 
     def apply(self, h: Holding) -> None:
+        # `_shift` and `is_fully_free` inlined (every placement and every rebuilt pod comes here): a device
+        # taken or shared is not fully free after, so one that was fully free leaves the count
         self.holders[h.id] = h
         self.cpu_free -= h.cpu_milli
         self.mem_free -= h.memory_mib
         self.unknown_gpus += h.unknown_gpus
+        pos, healthy, owner, nshares = self.pos, self.dev_healthy, self.dev_owner, self.dev_nshares
+        free_milli, free_mem = self.dev_free_milli, self.dev_free_mem
         for d in h.devices:
-            p = self.pos.get(d)
+            p = pos.get(d)
             if p is None:
                 continue
-            was = self.is_fully_free(p)
-            self.dev_owner[p] = h.id
+            if healthy[p]:
+                if owner[p] is None and nshares[p] == 0:
+                    self.fully_free -= 1
+                self.free_milli_raw -= MILLI_PER_GPU
+            owner[p] = h.id
             self.owned |= 1 << p
-            self._shift(p, was, -MILLI_PER_GPU, -self.dev_mem_total[p])
+            free_milli[p] -= MILLI_PER_GPU
+            free_mem[p] -= self.dev_mem_total[p]
         for s in h.shares:
-            p = self.pos.get(s.device)
+            p = pos.get(s.device)
             if p is None:
                 continue
-            was = self.is_fully_free(p)
+            if healthy[p]:
+                if owner[p] is None and nshares[p] == 0:
+                    self.fully_free -= 1
+                self.free_milli_raw -= s.milli
             shares = self.dev_shares[p]
             if shares is None:
                 shares = self.dev_shares[p] = {}
             shares[h.id] = s
-            self.dev_nshares[p] += 1
-            self._shift(p, was, -s.milli, -s.memory_mib)
+            nshares[p] += 1
+            free_milli[p] -= s.milli
+            free_mem[p] -= s.memory_mib
 
     def remove(self, hid: str) -> Holding | None:
         h = self.holders.pop(hid, None)

@@ -327,10 +327,10 @@ class PodUsage(NamedTuple):
 
 
 def pod_key(pod: dict) -> str:
-    return _key_of(pod.get("metadata") or {})
+    return pod_key_of(pod.get("metadata") or {})
 
 
-def _key_of(meta: dict) -> str:
+def pod_key_of(meta: dict) -> str:
     """namespace/name, or uid:<uid> for a nameless pod, from its metadata (what `pod_usage` already holds)."""
     name = meta.get("name") or ""
     if not name:
@@ -349,7 +349,7 @@ def pod_usage(
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     terminal = status.get("phase") in TERMINAL_PHASES
-    pod_id = _key_of(meta)
+    pod_id = pod_key_of(meta)
     placement = None
     problem = ""
     text = (meta.get("annotations") or {}).get(PLACEMENT_ANNOTATION)

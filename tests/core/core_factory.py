@@ -104,12 +104,17 @@ def leafy_cluster(spines: int = 1, leaves: int = 4, per_leaf: int = 4, gpus: int
 
 
 def rebuilt_the_long_way(objects: list[dict], config) -> dict:
-    """The snapshot of a ledger rebuilt with every claim settled by the general path (`Claims.settle`), not
-    the first-holder shortcut: the property tests compare it with the shortcut's rebuild and the live one."""
+    """The snapshot of a ledger rebuilt with every pod read by `kube.pod_usage` (not `bound_claim_of_pod`)
+    and every claim settled by the general path (`Claims.settle`), not the first-holder shortcut: the
+    property tests compare it with the shortcuts' rebuild and the live one."""
     from unittest import mock
 
+    from allocator.core import adoption
     from allocator.core.claims import Claims
     from allocator.core.ledger import Ledger
 
-    with mock.patch.object(Claims, "_first_holder", return_value=False):
+    with (
+        mock.patch.object(Claims, "_first_holder", return_value=False),
+        mock.patch.object(adoption, "bound_claim_of_pod", return_value=None),
+    ):
         return Ledger.rebuild(objects, config).snapshot()

@@ -3,8 +3,12 @@ collisions."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, Placement, Request, ReservationState
+from allocator.core.placement_codec import PLACEMENT_ANNOTATION
 from tests.core.core_factory import node, pod
 
 KEY = b"objects"
@@ -95,3 +99,98 @@ def test_foreign_pod_update_replaces_its_usage():
     assert led.index.nodes["a"].unknown_gpus == 2
     led.apply_object(pod("f", node_name="a", gpus=2, phase="Failed"), 2.0)
     assert led.index.nodes["a"].unknown_gpus == 0 and led.index.nodes["a"].cpu_free == 64000
+
+
+# --- a rebuild's common pod read straight from its object (claims.bound_claim_of_pod) ----------------------
+
+_ODD = st.sampled_from([None, "", 0, 7, [], ["x"], {}, {"phase": "Running"}, "text"])
+
+
+def _signed_pod_variants():
+    """Stored pods around a validly signed placement: as written, copied elsewhere, terminal, forged, and with
+    fields of every odd type the general path meets."""
+    from allocator.core.placement_codec import Binding, encode_placement
+
+    placement = Placement(id="r1", node="n1", devices=(1,), cpu_milli=500, memory_mib=64, strategy="best_fit")
+    annotations = st.sampled_from(
+        [
+            encode_placement(placement, KEY, Binding("ns", "p")),  # issued for this pod
+            encode_placement(placement, KEY, Binding("ns", "other")),  # a copy issued for another pod
+            encode_placement(placement, KEY),  # a legacy placement, bound to nothing
+            encode_placement(placement, b"another key", Binding("ns", "p")),  # forged
+            encode_placement(placement, KEY, Binding("ns", "p"))[:-5] + '00"}',  # tampered signature
+            "not json",
+        ]
+    )
+
+    @st.composite
+    def build(draw):
+        meta = {"name": "p", "namespace": "ns"}
+        meta["annotations"] = draw(
+            st.one_of(st.builds(lambda a: {PLACEMENT_ANNOTATION: a}, annotations), _ODD)
+        )
+        for field in ("uid", "creationTimestamp"):
+            meta[field] = draw(st.one_of(st.sampled_from(["u-1", "2026-01-01T00:00:00Z"]), _ODD))
+        pod = {"kind": "Pod", "metadata": draw(st.one_of(st.just(meta), _ODD))}
+        spec = draw(st.one_of(st.builds(lambda n: {"nodeName": n}, st.one_of(st.just("n2"), _ODD)), _ODD))
+        status = draw(st.one_of(st.sampled_from([{"phase": "Running"}, {"phase": "Succeeded"}]), _ODD))
+        for field, value in (("spec", spec), ("status", status)):
+            if draw(st.booleans()):
+                pod[field] = value
+        return pod
+
+    return build()
+
+
+@settings(max_examples=400, deadline=None)
+@given(_signed_pod_variants())
+def test_a_pods_bound_claim_read_directly_is_the_one_its_usage_gives(pod):
+    """Where `bound_claim_of_pod` answers, it answers what the general path (`pod_usage`, then `claim_of`)
+    does; where it does not (anything but a live pod carrying a placement issued for it), the general path
+    reads the pod."""
+    from allocator.core import objects as kube
+    from allocator.core.claims import bound_claim_of_pod, claim_of
+
+    fast = bound_claim_of_pod(pod, KEY)
+    try:
+        u = kube.pod_usage(pod, KEY, [], lazy=True)
+    except (TypeError, AttributeError, ValueError, KeyError, IndexError):
+        assert fast is None  # malformed: the general path records it
+        return
+    general = (
+        None
+        if u.terminal
+        else claim_of(u.key, u.placement, u.unbound, u.placement_problem, u.node, u.created, u.uid)
+    )
+    assert fast is None or fast == general
+    if general is not None and general.bound and _well_typed(pod):
+        assert fast == general  # the shortcut is taken for every live pod its placement was issued for
+
+
+def _well_typed(pod: dict) -> bool:
+    meta, spec, status = pod["metadata"], pod.get("spec"), pod.get("status")
+    texts = (
+        meta.get("uid"),
+        meta.get("creationTimestamp"),
+        (spec or {}).get("nodeName") if type(spec) is dict else "",
+    )
+    return (
+        type(meta.get("annotations")) is dict
+        and all(type(t or "") is str for t in texts)
+        and (not spec or type(spec) is dict)
+        and (not status or type(status) is dict)
+    )
+
+
+def test_the_common_stored_pod_is_read_directly():
+    from allocator.core.claims import bound_claim_of_pod
+    from allocator.core.placement_codec import Binding, encode_placement
+
+    p = Placement(id="r1", node="n1", devices=(0,))
+    stored = pod(
+        "p",
+        node_name="n1",
+        annotations={PLACEMENT_ANNOTATION: encode_placement(p, KEY, Binding("default", "p"))},
+    )
+    claim = bound_claim_of_pod(stored, KEY)
+    assert claim is not None and claim.placement == p and claim.key == "default/p" and claim.node == "n1"

@@ -101,9 +101,7 @@ def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
             name = sorted(fast.index.nodes)[amount % len(fast.index.nodes)]
             for led in (fast, scan):
                 state = led.index.nodes[name]
-                led.index.change(
-                    state, lambda s=state, j=j, name=name: s.apply(Holding(f"u{j}", name, unknown_gpus=1))
-                )
+                led.index.change(state, state.apply, Holding(f"u{j}", name, unknown_gpus=1))
             continue
         shape = {"whole": {"gpus": 1 + amount % 4}, "share": {"gpu_milli": 100 + amount % 900}}.get(kind, {})
         req = Request(
