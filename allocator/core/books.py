@@ -202,7 +202,11 @@ class Books:
         if yielded:  # what the node's kubelet lists for others is recounted around what the ledger holds
             self.unhold(truth)
         self.holdings[h.id] = h
-        self.node_holders.setdefault(h.node, set()).add(h.id)
+        holders = self.node_holders.get(h.node)
+        if holders is None:
+            self.node_holders[h.node] = {h.id}
+        else:
+            holders.add(h.id)
         if node is not None:
             self.index.change(node, node.apply, h)
         if yielded and self.on_truth_yield is not None:

@@ -141,7 +141,15 @@ def placement_to_dict(p: Placement) -> dict:
 
 
 def _shares(raw) -> tuple[DeviceShare, ...]:
-    return tuple(DeviceShare(ascii_int(a), ascii_int(b), ascii_int(c)) for a, b, c in raw) if raw else ()
+    if not raw:
+        return ()
+    out = []
+    for a, b, c in raw:
+        if type(a) is int and type(b) is int and type(c) is int:  # (what a signer writes: no conversion)
+            out.append(DeviceShare(a, b, c))
+        else:
+            out.append(DeviceShare(ascii_int(a), ascii_int(b), ascii_int(c)))
+    return tuple(out)
 
 
 def _ints(raw) -> tuple[int, ...]:
