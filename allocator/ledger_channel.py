@@ -111,7 +111,8 @@ class ChannelServer:
     """Serves CHANNEL_METHODS from inside the actor, on the actor's own event loop.
 
     Each request is dispatched to the actor's method in arrival order and answered before the next frame is
-    read, so the ledger sees the same one-call-at-a-time order as Ray calls (the actor's methods never await).
+    read, so the ledger sees the same one-call-at-a-time order as Ray calls (the actor's methods never await,
+    but for the cluster's writes queued behind a resync: a connection's calls stay in order then too).
     """
 
     def __init__(self, dispatch: Dispatch, token: bytes | None = None):

@@ -3,6 +3,10 @@
 A thin shell around `LedgerService`: every method takes a batch, so one actor call (~1.2 ms of Ray overhead
 here) carries many admissions. It is an async actor whose methods never await, so each call runs to the end
 before the next starts (the ledger needs no lock), while the sweeper runs between calls on the same loop.
+One exception: `resync` builds the new ledger in steps and awaits between them, so admissions go on being
+answered, from the ledger it replaces, during a rebuild that takes ~20 s at 65,000 nodes and 500,000 pods.
+The cluster's other writes (events, the sync's confirm and release, a new config) wait for it behind a lock;
+admissions, the webhook's own releases and the sync lease's renewals do not.
 On a restart Ray calls `__init__` again with the same arguments: the ledger is rebuilt from its source (the
 cluster file, or an empty ledger marked unsynced that allocator.cluster_sync refills with `resync`), and its
 settings are the creator's again until a replica re-pushes its config (`apply_config`).
@@ -20,7 +24,14 @@ from typing import Any
 import ray
 
 from allocator.ledger_channel import ChannelInfo, ChannelServer, channel_host
-from allocator.service import AdmitCall, LedgerConfig, LedgerService, LedgerSettings, SyncLeaseAnswer
+from allocator.service import (
+    RESYNC_STEP,
+    AdmitCall,
+    LedgerConfig,
+    LedgerService,
+    LedgerSettings,
+    SyncLeaseAnswer,
+)
 from allocator.sync_writer import DEFAULT_TERM_S
 
 ACTOR_NAME = "gpu-ledger"
@@ -37,7 +48,11 @@ class LedgerActor:
         source_spec: dict | None = None,
         sweep_interval_s: float = 1.0,
         settings: LedgerSettings | None = None,
+        resync_step: int = RESYNC_STEP,
     ):
+        self.resync_step = resync_step  # objects built between two pauses of a resync (0: none)
+        # the cluster's writes, one at a time (made on the actor's loop, at first use)
+        self._writes: asyncio.Lock | None = None
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self.sweep_interval_s = sweep_interval_s
@@ -69,6 +84,11 @@ class LedgerActor:
             except Exception:
                 log.exception("sweep failed")
 
+    def _write_lock(self) -> asyncio.Lock:
+        if self._writes is None:
+            self._writes = asyncio.Lock()
+        return self._writes
+
     # ------------------------------------------------------------ admission (the webhook)
     async def admit(self, calls: list[AdmitCall | tuple]) -> list:
         self._tick(len(calls))
@@ -94,33 +114,50 @@ class LedgerActor:
     # `holder`: the sync making the call, which must hold the ledger's sync lease (allocator.sync_writer)
     async def apply_events(self, events: list[tuple[str, dict]], holder: str | None = None) -> int:
         self._tick(len(events))
-        return self.service.apply_events(events, time.time(), holder)
+        async with self._write_lock():
+            return self.service.apply_events(events, time.time(), holder)
 
     async def resync(self, objects: list[dict], holder: str | None = None) -> dict:
+        """The new ledger is built in steps, answering the calls that arrive between them (see the module)."""
         self._tick(len(objects))
-        before = self.service.rebuilds
-        result = self.service.resync(objects, time.time(), holder)
-        self._settle_heap(before)
+        async with self._write_lock():
+            before = self.service.rebuilds
+            steps = self.service.resync_in_steps(objects, time.time(), holder, self.resync_step)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    result = done.value
+                    break
+                # what the step built lives until the next rebuild: out of the collector's sight (O(1); a
+                # collection of the young generation would otherwise walk the whole new ledger)
+                gc.freeze()
+                await asyncio.sleep(0)  # one turn of the loop: the admissions that arrived meanwhile
+            self._settle_heap(before)
         return result
 
     def _settle_heap(self, rebuilds_before: int) -> None:
-        """After a rebuild: the new ledger lives until the next one, so collect the replaced one's garbage now
-        and move the new one out of the collector's sight. Otherwise the first admission after a rebuild pays
-        for a full collection over it (the core pauses the collector while it loads): ~1.2 s at 65,000 nodes
-        and 500,000 pods, against a 2 s admission deadline."""
+        """After a rebuild: the new ledger lives until the next one, so move it out of the collector's sight
+        (the core pauses the collector while it loads; otherwise the first collection of the oldest generation
+        after it walks all of it: ~1.2 s at 65,000 nodes and 500,000 pods, against a 2 s admission deadline).
+        The replaced ledger needs no collection: the service discards it, and refcounting frees it."""
         if self.service.rebuilds == rebuilds_before:
             return
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
+        gc.freeze()  # (O(1): the generations' lists are moved, not walked)
 
     async def confirm(self, ids: list[str], holder: str | None = None) -> list[bool]:
         self._tick(len(ids))
-        return self.service.confirm(ids, time.time(), holder)
+        if holder is None:  # the webhook's: served during a resync, as admissions are
+            return self.service.confirm(ids, time.time())
+        async with self._write_lock():
+            return self.service.confirm(ids, time.time(), holder)
 
     async def release(self, ids: list[str], holder: str | None = None) -> list[bool]:
         self._tick(len(ids))
-        return self.service.release(ids, time.time(), holder)
+        if holder is None:
+            return self.service.release(ids, time.time())
+        async with self._write_lock():
+            return self.service.release(ids, time.time(), holder)
 
     async def sync_lease(
         self, holder: str, term_s: float = DEFAULT_TERM_S, hand_back: bool = False
@@ -140,14 +177,16 @@ class LedgerActor:
     # ----------------------------------------------- settings (webhook replicas, `gpuledger strategy`)
     async def apply_config(self, settings: LedgerSettings, who: str, now: float | None = None) -> dict:
         self._tick()
-        before = self.service.rebuilds  # new leaf or spine labels rebuild the ledger
-        result = self.service.apply_config(settings, who, time.time() if now is None else now)
-        self._settle_heap(before)
-        return result
+        async with self._write_lock():  # (a config read by a resync's build must not change under it)
+            before = self.service.rebuilds  # new leaf or spine labels rebuild the ledger
+            result = self.service.apply_config(settings, who, time.time() if now is None else now)
+            self._settle_heap(before)
+            return result
 
     async def set_default_strategy(self, name: str, who: str, now: float | None = None) -> dict:
         self._tick()
-        return self.service.set_default_strategy(name, who, time.time() if now is None else now)
+        async with self._write_lock():
+            return self.service.set_default_strategy(name, who, time.time() if now is None else now)
 
     async def get_settings(self) -> dict:
         self._tick()

@@ -6,7 +6,7 @@ One malformed object is recorded as a problem, never fatal; adoption never place
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from allocator.core import objects as kube
 from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
@@ -35,17 +35,37 @@ class Adoption:
 
     def load(self, objects: Iterable[dict], now: float) -> None:
         """Apply every object of a fresh ledger's rebuild."""
+        for _ in self.load_in_steps(objects, now, 0):
+            pass
+
+    def load_in_steps(self, objects: Iterable[dict], now: float, step: int) -> Iterator[None]:
+        """`load`, pausing after every `step` objects (0: never), so that a caller can serve other work
+        between the steps (the actor answers admissions from the ledger this one replaces), and once more
+        when the load is done but the collector not yet resumed (where a caller that keeps the ledger for
+        long freezes it out of the collector's sight: `gc.freeze`). Nothing else may touch this ledger until
+        the generator is exhausted."""
         # A rebuild allocates ~10 objects per pod and frees none: the cyclic collector would rescan the
-        # growing heap over and over (3x slower at 100k pods), so it is paused for the bulk load.
+        # growing heap over and over (3x slower at 100k pods), so it is paused for the bulk load (between
+        # steps too: closing the generator early restores it).
         was_enabled = gc.isenabled()
         gc.disable()
-        self.books.index.begin_bulk()
+        index = self.books.index
+        index.begin_bulk()
+        left = step
         try:
             # streamed: what a pod holds on a node not seen yet is applied when the node arrives
             for obj in kube.iter_objects(objects):
                 self.apply_one(obj, now)
+                left -= 1
+                if not left:
+                    yield
+                    left = step
+            yield from index.end_bulk_in_steps(step)
+            if step:
+                yield
         finally:
-            self.books.index.end_bulk()
+            if index.bulk:  # abandoned mid-load
+                index.end_bulk()
             if was_enabled:
                 gc.enable()
 

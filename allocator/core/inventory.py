@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from allocator.core import sorted_buckets
 from allocator.core.model import MILLI_PER_GPU
@@ -89,7 +89,8 @@ class ClusterIndex:
         self.dirty: set[str] | None = None
         self.dirty_limit = 256
         self.on_dirty: Callable[[], None] | None = None
-        self.on_bulk_end: Callable[[], None] | None = None
+        # called with a step (objects between pauses, 0: none): a generator, pausing like `end_bulk_in_steps`
+        self.on_bulk_end: Callable[[int], Iterator[None]] | None = None
 
     # ------------------------------------------------------------------ best fit's order
     def fit_key(self, node: NodeState) -> int:
@@ -121,15 +122,30 @@ class ClusterIndex:
         self._fit_stale = True
         self._by_fit = {}
 
+    @property
+    def bulk(self) -> bool:
+        """Whether a bulk load is under way (between `begin_bulk` and `end_bulk`)."""
+        return self._bulk
+
     def end_bulk(self) -> None:
         """File every placeable node added during the bulk load, in name order (each insert appends)."""
+        for _ in self.end_bulk_in_steps(0):
+            pass
+
+    def end_bulk_in_steps(self, step: int) -> Iterator[None]:
+        """`end_bulk`, pausing after every `step` nodes (0: never): ~0.7 s at 65,000 nodes."""
         self._bulk = False
+        left = step
         for name in self.sorted_names():
             node = self.nodes[name]
             if node.placeable and name not in self._key:
                 self._file(node)
+            left -= 1
+            if not left:
+                yield
+                left = step
         if self.on_bulk_end is not None:
-            self.on_bulk_end()
+            yield from self.on_bulk_end(step)
 
     def _size(self, node: NodeState, delta: int) -> None:
         """Count the node's CPU and GPU size in or out; a changed maximum re-weights every fit key."""

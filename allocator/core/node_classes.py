@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
+from collections.abc import Iterator
 
 from allocator.core import objects as kube
 from allocator.core import sorted_buckets
@@ -44,7 +45,7 @@ class NodeClasses:
         self._next_static = 0
         index.dirty = set()
         index.on_dirty = self.refresh
-        index.on_bulk_end = self._rebuild
+        index.on_bulk_end = self._rebuild_in_steps
         self._rebuild()
 
     def refresh(self) -> None:
@@ -105,6 +106,12 @@ class NodeClasses:
 
     def _rebuild(self) -> None:
         """Every node keyed from scratch (a new ledger, or after a bulk load): O(nodes)."""
+        for _ in self._rebuild_in_steps(0):
+            pass
+
+    def _rebuild_in_steps(self, step: int) -> Iterator[None]:
+        """`_rebuild`, pausing after keying every `step` nodes (0: never); nothing reads the classes until it
+        is done (the end of a bulk load: allocator.core.inventory)."""
         self.generation += 1
         self.index.dirty.clear()  # type: ignore[union-attr]
         self.moves, self.moves_base = [], 0
@@ -114,6 +121,7 @@ class NodeClasses:
         nodes = self.index.nodes
         class_of, ident, key = self.class_of, self._id, self.key
         grouped: dict[int, list[str]] = {}
+        left = step
         for name in self.index.sorted_names():
             cid = class_of[name] = ident(key(nodes[name]))
             group = grouped.get(cid)
@@ -121,6 +129,10 @@ class NodeClasses:
                 grouped[cid] = [name]
             else:
                 group.append(name)
+            left -= 1
+            if not left:
+                yield
+                left = step
         self.members = sorted_buckets.settle(grouped, long=CHUNK)
         for name in [n for n in self._static if n not in nodes]:
             self._unstatic(name)

@@ -308,3 +308,116 @@ def test_an_actor_call_does_not_build_the_status_report(monkeypatch):
     asyncio.run(calls())
     assert reports == []
     assert (asyncio.run(actor.status()))["external_source"] is True and reports == [1]
+
+
+def _stored_pod(s: LedgerService, gpus: int) -> dict:
+    """A pod admitted through the webhook's handler by `s`, as the API server stores it once bound."""
+    import asyncio
+
+    from tests.webhook.webhook_support import Clock, gpu_pod, review
+    from webhook.admission.handler import AdmissionHandler
+    from webhook.ledger_client import InProcessLedgerClient
+
+    h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
+    pod = gpu_pod(gpus)
+    d = asyncio.run(h.mutate(review(pod)))
+    stored = jsonpatch.apply_patch(pod, d.patch)
+    stored["spec"]["nodeName"] = d.node
+    return stored
+
+
+def test_a_stepped_resync_answers_admissions_from_the_ledger_it_replaces():
+    """Between the steps of a resync's build, admissions, claims and lookups are answered by the ledger being
+    replaced; what they reserve is replayed onto the new ledger at the swap (kept, the same devices), and the
+    pods the list stores are confirmed there."""
+    nodes = cluster(4, 8)
+    s = svc(nodes)
+    stored = _stored_pod(s, 2)
+    stored_rid = stored["metadata"]["labels"]["gpuledger.io/reservation-id"]
+    replaced = s.ledger
+    objects = [*nodes, stored]
+    steps = s.resync_in_steps(objects, NOW + 1, step=1)
+    next(steps)
+    [during] = s.admit([AdmitCall(Request(id="during", gpus=3))], NOW + 1)
+    assert isinstance(during, Placement) and s.ledger is replaced
+    [claimed] = s.claim([("during", "uid-during")])
+    assert claimed is not None and claimed.placement == during
+    swapped_at_pause = []
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            report = done.value
+            break
+        swapped_at_pause.append(s.ledger is not replaced)
+    # the swap is done at once, after the build's pauses (the replaced ledger is freed in steps after it)
+    swapped = swapped_at_pause.index(True)
+    assert swapped >= 2 * len(objects) - 1 and all(swapped_at_pause[swapped:])
+    assert s.ledger is not replaced
+    assert (report["kept"], report["lost"], report["objects"]) == (1, 0, len(objects))
+    [held, confirmed] = s.lookup(["during", stored_rid])
+    assert (held.placement.node, held.placement.devices) == (during.node, during.devices)
+    assert held.claimed and not held.confirmed and confirmed.confirmed
+    assert s.status()["pending"] == 1 and s.rebuilds == 2
+
+
+def test_an_admission_during_a_stepped_resync_loses_devices_the_list_shows_taken():
+    """The ledger being replaced may be stale (that is why it is resynced): a reservation it granted on
+    devices that the list shows a stored pod holding is lost at the swap, not double-booked."""
+    from allocator.service import drain
+
+    nodes = cluster(1, 8)
+    s = svc(nodes)
+    stored = _stored_pod(s, 8)
+    s.release([stored["metadata"]["labels"]["gpuledger.io/reservation-id"]])  # the stale ledger forgot it
+    steps = s.resync_in_steps([*nodes, stored], NOW + 1, step=1)
+    next(steps)
+    [stale] = s.admit([AdmitCall(Request(id="stale", gpus=8))], NOW + 1)
+    assert isinstance(stale, Placement)
+    report = drain(steps)
+    assert (report["kept"], report["lost"]) == (0, 1)
+    assert s.lookup(["stale"]) == [None] and s.status()["pending"] == 0
+    [denied] = s.admit([AdmitCall(Request(id="after", gpus=1))], NOW + 2)
+    assert not isinstance(denied, Placement)
+
+
+def test_the_actor_serves_admissions_during_a_resync_and_queues_the_clusters_writes():
+    """The actor's resync awaits between build steps: an admission is answered meanwhile (and kept), while an
+    event batch and a config change wait behind the resync's lock and land on the new ledger; a refused
+    resync releases the lock."""
+    import asyncio
+
+    from allocator.ray_actor import LedgerActor
+    from allocator.service import SyncFenced
+
+    async def scenario() -> None:
+        source = {"kind": "kubernetes"}
+        actor = LedgerActor(config().ledger_config(), source, sweep_interval_s=0, resync_step=1)
+        await actor.resync(cluster(4, 8))
+        replaced = actor.service.ledger
+        resync = asyncio.create_task(actor.resync(cluster(6, 8)))
+        await asyncio.sleep(0)  # the resync builds its first step and pauses
+        assert not resync.done()
+        [placed] = await actor.admit([AdmitCall(Request(id="r1", gpus=2))])
+        assert isinstance(placed, Placement) and actor.service.ledger is replaced
+        assert await actor.ping() == actor.incarnation
+        assert (await actor.sync_lease("sync-b", 30.0))["held"]  # renewals are answered meanwhile too
+        await actor.sync_lease("sync-b", 30.0, hand_back=True)
+        extra = cluster(7, 8)[6]
+        events = asyncio.create_task(actor.apply_events([("ADDED", extra)]))
+        strategy = asyncio.create_task(actor.set_default_strategy("best_fit", "tester"))
+        await asyncio.sleep(0)
+        assert not events.done() and not strategy.done() and not resync.done()
+        report = await resync
+        assert report["kept"] == 1 and actor.service.ledger is not replaced
+        assert await events == 1 and (await strategy)["default_strategy"] == "best_fit"
+        assert (await actor.status())["nodes"] == 7
+        [held] = await actor.lookup(["r1"])
+        assert held.placement.devices == placed.devices
+        await actor.sync_lease("sync-c", 30.0)
+        with pytest.raises(SyncFenced):
+            await actor.resync(cluster(1, 8), holder="sync-d")
+        await asyncio.wait_for(actor.resync(cluster(1, 8), holder="sync-c"), 5)  # the lock was let go
+        assert await actor.apply_events([], holder="sync-c") == 0
+
+    asyncio.run(scenario())

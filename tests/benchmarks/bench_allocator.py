@@ -386,14 +386,44 @@ def objects_and_memory(args) -> tuple[str, dict]:
     return path, json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def actor_calls(objects: list[dict], count: int = 200) -> tuple[float, float]:
+def actor_calls(objects: list[dict], count: int = 200) -> tuple[float, float, dict]:
     """Median ms of an admit + claim through the actor's methods on a ledger rebuilt from `objects` by the
-    cluster sync's path (`resync`), and ms of one `status` report beside it."""
+    cluster sync's path (`resync`), ms of one `status` report beside it, and admissions during a second
+    resync of the same objects (a relist): one every 5 ms, each timed from when it was due to its answer."""
     import asyncio
 
     from allocator.ray_actor import LedgerActor
 
-    async def run() -> tuple[float, float]:
+    async def during_resync(actor: LedgerActor) -> dict:
+        waits: list[float] = []
+        resyncing = True
+
+        async def admissions() -> None:
+            i = 0
+            while resyncing:
+                due = time.perf_counter() + 0.005
+                await asyncio.sleep(0.005)
+                await actor.admit([AdmitCall(Request(id=f"during-{i}", gpus=1))])
+                waits.append(max(0.0, time.perf_counter() - due))
+                i += 1
+
+        task = asyncio.create_task(admissions())
+        await asyncio.sleep(0)
+        t0 = time.perf_counter()
+        report = await actor.resync(objects)
+        took = time.perf_counter() - t0
+        resyncing = False
+        await task
+        waits.sort()
+        return {
+            "seconds": took,
+            "answered": len(waits),
+            "kept": report["kept"],
+            "median_ms": statistics.median(waits) * 1000 if waits else float("nan"),
+            "max_ms": waits[-1] * 1000 if waits else float("nan"),
+        }
+
+    async def run() -> tuple[float, float, dict]:
         actor = LedgerActor(LedgerConfig(placement_key=KEY), {"kind": "kubernetes"})
         await actor.resync(objects)
         took = []
@@ -404,7 +434,8 @@ def actor_calls(objects: list[dict], count: int = 200) -> tuple[float, float]:
             took.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         await actor.status()
-        return statistics.median(took) * 1000, (time.perf_counter() - t0) * 1000
+        status_ms = (time.perf_counter() - t0) * 1000
+        return statistics.median(took) * 1000, status_ms, await during_resync(actor)
 
     try:
         return asyncio.run(run())
@@ -563,11 +594,17 @@ def main(argv=None) -> int:
     print(f"first denial on the rebuilt ledger: {(time.perf_counter() - t0) * 1000:.2f} ms")
     del led
     gc.collect()
-    call_ms, status_ms = actor_calls(objects)
+    call_ms, status_ms, during = actor_calls(objects)
     print(
         f"ledger actor with the shipped source (kubernetes; LedgerActor driven directly, no Ray), "
         f"{len(nodes)} nodes + {args.pods} pods: admit + claim median {call_ms:.3f} ms; one status report "
         f"{status_ms:.1f} ms (every call built one before session 5)"
+    )
+    print(
+        f"admissions during a resync of the same objects ({during['seconds']:.2f} s, built in steps): "
+        f"{during['answered']} answered (one due every 5 ms; {during['kept']} kept at the swap), wait from "
+        f"due to answer median {during['median_ms']:.1f} ms, max {during['max_ms']:.0f} ms (before session "
+        f"15 none was answered until the rebuild and a full collection ended)"
     )
     del objects
     gc.collect()

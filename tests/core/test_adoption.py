@@ -194,3 +194,43 @@ def test_the_common_stored_pod_is_read_directly():
     )
     claim = bound_claim_of_pod(stored, KEY)
     assert claim is not None and claim.placement == p and claim.key == "default/p" and claim.node == "n1"
+
+
+def test_a_rebuild_in_steps_pauses_every_step_and_builds_what_rebuild_builds():
+    """The actor's stepped resync (allocator.ray_actor): the same ledger, a pause after every `step` objects
+    (and `step` nodes filed and keyed at the end, and once when done), the collector paused across the
+    pauses and restored when the build ends or is abandoned; a discarded ledger is freed by refcounting."""
+    import gc
+
+    nodes = [node(f"n{i}", 4) for i in range(5)]
+    placed = [Placement(id=f"r{i}", node=f"n{i}", devices=(i % 4,), cpu_milli=100) for i in range(5)]
+    objects = [*nodes, *(pod(f"p{i}", placement=p, key=KEY) for i, p in enumerate(placed))]
+    whole = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY))
+    steps = Ledger.rebuild_in_steps(objects, LedgerConfig(placement_key=KEY), step=3)
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            stepped = done.value
+            break
+        pauses += 1
+        assert not gc.isenabled()
+    # objects applied, nodes filed, nodes keyed into classes; then the load is done, the collector not resumed
+    assert pauses == len(objects) // 3 + 2 * (len(nodes) // 3) + 1 and gc.isenabled()
+    assert stepped.snapshot() == whole.snapshot() and set(stepped.reservations()) == {p.id for p in placed}
+    abandoned = Ledger.rebuild_in_steps(objects, LedgerConfig(placement_key=KEY), step=2)
+    next(abandoned)
+    abandoned.close()
+    assert gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        stepped.reserve(Request(id="more", gpus=2), 1.0)
+        for _ in stepped.discard_in_steps(1):
+            pass
+        whole.discard()
+        del stepped, whole
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
