@@ -31,6 +31,9 @@ from allocator.ledger_channel import (
     frame,
 )
 from allocator.sync_targets import CallingTarget
+from allocator.sync_writer import SyncFenced
+
+FENCED = f"{SyncFenced.__name__}: "  # how the actor's channel answers a refusal: "Type: message"
 
 log = logging.getLogger("gpuledger.sync")
 
@@ -103,6 +106,8 @@ class BlockingChannel:
         if seq != self.seq:
             raise ChannelError(f"ledger channel answered call {seq}, expected {self.seq}")
         if not ok:
+            if str(result).startswith(FENCED):  # the lease's refusal, as the same type a Ray call raises
+                raise SyncFenced(f"ledger {method} failed: {result}")
             raise RuntimeError(f"ledger {method} failed: {result}")
         return result
 

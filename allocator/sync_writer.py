@@ -119,6 +119,7 @@ class SyncWriter:
 
 
 def is_fenced(error: BaseException) -> bool:
-    """Whether a failed call was refused by the lease: over Ray the error is a SyncFenced, over the ledger
-    channel a RuntimeError naming it."""
+    """Whether a failed call was refused by the lease: a SyncFenced over the ledger channel (its client raises
+    one) and over Ray (whose task error is an instance of its cause's class), or an error naming it (Ray's
+    error when it cannot rebuild the cause's class)."""
     return isinstance(error, SyncFenced) or "SyncFenced" in str(error)

@@ -19,6 +19,7 @@ from allocator.ray_actor import get_or_create_ledger, wait_ready
 from allocator.service import AdmitCall, Placement, Request
 from allocator.sync_channel import ChannelLedgerTarget, ray_channel_opener
 from allocator.sync_targets import RayLedgerTarget
+from allocator.sync_writer import SyncFenced
 from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import cluster, config
 from webhook.ledger_channel import LedgerChannel
@@ -196,7 +197,7 @@ def test_the_sync_target_sends_its_calls_over_the_channel_and_resyncs_through_ra
         lease = target.sync_lease("sync-a", 30.0)  # the lease thread's calls: through Ray
         assert lease["held"] and not lease["listed"] and target.calls == {"channel": 0, "ray": 0}
         [placed] = ray.get(handle.admit.remote([admit("a")]))
-        with pytest.raises(RuntimeError, match="SyncFenced: apply_events from 'sync-a' before its full list"):
+        with pytest.raises(SyncFenced, match="SyncFenced: apply_events from 'sync-a' before its full list"):
             target.apply_events([("ADDED", placed_pod("pod-a", placed))], "sync-a")
         target.resync(cluster(2, 8), "sync-a")  # large and rare: through Ray
         assert target.calls == {"channel": 0, "ray": 0} and target.status()["rebuilds"] == 2
@@ -211,7 +212,7 @@ def test_the_sync_target_sends_its_calls_over_the_channel_and_resyncs_through_ra
         assert status["channel_connections"] == 1 and status["synced"] is True
         assert status["sync_holder"] == "sync-a" and status["sync_listed"] is True
         assert target.calls == {"channel": 5, "ray": 0}
-        with pytest.raises(RuntimeError, match="SyncFenced: release from 'sync-b'"):
+        with pytest.raises(SyncFenced, match="SyncFenced: release from 'sync-b'"):
             target.release(["a"], "sync-b")  # another replica's sync, standing by, is refused
         assert ray.get(handle.lookup.remote(["a"]))[0].confirmed
     finally:
