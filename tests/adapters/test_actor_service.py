@@ -421,3 +421,19 @@ def test_the_actor_serves_admissions_during_a_resync_and_queues_the_clusters_wri
         assert await actor.apply_events([], holder="sync-c") == 0
 
     asyncio.run(scenario())
+
+
+def test_admissions_during_the_first_stepped_resync_are_unavailable_not_placed_on_the_empty_ledger():
+    """A ledger fed from the API starts empty and unsynced: while its first list is being built, admissions
+    between the steps answer Unavailable (fail closed), as before the list arrived."""
+    from allocator.service import drain
+
+    s = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW)
+    steps = s.resync_in_steps(cluster(2, 8), NOW, step=1)
+    next(steps)
+    [early] = s.admit([AdmitCall(Request(id="early", gpus=1))], NOW)
+    assert isinstance(early, Unavailable) and s.lookup(["early"]) == [s._unsynced()]
+    report = drain(steps)
+    assert (report["kept"], report["lost"]) == (0, 0) and s.synced
+    [placed] = s.admit([AdmitCall(Request(id="after", gpus=1))], NOW)
+    assert isinstance(placed, Placement)
