@@ -53,6 +53,7 @@ class LedgerActor:
         self.resync_step = resync_step  # objects built between two pauses of a resync (0: none)
         # the cluster's writes, one at a time (made on the actor's loop, at first use)
         self._writes: asyncio.Lock | None = None
+        self.resyncing = False  # a resync's build under way (status reports it)
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self.sweep_interval_s = sweep_interval_s
@@ -123,16 +124,20 @@ class LedgerActor:
         async with self._write_lock():
             before = self.service.rebuilds
             steps = self.service.resync_in_steps(objects, time.time(), holder, self.resync_step)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    result = done.value
-                    break
-                # what the step built lives until the next rebuild: out of the collector's sight (O(1); a
-                # collection of the young generation would otherwise walk the whole new ledger)
-                gc.freeze()
-                await asyncio.sleep(0)  # one turn of the loop: the admissions that arrived meanwhile
+            self.resyncing = True
+            try:
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        result = done.value
+                        break
+                    # what the step built lives until the next rebuild: out of the collector's sight (O(1);
+                    # a collection of the young generation would otherwise walk the whole new ledger)
+                    gc.freeze()
+                    await asyncio.sleep(0)  # one turn of the loop: the admissions that arrived meanwhile
+            finally:
+                self.resyncing = False
             self._settle_heap(before)
         return result
 
@@ -202,6 +207,7 @@ class LedgerActor:
             "calls": self.calls,
             "items": self.items,
             "channel_connections": self.channel.connections,
+            "resyncing": self.resyncing,
         }
 
     async def stats(self):
@@ -224,6 +230,7 @@ def get_or_create_ledger(
     name: str = ACTOR_NAME,
     namespace: str = RAY_NAMESPACE,
     sweep_interval_s: float = 1.0,
+    resync_step: int = RESYNC_STEP,
 ) -> Any:
     """The shared ledger actor's handle; created by whichever replica gets there first.
 
@@ -243,7 +250,7 @@ def get_or_create_ledger(
         max_task_retries=MAX_TASK_RETRIES,
         num_cpus=0,
         max_concurrency=64,
-    ).remote(config, source_spec, sweep_interval_s, settings)
+    ).remote(config, source_spec, sweep_interval_s, settings, resync_step)
 
 
 def wait_ready(handle: Any, timeout_s: float = 60.0) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -303,3 +304,27 @@ async def test_settings_reach_the_live_actor_from_the_api_and_the_config_file(ra
     assert await watcher.check(20.0) is False  # the re-push is not due yet
     assert await watcher.check(31.0) is True
     assert ray.get(handle.get_settings.remote())["default_strategy"] == "round_robin"
+
+
+def test_calls_are_answered_through_ray_while_a_resync_builds(ray_local, tmp_path):
+    """A resync through Ray builds in steps: the actor's status, an admission and a lease renewal are answered
+    while it builds (status says `resyncing`), and the admission's reservation is held afterwards."""
+    handle, _, _ = new_actor(cluster(2, 8), tmp_path, resync_step=5)
+    before = ray.get(handle.status.remote())["rebuilds"]
+    resync = handle.resync.remote(cluster(5000, 8))
+    during = None
+    deadline = time.monotonic() + 60
+    while during is None and time.monotonic() < deadline:
+        status = ray.get(handle.status.remote())
+        if status["resyncing"]:
+            during = status
+        else:
+            assert status["rebuilds"] == before, "the resync ended before any call was answered during it"
+    assert during is not None and during["nodes"] == 2  # answered by the ledger being replaced
+    [placed] = ray.get(handle.admit.remote([AdmitCall(Request(id="mid-resync", gpus=1))]))
+    assert ray.get(handle.sync_lease.remote("sync-x", 30.0))["held"]
+    report = ray.get(resync, timeout=120)
+    status = ray.get(handle.status.remote())
+    assert status["nodes"] == 5000 and not status["resyncing"] and status["rebuilds"] == before + 1
+    [held] = ray.get(handle.lookup.remote(["mid-resync"]))
+    assert held is not None and held.placement.devices == placed.devices and report["lost"] == 0
