@@ -216,9 +216,10 @@ class LedgerService(LiveSettings):
         """`resync`, pausing after every `step` objects of the new ledger's build (0: never) so the caller can
         serve admissions meanwhile, from the ledger being replaced: what they reserve is pending, and replayed
         onto the new ledger with the swap, as any reservation whose pod the list does not hold yet. The swap
-        is the last step, done at once. The caller runs one of these at a time, and no other write of the
-        cluster's (apply_events, the sync's confirm and release, a new config) until it ends: the actor holds
-        its write lock for it. The answer's `seconds` is the whole build's, pauses included."""
+        is one step, done at once; the replaced ledger is freed in steps after it (`Ledger.discard_in_steps`).
+        The caller runs one of these at a time, and no other write of the cluster's (apply_events, the sync's
+        confirm and release, a new config) until it ends: the actor holds its write lock for it. The answer's
+        `seconds` is the whole build's, pauses included."""
         self.sync_writer.check(holder, now, "resync", listing=True)
         result = yield from self._rebuild_in_steps(objects, now, step)
         # a holder that lost the lease meanwhile is not marked listed: its successor's own list follows
@@ -231,11 +232,13 @@ class LedgerService(LiveSettings):
     def _rebuild_in_steps(self, objects: list[dict], now: float, step: int) -> Generator[None, None, dict]:
         started = self.timer()
         objects = list(objects)
-        stored: set[str] = set()
-        for start in range(0, len(objects), step or len(objects) or 1):
-            stored |= reservation_ids(objects[start : start + step] if step else objects)
-            if step:
+        if step:
+            stored: set[str] = set()
+            for start in range(0, len(objects), step):
+                stored |= reservation_ids(objects[start : start + step])
                 yield
+        else:
+            stored = reservation_ids(objects)
         fresh = yield from Ledger.rebuild_in_steps(objects, self.config, now, step)
         kept = lost = 0
         for rid, request in list(self._pending.items()):
