@@ -234,3 +234,20 @@ def test_a_rebuild_in_steps_pauses_every_step_and_builds_what_rebuild_builds():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_discarding_a_ledger_leaves_another_with_the_same_config_and_strategies_whole():
+    """What two ledgers share (their config, the registered strategies) is left as it is by `discard`: the
+    other ledger decides, explains and snapshots as before."""
+    config = LedgerConfig(placement_key=KEY)
+    objects = [node(f"n{i}", 4) for i in range(6)]
+    kept, dropped = Ledger.rebuild(objects, config), Ledger.rebuild(objects, config)
+    for i, strategy in enumerate(("best_fit", "fgd_host", "balanced", "distributed", "consolidated")):
+        for led in (kept, dropped):
+            assert isinstance(led.reserve(Request(id=f"r{i}", gpus=1, strategy=strategy), 0.0), Placement)
+    before = kept.snapshot()
+    for _ in dropped.discard_in_steps(1):
+        pass
+    assert kept.snapshot() == before
+    assert isinstance(kept.reserve(Request(id="after", gpus=2, strategy="fgd_host"), 1.0), Placement)
+    assert isinstance(kept.explain(Request(id="big", gpus=9)).result, Denial)
