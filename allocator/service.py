@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -46,6 +46,7 @@ from allocator.core.request import (
     request_from_pod,
     seed_for,
 )
+from allocator.core.steps import Steps, drain
 from allocator.live_settings import SETTINGS_HISTORY, LiveSettings
 from allocator.settings import (
     DEFAULT_SCORING_WEIGHTS,
@@ -96,6 +97,7 @@ __all__ = [
     "controller_owner",
     "decode_bound",
     "decode_placement",
+    "drain",
     "encode_placement",
     "iter_objects",
     "request_from_pod",
@@ -212,7 +214,7 @@ class LedgerService(LiveSettings):
 
     def resync_in_steps(
         self, objects: list[dict], now: float, holder: str | None = None, step: int = RESYNC_STEP
-    ) -> Generator[None, None, dict]:
+    ) -> Steps[dict]:
         """`resync`, pausing after every `step` objects of the new ledger's build (0: never) so the caller can
         serve admissions meanwhile, from the ledger being replaced: what they reserve is pending, and replayed
         onto the new ledger with the swap, as any reservation whose pod the list does not hold yet. The swap
@@ -229,7 +231,7 @@ class LedgerService(LiveSettings):
     def _rebuild(self, objects: list[dict], now: float) -> dict:
         return drain(self._rebuild_in_steps(objects, now, 0))
 
-    def _rebuild_in_steps(self, objects: list[dict], now: float, step: int) -> Generator[None, None, dict]:
+    def _rebuild_in_steps(self, objects: list[dict], now: float, step: int) -> Steps[dict]:
         started = self.timer()
         objects = list(objects)
         if step:
@@ -465,15 +467,6 @@ class LedgerService(LiveSettings):
 
     def snapshot(self) -> dict:
         return self.ledger.snapshot()
-
-
-def drain(steps: Generator[None, None, Any]) -> Any:
-    """Run a stepped operation (`resync_in_steps`) to its end without pausing: its return value."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def _pin(placement: Placement) -> PinnedDevices:

@@ -6,7 +6,7 @@ One malformed object is recorded as a problem, never fatal; adoption never place
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from allocator.core import objects as kube
 from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
@@ -14,6 +14,7 @@ from allocator.core.claims import Claims, bound_claim_of_pod, claim_of
 from allocator.core.leases import Leases
 from allocator.core.model import GroupSlot, Placement, ReservationState
 from allocator.core.node_state import Holding
+from allocator.core.steps import Steps, drain
 from allocator.core.truth import Truth
 
 
@@ -35,10 +36,9 @@ class Adoption:
 
     def load(self, objects: Iterable[dict], now: float) -> None:
         """Apply every object of a fresh ledger's rebuild."""
-        for _ in self.load_in_steps(objects, now, 0):
-            pass
+        drain(self.load_in_steps(objects, now, 0))
 
-    def load_in_steps(self, objects: Iterable[dict], now: float, step: int) -> Iterator[None]:
+    def load_in_steps(self, objects: Iterable[dict], now: float, step: int) -> Steps[None]:
         """`load`, pausing after every `step` objects (0: never), so that a caller can serve other work
         between the steps (the actor answers admissions from the ledger this one replaces), and once more
         when the load is done but the collector not yet resumed (where a caller that keeps the ledger for

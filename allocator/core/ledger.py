@@ -13,7 +13,7 @@ totals (`stats`) each live in their own module.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import is_dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from allocator.core.leases import Leases
 from allocator.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
 from allocator.core.selection import Selector
 from allocator.core.stats import DomainStats, LedgerStats, ledger_stats
+from allocator.core.steps import Steps, drain
 from allocator.core.topology import Topology
 
 __all__ = [
@@ -161,15 +162,12 @@ class Ledger:
     @classmethod
     def rebuild(cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0) -> Ledger:
         """A ledger holding exactly what the given nodes and pods say is held."""
-        ledger = cls(config)
-        ledger._books.last_now = now
-        ledger._adoption.load(objects, now)
-        return ledger
+        return drain(cls.rebuild_in_steps(objects, config, now, 0))
 
     @classmethod
     def rebuild_in_steps(
         cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0, step: int = 1000
-    ) -> Generator[None, None, Ledger]:
+    ) -> Steps[Ledger]:
         """`rebuild`, pausing after every `step` objects; the ledger is the generator's return value. Lets a
         caller keep serving from the ledger this one replaces while it is built."""
         ledger = cls(config)
@@ -183,10 +181,9 @@ class Ledger:
         collector's full pass frees it, and that pass walks the whole heap (seconds at 500,000 pods, every
         admission waiting). The ledger is unusable afterwards; values shared with another ledger (its
         config, the strategies) are left as they are."""
-        for _ in self.discard_in_steps(0):
-            pass
+        drain(self.discard_in_steps(0))
 
-    def discard_in_steps(self, step: int) -> Iterator[None]:
+    def discard_in_steps(self, step: int) -> Steps[None]:
         """`discard`, pausing after freeing every `step` entries of one of its large tables (0: never): a
         500,000-pod ledger takes ~0.7 s to free."""
         parts = _parts(self)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterator
 
 from allocator.core import objects as kube
 from allocator.core import sorted_buckets
 from allocator.core.inventory import ClusterIndex
 from allocator.core.node_state import NodeState
 from allocator.core.sorted_names import CHUNK, SortedNames
+from allocator.core.steps import Steps, drain
 
 
 class NodeClasses:
@@ -106,10 +106,9 @@ class NodeClasses:
 
     def _rebuild(self) -> None:
         """Every node keyed from scratch (a new ledger, or after a bulk load): O(nodes)."""
-        for _ in self._rebuild_in_steps(0):
-            pass
+        drain(self._rebuild_in_steps(0))
 
-    def _rebuild_in_steps(self, step: int) -> Iterator[None]:
+    def _rebuild_in_steps(self, step: int) -> Steps[None]:
         """`_rebuild`, pausing after keying every `step` nodes (0: never); nothing reads the classes until it
         is done (the end of a bulk load: allocator.core.inventory)."""
         self.generation += 1
