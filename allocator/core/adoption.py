@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from allocator.core import objects as kube
 from allocator.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
-from allocator.core.claims import Claims, bound_claim_of_pod, claim_of
+from allocator.core.claims import Claim, Claims, bound_claim_of_pod, claim_of
 from allocator.core.leases import Leases
 from allocator.core.model import GroupSlot, Placement, ReservationState
 from allocator.core.node_state import Holding
@@ -112,7 +112,8 @@ class Adoption:
         books = self.books
         claim = bound_claim_of_pod(obj, books.config.placement_key)
         if claim is not None:  # the common stored pod, read without its usage
-            self.claims.put(claim.key, self.truth.effective(claim), now)
+            if not self._adopt_at_once(claim, now):
+                self.claims.put(claim.key, self.truth.effective(claim), now)
             return
         problems: list[str] = []
         usage = kube.pod_usage(obj, books.config.placement_key, problems, lazy=True)
@@ -154,6 +155,59 @@ class Adoption:
         books.pods[usage.key] = hid
         books.pod_gpus[usage.key] = usage.gpus
         books.hold(h)
+
+    def _adopt_at_once(self, claim: Claim, now: float) -> bool:
+        """The common pod of a rebuild, in one function: a first holder (`Claims._first_holder`) of a
+        placement outside a gang, on devices nobody holds, on nodes without a kubelet's truth or foreign
+        holders. Does what `claims.put` (`_own`), `adopt` and `books.hold` do for it, in their order, without
+        their calls and checks (~10% of a 500,000-pod rebuild); False, having changed nothing, for any other
+        pod. The integrity property tests' long way (`rebuilt_the_long_way`) never comes here."""
+        p = claim.placement
+        if p.group is not None and p.slot is not None:
+            return False
+        books, truth = self.books, self.truth
+        key, rid, node, where = claim.key, p.id, claim.node, p.node
+        foreign = books.foreign_on
+        if (
+            key in books.claims
+            or key in books.pods
+            or rid in books.holders_of
+            or rid in books.owner_of
+            or rid in books.reservations
+            or (foreign and (node in foreign or where in foreign))
+            or truth.listed_on.get(key)
+            or truth.truth_of(node) is not None  # (so `truth.effective(claim)` is the claim itself)
+            or TRUTH + where in books.holdings
+        ):
+            return False
+        state = books.index.nodes.get(where)
+        if state is not None and state.conflicts(p.devices, p.shares):
+            return False
+        books.claims[key] = claim
+        books.holders_of[rid] = (key,)
+        on = truth.claims_on.get(node)
+        if on is None:
+            truth.claims_on[node] = {key}
+        else:
+            on.add(key)
+        books.owner_of[rid] = claim
+        h = Holding(rid, where, p.devices, p.shares, p.cpu_milli, p.memory_mib)
+        books.holdings[rid] = h
+        holders = books.node_holders.get(where)
+        if holders is None:
+            books.node_holders[where] = {rid}
+        else:
+            holders.add(rid)
+        if state is not None:
+            books.index.change(state, state.apply, h)
+        books.reservations[rid] = Reservation(p, ReservationState.CONFIRMED, now)
+        books.pending.pop(rid, None)
+        claims = self.claims
+        if claims.deferred is not None:
+            claims.deferred.add(where)
+        elif where in claims.bumped:
+            claims.contend(now, where)
+        return True
 
     def adopt(
         self, key: str, p: Placement, now: float, displaced: str = "", recorded: Placement | None = None

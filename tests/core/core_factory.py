@@ -118,3 +118,16 @@ def rebuilt_the_long_way(objects: list[dict], config) -> dict:
         mock.patch.object(adoption, "bound_claim_of_pod", return_value=None),
     ):
         return Ledger.rebuild(objects, config).snapshot()
+
+
+def rebuilt_without_adopting_at_once(objects: list[dict], config) -> dict:
+    """The snapshot of a ledger rebuilt with the stored pods read straight from their objects but every claim
+    put through `Claims.put` (its first-holder shortcut included), not `Adoption._adopt_at_once`: the
+    property tests compare it too, so both shortcuts stay tested on their own."""
+    from unittest import mock
+
+    from allocator.core.adoption import Adoption
+    from allocator.core.ledger import Ledger
+
+    with mock.patch.object(Adoption, "_adopt_at_once", return_value=False):
+        return Ledger.rebuild(objects, config).snapshot()

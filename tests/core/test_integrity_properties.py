@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Placement, Request
 from allocator.core.placement_codec import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, Binding, encode_placement
-from tests.core.core_factory import node, rebuilt_the_long_way
+from tests.core.core_factory import node, rebuilt_the_long_way, rebuilt_without_adopting_at_once
 
 KEY = b"integrity-test-key"
 NODES = [node("n1", gpus=4), node("n2", gpus=4)]
@@ -60,7 +60,8 @@ def check(live: Ledger, stored: dict[str, dict], order) -> None:
     snap = live.snapshot()
     rebuilt = Ledger.rebuild(NODES + order, config()).snapshot()
     assert rebuilt == snap
-    assert rebuilt_the_long_way(NODES + order, config()) == snap  # the first-holder shortcut changes nothing
+    assert rebuilt_the_long_way(NODES + order, config()) == snap  # the shortcuts changes nothing
+    assert rebuilt_without_adopting_at_once(NODES + order, config()) == snap
     for where, hids in holders_by_device(snap).items():
         assert len(hids) == 1, f"{where} held by {hids}"
     for name, n in snap["nodes"].items():

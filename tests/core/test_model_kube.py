@@ -227,6 +227,11 @@ JSON_EDGES = [
     "\ufeff{}",
     "",
     '{"cpu":250,"id":"s1","node":"n","score":-0.8671875,"shares":[[1,250,8192]]}',
+    "[9223372036854775807, -9223372036854775808, 18446744073709551615]",
+    "[18446744073709551616, -9223372036854775809, 123456789012345678901234567890]",
+    "[1234567890123456789.5, 0.1234567890123456789, 1e-400, -0.0]",
+    '"\ud800"',  # a lone surrogate in the text itself (not escaped): no UTF-8 for orjson
+    '{"a": 1, "a": 2}',
 ]
 
 
@@ -240,10 +245,9 @@ def _decoded(loads, text):
 
 @pytest.mark.parametrize("text", JSON_EDGES)
 def test_signed_text_decodes_as_json_loads_does(text):
-    """The codec reads a signed placement with `json.loads`' own scanner, without its wrappers (a rebuild
-    decodes one per stored pod), and anything else with `json.loads` itself: the same value, or the same
-    refusal, for every text. (orjson was measured for this and not kept: it reads an integer past 64 bits as
-    a float, and the scan that routes those around it cost what it saved.)"""
+    """The codec reads a signed placement with orjson (a rebuild decodes one per stored pod), and a text
+    where orjson would answer otherwise (an integer past 64 bits: 19 digits in a row; NaN; a lone surrogate)
+    with `json.loads` itself: the same value, or the same refusal, for every text."""
     from allocator.core.placement_codec import _loads
 
     assert _decoded(_loads, text) == _decoded(json.loads, text)
@@ -421,3 +425,15 @@ def test_nodes_without_the_device_annotation_share_one_tuple_of_plain_devices():
     assert a.devices is b.devices  # one kind, one tuple: a Device is frozen
     assert other.devices is not a.devices and {d.product for d in other.devices} == {"H100"}
     assert kube.node_from_object(plain("d", "0")).devices == ()
+
+
+def test_integers_past_64_bits_survive_the_annotation():
+    """orjson would read these as floats: the codec reads such a text with `json.loads` (see `_loads`)."""
+    import dataclasses
+
+    big = dataclasses.replace(
+        PLACEMENT, cpu_milli=10**22, memory_mib=2**70 + 1, shares=(DeviceShare(1, 2**64, 2**63 + 7),)
+    )
+    back = kube.decode_placement(kube.encode_placement(big, b"k"), b"k")
+    assert back == big
+    assert type(back.cpu_milli) is int and back.memory_mib == 2**70 + 1

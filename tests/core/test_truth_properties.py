@@ -14,7 +14,7 @@ from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.ledger import Ledger
 from allocator.core.model import Placement, Request
 from allocator.core.placement_codec import PLACEMENT_ANNOTATION, Binding, encode_placement
-from tests.core.core_factory import node, pod, rebuilt_the_long_way
+from tests.core.core_factory import node, pod, rebuilt_the_long_way, rebuilt_without_adopting_at_once
 from tests.core.test_integrity_properties import config, holders_by_device, stored_pod
 
 NAMES = ("n1", "n2")
@@ -38,7 +38,8 @@ def check(live: Ledger, nodes: dict[str, dict], objects: list[dict]) -> None:
     event(f"truth holdings {sum(1 for hid in snap['holdings'] if hid.startswith('truth:'))}")
     rebuilt = Ledger.rebuild(objects, config()).snapshot()
     assert rebuilt == snap
-    assert rebuilt_the_long_way(objects, config()) == snap  # the first-holder shortcut changes nothing
+    assert rebuilt_the_long_way(objects, config()) == snap  # the shortcuts changes nothing
+    assert rebuilt_without_adopting_at_once(objects, config()) == snap
     for where, hids in holders_by_device(snap).items():
         assert len(hids) == 1, f"{where} held by {hids}"
     for name, n in snap["nodes"].items():
