@@ -81,6 +81,7 @@ class DeviceTruth:
         return {d: k for d, k, _ in self.holders}
 
 
+@dict_init  # one per Node object read: 65,000 in a large cluster's rebuild
 @dataclass(frozen=True)
 class NodeInfo:
     """What one node offers, as read from its Node object (and its device annotation)."""
