@@ -1,4 +1,4 @@
-"""`dict_init` (Request) gives what the dataclass's generated __init__ gives: the same fields, defaults,
+"""`dict_init` (Request, NodeInfo) gives what the dataclass's generated __init__ gives: the same fields, defaults,
 errors, equality, hashing, frozenness, `replace` and pickling."""
 
 from __future__ import annotations
@@ -67,3 +67,25 @@ def test_refuses_classes_it_does_not_fit():
     for cls in (Mutable, Factory, Slotted):
         with pytest.raises(TypeError):
             dict_init(cls)
+
+
+def test_node_info_keeps_its_fields_defaults_and_methods():
+    """NodeInfo (one per Node object read) is built by `dict_init` too."""
+    from allocator.core.model import NodeInfo
+
+    info = NodeInfo("n1", 1000, 2048, (), labels=(("a", "b"),), spine="s1")
+    assert vars(info) == {
+        f.name: {
+            "name": "n1",
+            "cpu_milli": 1000,
+            "memory_mib": 2048,
+            "devices": (),
+            "labels": (("a", "b"),),
+        }.get(f.name, "s1" if f.name == "spine" else f.default)
+        for f in dataclasses.fields(NodeInfo)
+    }
+    assert info.label("a") == "b" and info.label_map == {"a": "b"}
+    assert info == NodeInfo("n1", 1000, 2048, (), labels=(("a", "b"),), spine="s1")
+    assert pickle.loads(pickle.dumps(info)) == info and dataclasses.replace(info, name="n2").spine == "s1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.name = "x"  # type: ignore[misc]
