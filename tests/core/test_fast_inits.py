@@ -1,5 +1,5 @@
-"""`dict_init` (Request, NodeInfo) gives what the dataclass's generated __init__ gives: the same fields, defaults,
-errors, equality, hashing, frozenness, `replace` and pickling."""
+"""`dict_init` (Request, NodeInfo) gives what the dataclass's generated __init__ gives: the same fields,
+defaults, errors, equality, hashing, frozenness, `replace` and pickling."""
 
 from __future__ import annotations
 
