@@ -21,6 +21,7 @@ import orjson
 
 from allocator.core.model import DeviceShare, GroupSlot, Placement, Taint
 from allocator.core.quantity import ascii_float, ascii_int
+from allocator.core.slots_init import dict_init
 
 PLACEMENT_ANNOTATION = "gpuledger.io/placement"
 RESERVATION_ID_KEY = "gpuledger.io/reservation-id"
@@ -28,6 +29,7 @@ PLACEMENT_VERSION = 2  # signs the placement with its Binding
 LEGACY_VERSION = 1  # no binding: honoured on any pod (annotations written before version 2)
 
 
+@dict_init  # one per stored pod a rebuild reads
 @dataclass(frozen=True)
 class Binding:
     """Where a placement was issued, as known at mutating admission and fixed afterwards: the namespace, and
@@ -46,19 +48,26 @@ class Binding:
     def from_dict(cls, d: Any) -> Binding:
         if not isinstance(d, dict) or not isinstance(d.get("ns"), str):
             raise ValueError("placement binding needs a string ns")
-        return cls(str(d["ns"]), str(d.get("name", "")), str(d.get("gen", "")), str(d.get("owner", "")))
+        get = d.get
+        name, gen, owner = get("name", ""), get("gen", ""), get("owner", "")
+        if type(name) is str and type(gen) is str and type(owner) is str:  # (what a signer writes)
+            return cls(str(d["ns"]), name, gen, owner)
+        return cls(str(d["ns"]), str(name), str(gen), str(owner))
 
 
 def _meta(pod: object) -> Mapping:
-    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-    return meta if isinstance(meta, Mapping) else {}
+    if type(pod) is dict:  # (a dict is a Mapping: the ABC's check skipped for the common case)
+        meta = pod.get("metadata")
+    else:
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    return meta if type(meta) is dict or isinstance(meta, Mapping) else {}
 
 
 def controller_uid(pod: Mapping) -> str:
     """The uid of the pod's controlling owner (any kind), "" when it has none."""
     refs = _meta(pod).get("ownerReferences")
     for ref in refs if isinstance(refs, list) else ():
-        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("uid"):
+        if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") and ref.get("uid"):
             return str(ref["uid"])
     return ""
 
@@ -295,23 +304,8 @@ def decode_bound(text: str, key: bytes | str = b"") -> tuple[Placement, Binding 
     """The placement in an annotation and the binding signed with it (None for a legacy version 1 value),
     or None when it is malformed or its signature does not verify."""
     try:
-        if not isinstance(text, str):
-            return None
-        if key:
-            cut = text.rfind(_SIG_FIELD)
-            if cut < 0 or not text.endswith('"}'):
-                return None
-            signed = text[:cut] + "}"
-            encoded = signed.encode()
-            sig = text[cut + len(_SIG_FIELD) : -2]
-            if not hmac.compare_digest(sig, _sign(signed, key, encoded)):
-                return None
-            d = _loads(signed, encoded)
-        else:
-            d = json.loads(text)
-            if isinstance(d, dict):
-                d.pop("sig", None)
-        if not isinstance(d, dict):
+        d = _verified_members(text, key)
+        if d is None:
             return None
         version = d.get("v", LEGACY_VERSION)
         if type(version) is not int:
@@ -323,3 +317,67 @@ def decode_bound(text: str, key: bytes | str = b"") -> tuple[Placement, Binding 
         return None
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):  # RecursionError: "[[[[..." JSON
         return None
+
+
+def decode_issued_for(text: str, key: bytes | str, pod: Mapping) -> Placement | None:
+    """`decode_bound`'s placement when it was issued for `pod` (`binding_mismatch` finds nothing) or is a
+    legacy value; None for anything else. One call, and no `Binding` built for the common binding: a rebuild
+    asks it of every stored pod."""
+    try:
+        d = _verified_members(text, key)
+        if d is None:
+            return None
+        version = d.get("v", LEGACY_VERSION)
+        if type(version) is not int:
+            return None
+        if version == LEGACY_VERSION and "bind" not in d:
+            return placement_from_dict(d)
+        if version == PLACEMENT_VERSION:
+            placement = placement_from_dict(d)
+            return placement if issued_for(d.get("bind"), pod) else None
+        return None
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+        return None
+
+
+def issued_for(bind: Any, pod: Mapping) -> bool:
+    """`not binding_mismatch(Binding.from_dict(bind), pod)` (raising as that does), read from the signed
+    members as they are where every value is text, as a signer writes them."""
+    if type(bind) is dict:
+        get = bind.get
+        ns, name, gen, owner = get("ns"), get("name", ""), get("gen", ""), get("owner", "")
+        if type(ns) is str and type(name) is str and type(gen) is str and type(owner) is str:
+            meta = _meta(pod)
+            pod_ns, pod_name = meta.get("namespace"), meta.get("name")
+            if (pod_ns is None or type(pod_ns) is str) and (pod_name is None or type(pod_name) is str):
+                if (pod_ns or "default") != ns:
+                    return False
+                pod_name = pod_name or ""
+                if name:
+                    return pod_name == name
+                if gen and pod_name and not pod_name.startswith(gen):
+                    return False
+                return controller_uid(pod) == owner
+    return not binding_mismatch(Binding.from_dict(bind), pod)
+
+
+def _verified_members(text: str, key: bytes | str) -> dict | None:
+    """The members of a placement annotation whose signature verifies (any JSON object when `key` is
+    empty, its `sig` dropped); None otherwise. May raise on a malformed text (the callers catch)."""
+    if not isinstance(text, str):
+        return None
+    if key:
+        cut = text.rfind(_SIG_FIELD)
+        if cut < 0 or not text.endswith('"}'):
+            return None
+        signed = text[:cut] + "}"
+        encoded = signed.encode()
+        sig = text[cut + len(_SIG_FIELD) : -2]
+        if not hmac.compare_digest(sig, _sign(signed, key, encoded)):
+            return None
+        d = _loads(signed, encoded)
+    else:
+        d = json.loads(text)
+        if isinstance(d, dict):
+            d.pop("sig", None)
+    return d if isinstance(d, dict) else None

@@ -281,14 +281,28 @@ def make_pods(nodes: list[NodeInfo], count: int, all_signed: bool = False):
 
 
 def _pod(name: str, p: Placement) -> dict:
+    """A stored pod as the webhook leaves it: its placement signed with where it was issued (version 2).
+    Half are named pods (bound by name), half a ReplicaSet's (bound by generateName and owner uid)."""
+    meta: dict = {"name": name, "namespace": "bench", "uid": f"u-{name}"}
+    if int(name[1:]) % 2:
+        owner = f"rs-{int(name[1:]) % 97}"
+        meta["generateName"] = name[0]  # (the name is it and a suffix)
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": owner,
+                "uid": f"u-{owner}",
+                "controller": True,
+            }
+        ]
+        binding = kube.Binding("bench", generate_name=name[0], owner_uid=f"u-{owner}")
+    else:
+        binding = kube.Binding("bench", name)
+    meta["annotations"] = {kube.PLACEMENT_ANNOTATION: kube.encode_placement(p, KEY, binding)}
     return {
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "bench",
-            "uid": f"u-{name}",
-            "annotations": {kube.PLACEMENT_ANNOTATION: kube.encode_placement(p, KEY)},
-        },
+        "metadata": meta,
         "spec": {
             "nodeName": p.node,
             "containers": [

@@ -437,3 +437,135 @@ def test_integers_past_64_bits_survive_the_annotation():
     back = kube.decode_placement(kube.encode_placement(big, b"k"), b"k")
     assert back == big
     assert type(back.cpu_milli) is int and back.memory_mib == 2**70 + 1
+
+
+_TEXTS = st.sampled_from(["", "ns", "default", "p", "p-1", "p-", "u-1", "u-2"])
+_ODDITIES = st.sampled_from([None, 0, 5, True, [], {}, ["ns"]])
+_FIELD = {  # each field mostly from values that meet its counterpart's, so every branch is reached
+    "ns": st.sampled_from(["ns", "default", ""]),
+    "namespace": st.sampled_from(["ns", "default", ""]),
+    "name": st.sampled_from(["", "p-1", "p"]),
+    "gen": st.sampled_from(["", "p-", "q-"]),
+    "generateName": st.sampled_from(["", "p-"]),
+    "owner": st.sampled_from(["", "u-1", "u-2"]),
+    "uid": st.sampled_from(["", "u-1", "u-2"]),
+}
+
+
+def _field(name: str):
+    return st.one_of(_FIELD[name], _FIELD[name], _FIELD[name], _TEXTS, _ODDITIES)
+
+
+@st.composite
+def _bindings_and_pods(draw):
+    """Signed binding members (as a signer writes them, or odd) and pods (named, generated, owned, odd)."""
+    bind = draw(
+        st.one_of(
+            st.builds(
+                lambda d, keep: {k: v for k, v in d.items() if k in keep},
+                st.fixed_dictionaries({k: _field(k) for k in ("ns", "name", "gen", "owner")}),
+                st.one_of(
+                    st.just({"ns", "gen", "owner"}), st.sets(st.sampled_from(["ns", "name", "gen", "owner"]))
+                ),
+            ),
+            _ODDITIES,
+        )
+    )
+    meta = draw(
+        st.builds(
+            lambda d, keep: {k: v for k, v in d.items() if k in keep},
+            st.fixed_dictionaries({k: _field(k) for k in ("namespace", "name", "generateName")}),
+            st.sets(st.sampled_from(["namespace", "name", "generateName"])),
+        )
+    )
+    refs = draw(
+        st.one_of(
+            st.lists(
+                st.one_of(
+                    st.fixed_dictionaries(
+                        {
+                            "uid": st.one_of(_TEXTS, _ODDITIES),
+                            "controller": st.one_of(st.booleans(), _ODDITIES),
+                        }
+                    ),
+                    _ODDITIES,
+                ),
+                max_size=2,
+            ),
+            _ODDITIES,
+        )
+    )
+    if draw(st.booleans()):
+        meta["ownerReferences"] = refs
+    return bind, draw(st.one_of(st.just({"metadata": meta}), _ODDITIES, st.just({"metadata": refs})))
+
+
+@settings(max_examples=600, deadline=None)
+@given(_bindings_and_pods())
+def test_issued_for_reads_the_signed_members_as_binding_mismatch_does(case):
+    """`issued_for` (a rebuild's check of every stored pod's binding, no `Binding` built) answers what
+    `binding_mismatch(Binding.from_dict(...))` answers, and refuses (raises) what that refuses."""
+    from allocator.core.placement_codec import Binding, binding_mismatch, issued_for
+
+    bind, pod = case
+    try:
+        expected: object = not binding_mismatch(Binding.from_dict(bind), pod)
+    except (ValueError, TypeError, AttributeError) as err:
+        expected = type(err)
+    try:
+        got: object = issued_for(bind, pod)
+    except (ValueError, TypeError, AttributeError) as err:
+        got = type(err)
+    assert got == expected
+
+
+@pytest.mark.parametrize("binding", [None, ("ns", "p"), ("ns", "q"), ("other", "p"), ("ns", "", "p", "u-1")])
+def test_decode_issued_for_is_decode_bound_then_binding_mismatch(binding):
+    from allocator.core.placement_codec import Binding, binding_mismatch, decode_bound, decode_issued_for
+
+    pod = {"metadata": {"name": "p-1" if binding and len(binding) > 2 else "p", "namespace": "ns"}}
+    pod["metadata"]["ownerReferences"] = [{"uid": "u-1", "controller": True}]
+    text = kube.encode_placement(PLACEMENT, b"k", Binding(*binding) if binding else None)
+    placement, signed = decode_bound(text, b"k")
+    expected = placement if signed is None or not binding_mismatch(signed, pod) else None
+    assert decode_issued_for(text, b"k", pod) == expected
+    assert decode_issued_for(text, b"another key", pod) is None
+    assert decode_issued_for(text[:-4] + '0"}', b"k", pod) is None
+
+
+def test_issued_for_answers_as_binding_mismatch_on_every_combination():
+    """Every combination of a few values per field (a match and a miss of each check, and odd types)."""
+    import itertools
+
+    from allocator.core.placement_codec import Binding, binding_mismatch, issued_for
+
+    refs_variants = [
+        None,
+        [{"uid": "u-1", "controller": True}],
+        [{"uid": "u-2", "controller": True}],
+        [{"uid": "u-1"}],
+        "odd",
+    ]
+    for ns, name, gen, owner, pod_ns, pod_name, refs in itertools.product(
+        ["ns", "default", "", 5],
+        ["", "p", "p-1", None],
+        ["", "p-", "q-"],
+        ["", "u-1"],
+        ["ns", "default", "", None, 5],
+        ["", "p", "p-1", None, 7],
+        refs_variants,
+    ):
+        bind = {"ns": ns, "gen": gen, "owner": owner} | ({} if name is None else {"name": name})
+        meta = {"namespace": pod_ns, "name": pod_name}
+        if refs is not None:
+            meta["ownerReferences"] = refs
+        pod = {"metadata": meta}
+        try:
+            expected: object = not binding_mismatch(Binding.from_dict(bind), pod)
+        except ValueError as err:
+            expected = type(err)
+        try:
+            got: object = issued_for(bind, pod)
+        except ValueError as err:
+            got = type(err)
+        assert got == expected, (bind, pod)
