@@ -22,7 +22,6 @@ from allocator.core.books import TRUTH, Books
 from allocator.core.leases import Leases
 from allocator.core.model import DeviceShare, Placement, ReservationState
 from allocator.core.node_state import Holding
-from allocator.core.placement_codec import decode_issued_for
 from allocator.core.slots_init import slots_init
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
@@ -102,7 +101,7 @@ def bound_claim_of_pod(pod: dict, key: bytes | str) -> Claim | None:
     uid = meta.get("uid") or ""
     if type(node) is not str or type(created) is not str or type(uid) is not str:
         return None
-    placement = decode_issued_for(text, key, pod)
+    placement = kube.decode_issued_for(text, key, pod)
     if placement is None:
         return None
     pod_key = kube.pod_key_of(meta)

@@ -29,6 +29,7 @@ from allocator.core.placement_codec import (  # noqa: F401
     binding_mismatch,
     binding_of,
     decode_bound,
+    decode_issued_for,
     decode_placement,
     encode_placement,
     placement_from_dict,
