@@ -298,17 +298,11 @@ def decode_bound(text: str, key: bytes | str = b"") -> tuple[Placement, Binding 
     """The placement in an annotation and the binding signed with it (None for a legacy version 1 value),
     or None when it is malformed or its signature does not verify."""
     try:
-        d = _verified_members(text, key)
-        if d is None:
+        decoded = _signed_placement(text, key)
+        if decoded is None:
             return None
-        version = d.get("v", LEGACY_VERSION)
-        if type(version) is not int:
-            return None
-        if version == LEGACY_VERSION and "bind" not in d:
-            return placement_from_dict(d), None
-        if version == PLACEMENT_VERSION:
-            return placement_from_dict(d), Binding.from_dict(d.get("bind"))
-        return None
+        placement, bind = decoded
+        return placement, None if bind is None else Binding.from_dict(bind)
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):  # RecursionError: "[[[[..." JSON
         return None
 
@@ -318,20 +312,34 @@ def decode_issued_for(text: str, key: bytes | str, pod: Mapping) -> Placement | 
     legacy value; None for anything else. One call, and no `Binding` built for the common binding: a rebuild
     asks it of every stored pod."""
     try:
-        d = _verified_members(text, key)
-        if d is None:
+        decoded = _signed_placement(text, key)
+        if decoded is None:
             return None
-        version = d.get("v", LEGACY_VERSION)
-        if type(version) is not int:
-            return None
-        if version == LEGACY_VERSION and "bind" not in d:
-            return placement_from_dict(d)
-        if version == PLACEMENT_VERSION:
-            placement = placement_from_dict(d)
-            return placement if issued_for(d.get("bind"), pod) else None
-        return None
+        placement, bind = decoded
+        return placement if bind is None or issued_for(bind, pod) else None
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):
         return None
+
+
+def _signed_placement(text: str, key: bytes | str) -> tuple[Placement, dict | None] | None:
+    """The placement of an annotation whose signature verifies and the members of the binding signed with it
+    (None: a legacy version 1 value, bound to nothing); None for an unknown version. May raise on a malformed
+    text or binding (the callers catch)."""
+    d = _verified_members(text, key)
+    if d is None:
+        return None
+    version = d.get("v", LEGACY_VERSION)
+    if type(version) is not int:
+        return None
+    if version == LEGACY_VERSION and "bind" not in d:
+        return placement_from_dict(d), None
+    if version == PLACEMENT_VERSION:
+        placement = placement_from_dict(d)
+        bind = d.get("bind")
+        if not isinstance(bind, dict):
+            raise ValueError("placement binding needs a string ns")  # (as Binding.from_dict says)
+        return placement, bind
+    return None
 
 
 def issued_for(bind: Any, pod: Mapping) -> bool:
