@@ -380,17 +380,17 @@ def rebuild_child(path: str, via: str) -> None:
     freezing included, what production runs after a crash)."""
     with open(path) as lines:
         objects = [json.loads(line) for line in lines]
-    gc.collect()
-    t0, c0 = time.perf_counter(), time.process_time()
-    if via == "core":
-        led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY), now=0.0)
-    else:
+    if via == "actor":
         import asyncio
 
         from allocator.ray_actor import LedgerActor
 
         actor = LedgerActor(LedgerConfig(placement_key=KEY), {"kind": "kubernetes"})
-        t0, c0 = time.perf_counter(), time.process_time()
+    gc.collect()
+    t0, c0 = time.perf_counter(), time.process_time()
+    if via == "core":
+        led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY), now=0.0)
+    else:
         asyncio.run(actor.resync(objects))
         led = actor.service.ledger
     took, took_cpu = time.perf_counter() - t0, time.process_time() - c0
