@@ -234,14 +234,17 @@ class LedgerService(LiveSettings):
     def _rebuild_in_steps(self, objects: list[dict], now: float, step: int) -> Steps[dict]:
         started = self.timer()
         objects = list(objects)
-        if step:
-            stored: set[str] = set()
+        fresh = yield from Ledger.rebuild_in_steps(objects, self.config, now, step)
+        # which pending reservations the list holds a pod of: only worth a walk over every pod when there are
+        # any (none after a restart, the rebuild that matters most), and read once the admissions served
+        # during the build have added theirs
+        stored: set[str] = set()
+        if self._pending and step:
             for start in range(0, len(objects), step):
                 stored |= reservation_ids(objects[start : start + step])
                 yield
-        else:
+        elif self._pending:
             stored = reservation_ids(objects)
-        fresh = yield from Ledger.rebuild_in_steps(objects, self.config, now, step)
         kept = lost = 0
         for rid, request in list(self._pending.items()):
             if rid in stored:

@@ -437,3 +437,28 @@ def test_admissions_during_the_first_stepped_resync_are_unavailable_not_placed_o
     assert (report["kept"], report["lost"]) == (0, 0) and s.synced
     [placed] = s.admit([AdmitCall(Request(id="after", gpus=1))], NOW)
     assert isinstance(placed, Placement)
+
+
+
+def test_a_resync_with_nothing_pending_reads_the_pods_once(monkeypatch):
+    """Which pending reservations the list stores is only asked when some are pending: after a restart (none
+    are) a resync reads the pods for its build alone, not once more for their reservation ids; with one
+    pending, the pass is made (stepped as the build is) and the stored pod's reservation is confirmed."""
+    import allocator.service as service_module
+    from allocator.service import drain
+
+    passes: list[int] = []
+    real = service_module.reservation_ids
+    monkeypatch.setattr(service_module, "reservation_ids", lambda objs: passes.append(len(objs)) or real(objs))
+    nodes = cluster(2, 8)
+    s = svc(nodes)
+    stored = _stored_pod(s, 2)
+    rid = stored["metadata"]["labels"]["gpuledger.io/reservation-id"]
+    assert s.status()["pending"] == 1
+    drain(s.resync_in_steps([*nodes, stored], NOW + 1, step=1))
+    assert passes == [1, 1, 1]  # one slice per step, over every object
+    assert s.status()["pending"] == 0 and s.lookup([rid])[0].confirmed
+    passes.clear()
+    drain(s.resync_in_steps([*nodes, stored], NOW + 2, step=1))
+    s.resync([*nodes, stored], NOW + 3)
+    assert passes == [] and s.lookup([rid])[0].confirmed
