@@ -449,7 +449,12 @@ def test_a_resync_with_nothing_pending_reads_the_pods_once(monkeypatch):
 
     passes: list[int] = []
     real = service_module.reservation_ids
-    monkeypatch.setattr(service_module, "reservation_ids", lambda objs: passes.append(len(objs)) or real(objs))
+
+    def counted(objects: list[dict]) -> set[str]:
+        passes.append(len(objects))
+        return real(objects)
+
+    monkeypatch.setattr(service_module, "reservation_ids", counted)
     nodes = cluster(2, 8)
     s = svc(nodes)
     stored = _stored_pod(s, 2)
