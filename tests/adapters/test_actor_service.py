@@ -439,7 +439,6 @@ def test_admissions_during_the_first_stepped_resync_are_unavailable_not_placed_o
     assert isinstance(placed, Placement)
 
 
-
 def test_a_resync_with_nothing_pending_reads_the_pods_once(monkeypatch):
     """Which pending reservations the list stores is only asked when some are pending: after a restart (none
     are) a resync reads the pods for its build alone, not once more for their reservation ids; with one
