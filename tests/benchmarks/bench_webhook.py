@@ -616,8 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         p50s = pair_ratios(results["pairs_latency"], "p50_ms")
         print(
             f"issue 13 rows, medians of {len(rates)} alternated webhook / no-op pairs: throughput at 100 in "
-            f"flight / no-op: {statistics.median(rates):.2f}x (goal >= 0.6; pairs {_listed(rates)}); p99 at 20 "
-            f"in flight / no-op p99: {statistics.median(p99s):.2f}x (goal <= 2; pairs {_listed(p99s)}; p50 "
+            f"flight / no-op: {statistics.median(rates):.2f}x (goal >= 0.6; pairs {_listed(rates)}); "
+            f"p99 at 20 in flight / no-op p99: {statistics.median(p99s):.2f}x (goal <= 2; pairs "
+            f"{_listed(p99s)}; p50 "
             f"{statistics.median(p50s):.2f}x); ledger calls over the channel: {results['channel_calls']}; "
             f"prefetch_depth {args.prefetch_depth}; log level {args.log_level or 'unconfigured'}"
         )
