@@ -12,6 +12,8 @@ the two share the machine's cores as they would share a node. Baselines measured
 - the raw Ray actor call rate (one admission per call, sequential: what an unbatched webhook could reach),
 - the raw cost of one Ray actor call, local (Ray started in this process) and in-cluster (joining a
   `ray start --head` cluster by address), for docs/deployment.md.
+Issue 13's two rows (throughput and p99 against the no-op) are the medians of `--pairs` alternated runs of the
+webhook and the no-op, each as long as its phase: a single phase of each side moves with the host's minute.
 """
 
 from __future__ import annotations
