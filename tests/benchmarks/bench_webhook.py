@@ -515,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         "admission, written to a file in the run's temporary directory; '' leaves logging unconfigured)",
     )
     args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error(f"--pairs {args.pairs}: the issue 13 rows need at least 1 pair")
     if args.quick:
         args.nodes, args.requests = 100, 1500
     import ray
