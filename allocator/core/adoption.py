@@ -18,6 +18,18 @@ from allocator.core.steps import Steps, drain
 from allocator.core.truth import Truth
 
 
+def _settle_young() -> None:
+    """Move every object the collector tracks into its oldest generation, in O(1) (`gc.freeze` splices the
+    generations' lists onto the permanent one, `gc.unfreeze` that onto the oldest): a bulk load leaves
+    millions of young objects that live as long as the ledger, and the first collection after the collector
+    is resumed would walk all of them (~1.1 s at 500,000 pods), then a middle-generation one once more, only
+    to promote them where they are put here. Done only while nothing is frozen (unfreezing would thaw what a
+    caller froze; a caller that freezes, as the ledger actor does between steps, leaves nothing young)."""
+    if not gc.get_freeze_count():
+        gc.freeze()
+        gc.unfreeze()
+
+
 class Adoption:
     """Keeps the books equal to what the cluster's Node and Pod objects say."""
 
@@ -67,6 +79,7 @@ class Adoption:
             if index.bulk:  # abandoned mid-load
                 index.end_bulk()
             if was_enabled:
+                _settle_young()
                 gc.enable()
 
     def apply_one(self, item: dict, now: float) -> None:

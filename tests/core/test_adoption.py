@@ -236,6 +236,39 @@ def test_a_rebuild_in_steps_pauses_every_step_and_builds_what_rebuild_builds():
         gc.enable()
 
 
+def _generation_of(obj: object) -> int | None:
+    import gc
+
+    for generation in range(3):
+        if any(o is obj for o in gc.get_objects(generation)):
+            return generation
+    return None
+
+
+def test_a_rebuilt_ledger_is_in_the_collectors_oldest_generation_and_nothing_stays_frozen():
+    """A bulk load's objects live as long as the ledger: when the collector is resumed they are already in
+    its oldest generation, so no young collection walks them; nothing is left frozen. Something a caller
+    froze stays frozen (the ledger actor freezes between steps; it leaves nothing young)."""
+    import gc
+
+    nodes = [node(f"n{i}", 4) for i in range(3)]
+    placed = [Placement(id=f"r{i}", node=f"n{i}", devices=(i % 4,), cpu_milli=100) for i in range(3)]
+    objects = [*nodes, *(pod(f"p{i}", placement=p, key=KEY) for i, p in enumerate(placed))]
+    assert gc.get_freeze_count() == 0
+    led = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY))
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert _generation_of(led._books) == 2 and _generation_of(led._books.reservations) == 2
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        again = Ledger.rebuild(objects, LedgerConfig(placement_key=KEY))
+        assert gc.get_freeze_count() == frozen  # nothing the caller froze was thawed
+        assert again.snapshot() == led.snapshot()
+    finally:
+        gc.unfreeze()
+    assert gc.isenabled()
+
+
 def test_discarding_a_ledger_leaves_another_with_the_same_config_and_strategies_whole():
     """What two ledgers share (their config, the registered strategies) is left as it is by `discard`: the
     other ledger decides, explains and snapshots as before."""
