@@ -337,7 +337,7 @@ def _signed_placement(text: str, key: bytes | str) -> tuple[Placement, dict | No
         placement = placement_from_dict(d)
         bind = d.get("bind")
         if not isinstance(bind, dict):
-            raise ValueError("placement binding needs a string ns")  # (as Binding.from_dict says)
+            raise ValueError(f"placement binding is not an object: {bind!r}")
         return placement, bind
     return None
 
