@@ -4,6 +4,7 @@ rode in."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -300,3 +301,74 @@ def test_the_admission_line_takes_the_ordinary_way_whenever_it_could_go_elsewher
     logs.configure("text", "INFO", stream)
     logs.log_admission(logger, FIELDS)
     assert "admission route=mutate uid=u-9" in stream.getvalue()
+
+
+@contextlib.contextmanager
+def _alone(handler):
+    """The JSON handler as the root logger's only one (pytest adds its capture handlers for each test's call,
+    after the fixtures): the set-up in which admission lines take `log_admission`'s direct way."""
+    root = logging.getLogger()
+    others = [h for h in root.handlers if h is not handler]
+    for h in others:
+        root.removeHandler(h)
+    try:
+        yield
+    finally:
+        for h in others:
+            root.addHandler(h)
+
+
+class _Writes(io.StringIO):
+    """A stream that counts its writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text):
+        self.writes += 1
+        return super().write(text)
+
+
+def test_the_admission_lines_of_one_event_loop_turn_are_written_together_at_its_end(configured):
+    _, handler = configured
+    stream = _Writes()
+    handler.setStream(stream)
+    logger = logging.getLogger(logs.ADMISSION_LOGGER)
+
+    async def one_turn():
+        for i in range(5):
+            logs.log_admission(logger, {**FIELDS, "uid": f"u-{i}"})
+        assert stream.getvalue() == ""  # waiting for the end of this turn
+        await asyncio.sleep(0)  # the loop turns
+        assert stream.writes == 1
+        assert [line["uid"] for line in _lines(stream)] == [f"u-{i}" for i in range(5)]
+        logs.log_admission(logger, FIELDS)  # the next turn's lines get their own drain
+        await asyncio.sleep(0)
+        assert stream.writes == 2 and len(_lines(stream)) == 1
+
+    with _alone(handler):
+        asyncio.run(one_turn())
+
+
+def test_a_record_logged_after_waiting_admission_lines_comes_out_after_them(configured):
+    """Any other record, a flush and the end of a loop with lines still waiting: the lines are written first,
+    in the order they were logged, and none is lost."""
+    stream, handler = configured
+    logger = logging.getLogger(logs.ADMISSION_LOGGER)
+
+    async def logged():
+        logs.log_admission(logger, {**FIELDS, "uid": "first"})
+        logging.getLogger("gpuledger.webhook").warning("something else")
+        logs.log_admission(logger, {**FIELDS, "uid": "third"})
+        handler.flush()
+        assert [line.get("uid", line["message"]) for line in _lines(stream)] == [
+            "first",
+            "something else",
+            "third",
+        ]
+        logs.log_admission(logger, {**FIELDS, "uid": "last"})  # the loop ends before its next turn
+
+    with _alone(handler):
+        asyncio.run(logged())
+    assert [line["uid"] for line in _lines(stream)] == ["last"]

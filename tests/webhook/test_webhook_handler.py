@@ -408,6 +408,42 @@ def test_deadline_fail_closed_and_fail_open():
     assert not v.allowed
 
 
+def test_the_owner_lookup_and_the_ledger_share_one_deadline():
+    """The deadline is armed around each wait, not once around the whole admission: what the owner lookup
+    took is gone from what the ledger may take; and a lookup that never answers is itself a 503."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "default"}}
+    ref = [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "controller": True}]
+    pod = gpu_pod(1, ownerReferences=ref)
+    waits: dict[str, float] = {}
+
+    class SlowOwners(StaticOwners):
+        async def get(self, kind, namespace, name):
+            await asyncio.sleep(0.2)
+            return await super().get(kind, namespace, name)
+
+    class NeverLedger:
+        async def admit(self, call):
+            loop = asyncio.get_running_loop()
+            waits["asked"] = loop.time()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                waits["cancelled"] = loop.time()
+
+    h = AdmissionHandler(config(deadline_s=0.3), NeverLedger(), owners=SlowOwners([job]))
+    d = run(h.mutate(review(pod)))
+    assert not d.allowed and d.code == 503 and "did not answer within 0.3s" in d.message
+    assert waits["cancelled"] - waits["asked"] < 0.3  # what was left, not a deadline of its own
+
+    class NeverOwners:
+        async def get(self, kind, namespace, name):
+            await asyncio.Event().wait()
+
+    stuck = AdmissionHandler(config(deadline_s=0.05), NeverLedger(), owners=NeverOwners())
+    d = run(stuck.mutate(review(pod)))
+    assert not d.allowed and d.code == 503 and "did not answer within 0.05s" in d.message
+
+
 def test_ledger_down_and_handler_bug():
     d = run(AdmissionHandler(config(), DownLedger()).mutate(review(gpu_pod(1))))
     assert not d.allowed and d.code == 503 and "actor restarting" in d.message
