@@ -91,6 +91,7 @@ class WebhookMetrics:
             registry=r,
         )
         self._recoveries_seen: tuple[str, int] | None = None  # (ledger incarnation, rebuilds observed)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # (metric, labels) -> its child
         self.placement_decisions = Counter(
             "topology_placement_decisions",
             "placement decisions by strategy and result",
@@ -170,9 +171,27 @@ class WebhookMetrics:
     def observe_decision(self, strategy: str, seconds: float) -> None:
         """One admission's time to a decision; `strategy` "none" means no GPU request was made (no placement
         to decide: a pod without GPUs, a bad annotation, the owner unreadable)."""
-        self.scheduler_latency.labels(strategy).observe(seconds)
+        self._child(self.scheduler_latency, (strategy,)).observe(seconds)
         if strategy != "none":
             self.placement_duration.observe(seconds)
+
+    def decided(self, strategy: str, result: str) -> None:
+        """topology_placement_decisions{strategy, result} + 1."""
+        self._child(self.placement_decisions, (strategy, result)).inc()
+
+    def prefetched(self, outcome: str, n: int) -> None:
+        """gpuledger_prefetch_total{outcome} + n."""
+        self._child(self.prefetch, (outcome,)).inc(n)
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        """`metric.labels(*labels)`, looked up once per label set: prometheus' labels() costs more than the
+        increment itself, and an admission counts three of them (the label sets are few: outcomes and the
+        registered strategies)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_recoveries(self, recoveries: Any) -> None:
         """Observe the ledger's rebuilds not observed yet (an allocator.service.Recoveries): all of a new

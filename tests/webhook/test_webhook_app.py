@@ -157,3 +157,31 @@ async def test_metrics_exports_every_name_per_app(aiohttp_client, ledger_client)
     assert "topology_domain_utilization_ratio{" in text
     assert 'gpuledger_ledger_calls_total{transport="in-process"} 2.0' in text
     assert other is not app
+
+
+def test_the_admission_counters_count_through_their_remembered_children():
+    """decided / prefetched / observe_decision look each label set's child up once; what they count is what
+    labels() would have counted, per label set."""
+    from prometheus_client import generate_latest
+
+    from webhook.metrics import WebhookMetrics
+
+    m = WebhookMetrics()
+    for strategy, result in [("best_fit", "placed"), ("best_fit", "placed"), ("none", "invalid")]:
+        m.decided(strategy, result)
+    m.prefetched("hit", 1)
+    m.prefetched("hit", 2)
+    m.prefetched("released", 5)
+    m.observe_decision("best_fit", 0.002)
+    m.observe_decision("none", 0.001)
+    text = generate_latest(m.registry).decode()
+    assert 'topology_placement_decisions_total{result="placed",strategy="best_fit"} 2.0' in text
+    assert 'topology_placement_decisions_total{result="invalid",strategy="none"} 1.0' in text
+    assert 'gpuledger_prefetch_total{outcome="hit"} 3.0' in text
+    assert 'gpuledger_prefetch_total{outcome="released"} 5.0' in text
+    assert 'topology_scheduler_latency_seconds_count{strategy="best_fit"} 1.0' in text
+    assert 'topology_scheduler_latency_seconds_count{strategy="none"} 1.0' in text
+    assert "topology_scheduler_placement_duration_seconds_count 1.0" in text  # "none" decided no placement
+    assert m.placement_decisions.labels("best_fit", "placed") is m._child(
+        m.placement_decisions, ("best_fit", "placed")
+    )

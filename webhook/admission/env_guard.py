@@ -29,7 +29,8 @@ from webhook.config import WebhookConfig
 ALL_KINDS = (*CONTAINER_KINDS, "ephemeralContainers")
 NO_GPU_VALUES = ("", "void", "none")  # the NVIDIA runtime exposes no GPU for these
 CDI_PREFIX = "cdi.k8s.io/"
-DEVICE_LIST_MOUNTS = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+DEVICE_LIST_NAME = "nvidia-container-devices"
+DEVICE_LIST_MOUNTS = (f"/var/run/{DEVICE_LIST_NAME}", f"/run/{DEVICE_LIST_NAME}")
 ACCEPTED = (
     "accepted: no such setting (NVIDIA_VISIBLE_DEVICES may only be 'void' or 'none', which expose no GPU); "
     "ask for GPUs with resources.limits nvidia.com/gpu or the annotation topology.scheduler/gpu-count, and "
@@ -81,7 +82,10 @@ def findings(pod: dict, placed: dict[tuple[str, int], str]) -> list[str]:
             if value not in NO_GPU_VALUES and placed.get((kind, i)) != value:
                 found.append(f"{_named(c)} sets {where}={value!r}")
         for j, m in enumerate(_list_at(c, "volumeMounts")):
-            path = _clean(m.get("mountPath")) if isinstance(m, dict) else ""
+            raw = m.get("mountPath") if isinstance(m, dict) else None
+            if not raw or DEVICE_LIST_NAME not in str(raw):  # (normalizing drops path parts, never adds one)
+                continue
+            path = _clean(raw)
             if any(path == p or path.startswith(p + "/") for p in DEVICE_LIST_MOUNTS):
                 found.append(
                     f"{_named(c)} mounts spec.{kind}[{i}].volumeMounts[{j}].mountPath={path!r} "

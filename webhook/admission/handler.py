@@ -96,7 +96,7 @@ class AdmissionHandler(Validating):
                 ledger,
                 config.prefetch_settings(),
                 self.new_id,
-                on_outcome=lambda outcome, n: self.metrics.prefetch.labels(outcome).inc(n),
+                on_outcome=self.metrics.prefetched,
             )
             prefetch = self.prefetch
             self.metrics.prefetch_held.set_function(lambda: prefetch.held)
@@ -156,7 +156,7 @@ class AdmissionHandler(Validating):
             )
         choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
         if choice.verdict == scheduler_name.OTHER:  # another scheduler's pod: not ours to place
-            self.metrics.placement_decisions.labels("none", "other_scheduler").inc()
+            self.metrics.decided("none", "other_scheduler")
             return Decision(
                 True,
                 patch=patch_of(pod, work),
@@ -186,7 +186,7 @@ class AdmissionHandler(Validating):
                     inputs.pod, inputs.owner, self.parse_config, self.new_id(), namespace=namespace
                 )
             except AnnotationError as exc:
-                self.metrics.placement_decisions.labels("none", "invalid").inc()
+                self.metrics.decided("none", "invalid")
                 return Decision(
                     False,
                     code=422,
@@ -200,7 +200,7 @@ class AdmissionHandler(Validating):
                 )
             strategy = request.strategy or "default"
             if self.config.visibility_mode == "device-plugin" and request.is_shared:
-                self.metrics.placement_decisions.labels(strategy, "invalid").inc()
+                self.metrics.decided(strategy, "invalid")
                 return Decision(
                     False,
                     code=422,
@@ -234,7 +234,7 @@ class AdmissionHandler(Validating):
         if isinstance(result, Unavailable):
             return self._unavailable(pod, work, warnings, result.message)
         if isinstance(result, Denial):
-            self.metrics.placement_decisions.labels(strategy, "denied").inc()
+            self.metrics.decided(strategy, "denied")
             return Decision(
                 False,
                 code=403,
@@ -258,7 +258,7 @@ class AdmissionHandler(Validating):
         warnings += env_guard.replacements(pod, work, self.config.visibility_mode)
         reused = prior is not None and result.id == prior.id
         outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
-        self.metrics.placement_decisions.labels(strategy, outcome).inc()
+        self.metrics.decided(strategy, outcome)
         seen.placement = result
         return Decision(
             True,
@@ -301,7 +301,7 @@ class AdmissionHandler(Validating):
         return result, batcher.batch_size.get() or 1  # an unbatched client answers one admission per call
 
     def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision:
-        self.metrics.placement_decisions.labels("none", "unavailable").inc()
+        self.metrics.decided("none", "unavailable")
         if self.config.fail_open:
             return Decision(
                 True,
