@@ -373,7 +373,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
 
     from webhook.config import WebhookConfig
     from webhook.ledger_client import RayLedgerClient
-    from webhook.transport.app import HANDLER_KEY, create_app
+    from webhook.transport.app import HANDLER_KEY, METRICS_KEY, create_app
     from webhook.transport.server import start_server, tune_gc
     from webhook.transport.tls import ReloadingTLS
 
@@ -392,6 +392,15 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         await asyncio.to_thread(lambda: ray.get(handle.sweep.remote(time.time() + 1e6)))
         if webhook_app[HANDLER_KEY].prefetch is not None:
             webhook_app[HANDLER_KEY].prefetch.forget()
+
+    def prefetched() -> tuple[float, float]:
+        """The webhook's prefetch hits and misses so far (gpuledger_prefetch_total)."""
+        registry = webhook_app[METRICS_KEY].registry
+        hits, misses = (
+            registry.get_sample_value("gpuledger_prefetch_total", {"outcome": outcome}) or 0.0
+            for outcome in ("hit", "miss")
+        )
+        return hits, misses
 
     ray_only = await start_server(
         create_app(config, RayLedgerClient(handle, channel="off")), "127.0.0.1", 0, tls()
@@ -434,7 +443,10 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         for name, in_flight, n in (("throughput", 100, args.requests), ("latency", 20, args.requests // 2)):
             print(f"phase: webhook {name} ({n} admissions, {in_flight} in flight)", flush=True)
             calls_before, items_before = client.admissions.calls, client.admissions.items
+            taken_before = prefetched()
             results[f"webhook_{name}"] = await run_load(webhook.port, ca_file, n, in_flight)
+            hits, misses = (now - before for now, before in zip(prefetched(), taken_before, strict=True))
+            results[f"webhook_{name}"]["prefetch_hit_share"] = hits / max(hits + misses, 1)
             calls = client.admissions.calls - calls_before
             results[f"webhook_{name}"]["mean_batch"] = (client.admissions.items - items_before) / max(
                 calls, 1
@@ -636,7 +648,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"webhook / no-op aiohttp throughput: {t['rate'] / nt['rate']:.2f}x; "
         f"webhook / raw Ray admission rate: {t['rate'] / raw_rate:.1f}x; "
-        f"mean batch per actor call: {t['mean_batch']:.1f} (100 in flight), {lt['mean_batch']:.1f} (20)"
+        f"mean batch per actor call: {t['mean_batch']:.1f} (100 in flight), {lt['mean_batch']:.1f} (20); "
+        f"placed from the prefetch (no ledger call on the pod's time): {t['prefetch_hit_share']:.0%} (100 in "
+        f"flight), {lt['prefetch_hit_share']:.0%} (20)"
     )
     print(
         f"targets: >= 2,000 admissions/s at 100 in flight: {'met' if t['rate'] >= 2000 else 'NOT met'} "
