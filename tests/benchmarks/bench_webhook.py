@@ -638,6 +638,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(p50s):.2f}x); ledger calls over the channel: {results['channel_calls']}; "
             f"prefetch_depth {args.prefetch_depth}; log level {args.log_level or 'unconfigured'}"
         )
+        cpu = pair_ratios(results["pairs_throughput"], "server_cpu_us")
+        print(
+            f"the same pairs' CPU per admission at 100 in flight, webhook / no-op: "
+            f"{statistics.median(cpu):.2f}x (pairs {_listed(cpu)})"
+        )
     at, al = results["answeronly_throughput"], results["answeronly_latency"]
     print(
         f"the same transport answering a real patch and doing no work / no-op: throughput "
