@@ -1,9 +1,12 @@
 """What both admission sides read off a pod and how they word a placement or a denial: the pod's
-annotations, labels and gpuledger.io/* keys, its name for messages, and the 403 every refusal uses.
+annotations, labels and gpuledger.io/* keys, its name for messages, the 403 every refusal uses and the 422
+of settings that cannot be accepted.
 Pure functions of their arguments; never asks the ledger, never changes the pod.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from allocator.service import Placement
 from webhook.admission.patch import LEDGER_PREFIX, _dict_at
@@ -59,8 +62,16 @@ def describe_event(p: Placement) -> str:
     )
 
 
-def _forbidden(message: str) -> Decision:
-    return Decision(False, code=403, reason="Forbidden", outcome="denied", message=f"gpuledger: {message}")
+def _forbidden(message: str, **fields: Any) -> Decision:
+    """A denial of what the pod asks (403); `fields`: more of the Decision (strategy, ledger batch)."""
+    return Decision(
+        False, code=403, reason="Forbidden", outcome="denied", message=f"gpuledger: {message}", **fields
+    )
+
+
+def _invalid(message: str) -> Decision:
+    """A pod whose own settings cannot be accepted as written (422): an annotation, a mode it needs."""
+    return Decision(False, code=422, reason="Invalid", outcome="invalid", message=f"gpuledger: {message}")
 
 
 def _bad_request(message: str) -> Decision:

@@ -34,6 +34,7 @@ from webhook.admission.common import (
     _annotations,
     _bad_request,
     _forbidden,
+    _invalid,
     _pod_name,
     describe_event,
     describe_placement,
@@ -187,13 +188,7 @@ class AdmissionHandler(Validating):
                 )
             except AnnotationError as exc:
                 self.metrics.decided("none", "invalid")
-                return Decision(
-                    False,
-                    code=422,
-                    reason="Invalid",
-                    outcome="invalid",
-                    message=f"gpuledger: {who}: {exc}{_inherited_from(exc, inputs)}",
-                )
+                return _invalid(f"{who}: {exc}{_inherited_from(exc, inputs)}")
             if request is None:
                 return Decision(
                     True, patch=patch_of(pod, work), warnings=warnings, outcome="no_gpu", message=""
@@ -201,15 +196,10 @@ class AdmissionHandler(Validating):
             strategy = request.strategy or "default"
             if self.config.visibility_mode == "device-plugin" and request.is_shared:
                 self.metrics.decided(strategy, "invalid")
-                return Decision(
-                    False,
-                    code=422,
-                    reason="Invalid",
-                    outcome="invalid",
-                    message=f"gpuledger: {who}: a shared GPU (agentaflow.gpu/milli, "
-                    'agentaflow.gpu/memory with exclusive-access "false") is not '
-                    "available in device-plugin visibility mode; accepted: whole GPUs, or "
-                    "ask the operator for host-indices or runtime-uuids mode",
+                return _invalid(
+                    f"{who}: a shared GPU (agentaflow.gpu/milli, agentaflow.gpu/memory with "
+                    'exclusive-access "false") is not available in device-plugin visibility mode; accepted: '
+                    "whole GPUs, or ask the operator for host-indices or runtime-uuids mode"
                 )
             # reinvocations keep their own placement and dry runs reserve nothing: both ask the ledger
             prefetch = self.prefetch if prior is None and not review.dry_run else None
@@ -235,14 +225,10 @@ class AdmissionHandler(Validating):
             return self._unavailable(pod, work, warnings, result.message)
         if isinstance(result, Denial):
             self.metrics.decided(strategy, "denied")
-            return Decision(
-                False,
-                code=403,
-                reason="Forbidden",
-                outcome="denied",
+            return _forbidden(
+                f"no placement for {who} ({_summary(request)}): {result.message}",
                 strategy=strategy,
                 ledger_batch=batch,
-                message=f"gpuledger: no placement for {who} ({_summary(request)}): {result.message}",
             )
         if not isinstance(result, Placement):
             raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
