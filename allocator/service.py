@@ -43,6 +43,8 @@ from allocator.core.request import (
     AnnotationError,
     PodRequestConfig,
     controller_owner,
+    for_another_pod,
+    pod_name,
     request_from_pod,
     seed_for,
 )
@@ -99,7 +101,9 @@ __all__ = [
     "decode_placement",
     "drain",
     "encode_placement",
+    "for_another_pod",
     "iter_objects",
+    "pod_name",
     "request_from_pod",
     "seed_for",
     "strategy_names",

@@ -36,6 +36,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_ledger_calls",
     "gpuledger_prefetch_total",
     "gpuledger_prefetch_held",
+    "gpuledger_pod_shapes_total",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -160,6 +161,14 @@ class WebhookMetrics:
             ["outcome"],
             registry=r,
         )
+        self.pod_shapes = Counter(
+            "gpuledger_pod_shapes",
+            "mutating admissions by how their request was read: outcome=hit (a pod of the same shape was "
+            "parsed before: its request reused), miss (parsed, kept for the next), apart (parsed, never "
+            "kept: the pod carries gpuledger.io keys or its own placement, or does not encode as JSON)",
+            ["outcome"],
+            registry=r,
+        )
         self.prefetch_held = Gauge(
             "gpuledger_prefetch_held", "placements admitted ahead and not taken yet", registry=r
         )
@@ -182,6 +191,10 @@ class WebhookMetrics:
     def prefetched(self, outcome: str, n: int) -> None:
         """gpuledger_prefetch_total{outcome} + n."""
         self._child(self.prefetch, (outcome,)).inc(n)
+
+    def shaped(self, outcome: str) -> None:
+        """gpuledger_pod_shapes_total{outcome} + 1."""
+        self._child(self.pod_shapes, (outcome,)).inc()
 
     def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
         """`metric.labels(*labels)`, looked up once per label set: prometheus' labels() costs more than the

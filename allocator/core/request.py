@@ -317,5 +317,20 @@ def request_from_pod(
         network_bandwidth_gbps=bandwidth_gbps,
         seed=seed_for(reservation_id),
         namespace=namespace,
-        name=str(meta.get("name") or ""),
+        name=pod_name(pod),
     )
+
+
+def pod_name(pod: Mapping) -> str:
+    """The name a request carries: the pod's own (empty for a pod named later by generateName)."""
+    return str(mapping(pod.get("metadata")).get("name") or "")
+
+
+def for_another_pod(template: Request, reservation_id: str, name: str) -> Request:
+    """`template`, request_from_pod's answer for one pod, as it answers for another pod of the same shape
+    (everything but its identity equal): the fields that differ pod to pod (`Request.shape` leaves out id,
+    seed and name) set exactly as request_from_pod sets them. Never for a pinned request: a
+    gpu-scheduling-map entry is chosen by the pod's name or index, so pods of one shape are pinned apart."""
+    if template.pinned is not None:
+        raise ValueError(f"request {template.id!r} is pinned by gpu-scheduling-map: parse each pod")
+    return Request(**{**vars(template), "id": reservation_id, "seed": seed_for(reservation_id), "name": name})

@@ -947,6 +947,7 @@ EXPORTED_METRICS = {
     "gpuledger_device_disagreements",
     "gpuledger_prefetch_total",
     "gpuledger_prefetch_held",
+    "gpuledger_pod_shapes_total",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {

@@ -25,6 +25,7 @@ from allocator.service import (
     binding_of,
     decode_bound,
     encode_placement,
+    pod_name,
     request_from_pod,
 )
 from webhook import batcher, events
@@ -47,6 +48,7 @@ from webhook.admission.patch import (
     strip_ledger_keys,
 )
 from webhook.admission.review import Decision, Review
+from webhook.admission.shapes import PodShapes
 from webhook.admission.validation import Validating
 from webhook.config import WebhookConfig
 from webhook.ledger_client import LedgerClient, LedgerUnavailable
@@ -91,6 +93,7 @@ class AdmissionHandler(Validating):
         self.key = config.placement_key() if key is None else key
         self.new_id = id_factory or reservation_ids()
         self.parse_config = PodRequestConfig(gpu_resource=config.gpu_resource)
+        self.shapes = PodShapes()
         self.prefetch: PlacementPrefetch | None = None
         if config.prefetch_depth:
             self.prefetch = PlacementPrefetch(
@@ -148,14 +151,20 @@ class AdmissionHandler(Validating):
         removed = strip_ledger_keys(work)
         namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         prior = _prior_placement(pod, namespace, self.key)
-        if refused := env_guard.refusal(pod, self.key, self.config):  # before anything: one clear denial
-            return _forbidden(f"{who}: {refused}")
+        # pods of one shape share what is read below before the ledger (webhook.admission.shapes)
+        shape = self.shapes.key(pod, namespace) if prior is None and not removed else None
+        choice = self.shapes.choice(shape) if shape is not None else None
+        if choice is None:
+            if refused := env_guard.refusal(pod, self.key, self.config):  # before anything: one clear denial
+                return _forbidden(f"{who}: {refused}")
+            choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
+            if shape is not None:
+                self.shapes.remember_choice(shape, choice)
         warnings = []
         if removed and prior is None:
             warnings.append(
                 f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*"
             )
-        choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
         if choice.verdict == scheduler_name.OTHER:  # another scheduler's pod: not ours to place
             self.metrics.decided("none", "other_scheduler")
             return Decision(
@@ -181,14 +190,21 @@ class AdmissionHandler(Validating):
             else:
                 async with asyncio.timeout_at(deadline):
                     seen.chain = await chain.walk(pod, namespace, self.owners)
-            inputs = seen.chain.inputs(pod)
-            try:
-                request = request_from_pod(
-                    inputs.pod, inputs.owner, self.parse_config, self.new_id(), namespace=namespace
-                )
-            except AnnotationError as exc:
-                self.metrics.decided("none", "invalid")
-                return _invalid(f"{who}: {exc}{_inherited_from(exc, inputs)}")
+            rid = self.new_id()
+            kept = self.shapes.request_key(shape, seen.chain.owners) if shape is not None else None
+            known, request = self.shapes.request(kept, rid, pod_name(pod)) if kept else (False, None)
+            self.metrics.shaped("hit" if known else "miss" if kept else "apart")
+            if not known:
+                inputs = seen.chain.inputs(pod)
+                try:
+                    request = request_from_pod(
+                        inputs.pod, inputs.owner, self.parse_config, rid, namespace=namespace
+                    )
+                except AnnotationError as exc:
+                    self.metrics.decided("none", "invalid")
+                    return _invalid(f"{who}: {exc}{_inherited_from(exc, inputs)}")
+                if kept:
+                    self.shapes.remember_request(kept, request)
             if request is None:
                 return Decision(
                     True, patch=patch_of(pod, work), warnings=warnings, outcome="no_gpu", message=""
