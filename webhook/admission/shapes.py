@@ -35,8 +35,9 @@ class PodShapes:
     capacity: int = DEFAULT_CAPACITY
     checked: dict[bytes, SchedulerChoice] = field(default_factory=dict)  # refused nothing; the choice
     requests: dict[tuple[bytes, bytes], Request | None] = field(default_factory=dict)  # None: no GPU
-    # the JSON of the owner objects read for a request, by object (the owner lookup hands out the same
-    # dict while it is cached; the entry holds it, so its id is not reused meanwhile)
+    # the JSON of the owner objects read for a request, by object: the owner lookup hands out the same dict
+    # while it is cached and replaces it, never changes it, when it reads the object again; the entry holds
+    # the object, so its id is not reused meanwhile
     _owner_json: dict[int, tuple[dict, bytes]] = field(default_factory=dict)
 
     def key(self, pod: dict, namespace: str) -> bytes | None:
@@ -50,7 +51,7 @@ class PodShapes:
         if isinstance(annotations, dict) and isinstance(annotations.get(LAST_APPLIED), str):
             view["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
         try:
-            return namespace.encode() + b"\n" + orjson.dumps({**pod, "metadata": view})
+            return orjson.dumps([namespace, {**pod, "metadata": view}])
         except TypeError:  # (orjson's JSONEncodeError): keys or values JSON has no spelling for
             return None
 
