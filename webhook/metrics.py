@@ -164,8 +164,9 @@ class WebhookMetrics:
         self.pod_shapes = Counter(
             "gpuledger_pod_shapes",
             "mutating admissions by how their request was read: outcome=hit (a pod of the same shape was "
-            "parsed before: its request reused), miss (parsed, kept for the next), apart (parsed, never "
-            "kept: the pod carries gpuledger.io keys or its own placement, or does not encode as JSON)",
+            "parsed before: its request reused), miss (parsed; kept for the shape's next pod unless "
+            "denied or pinned by gpu-scheduling-map), apart (parsed, never kept: the pod carries "
+            "gpuledger.io keys or its own placement, or does not encode as JSON)",
             ["outcome"],
             registry=r,
         )
