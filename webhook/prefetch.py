@@ -26,9 +26,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from allocator.service import AdmitCall, Denial, Placement, Request, seed_for
+from allocator.service import AdmitCall, Denial, Placement, Request, for_another_pod
 from webhook.ledger_client import LedgerClient
 
 log = logging.getLogger("gpuledger.prefetch")
@@ -120,7 +120,7 @@ class PlacementPrefetch:
         use_by = asked + self.settings.max_age_s
         try:
             ids = [self.new_id() for _ in range(need)]
-            requests = [replace(request, id=rid, seed=seed_for(rid), name="") for rid in ids]
+            requests = [for_another_pod(request, rid, "") for rid in ids]  # (a shape is never pinned)
             answers = await asyncio.gather(
                 *(self.ledger.admit(AdmitCall(r, False, None)) for r in requests), return_exceptions=True
             )

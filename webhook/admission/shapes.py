@@ -68,7 +68,7 @@ class PodShapes:
         parts = []
         for owner in owners:
             known = self._owner_json.get(id(owner))
-            if known is None or known[0] is not owner:
+            if known is None:
                 try:
                     known = (owner, orjson.dumps(owner))
                 except TypeError:
