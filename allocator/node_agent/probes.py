@@ -107,7 +107,8 @@ class NvmlProbe:
     def processes(self) -> list[GpuProcess]:
         """Compute and graphics processes per device; a pid in both lists counts once (its larger figure).
 
-        Not exercised in CI (no GPU there): usedGpuMemory is bytes, or None where the driver withholds it.
+        usedGpuMemory is bytes, or None where the driver withholds it. CI has no GPU: tests/adapters/
+        test_nvml_real.py runs this on a real one (docs/node-agent.md, "On a real GPU").
         """
         nvml = self._nvml
         seen: dict[tuple[int, int], int] = {}
