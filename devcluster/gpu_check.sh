@@ -18,6 +18,11 @@ import pynvml
 pynvml.nvmlInit()
 print("NVML", pynvml.nvmlSystemGetNVMLVersion(), "driver", pynvml.nvmlSystemGetDriverVersion())
 handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+for name in ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows"):
+    try:
+        print(name, getattr(pynvml, name)(handle))
+    except pynvml.NVMLError as exc:
+        print(name, type(exc).__name__, exc)
 holder = subprocess.Popen(
     [sys.executable, "-c", "import sys, torch; x = torch.empty(2048 << 20, dtype=torch.uint8, device='cuda');"
      " torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,40 @@ class GpuProcess(NamedTuple):
     device: int  # DeviceReport.index (a NamedTuple field cannot be called `index`)
     pid: int
     used_memory_mib: int
+
+
+class QueryFailed(str):
+    """An NVML health query that failed (its error's text): the device is suspect."""
+
+
+def memory_health(
+    retired_pending: int | QueryFailed | None,
+    remapped_rows: tuple[int, int, int, int] | QueryFailed | None,
+) -> str:
+    """Why a device's memory makes it unhealthy, or "".
+
+    `retired_pending`: nvmlDeviceGetRetiredPagesPendingStatus (page retirement, the memory repair of GPUs
+    before Ampere); `remapped_rows`: nvmlDeviceGetRemappedRows' (corrected, uncorrectable, pending, failure)
+    (row remapping, which replaced it from Ampere on: the A100, H100 and H200 report memory faults only this
+    way). None: the GPU does not support that query. A pending retirement or remapping takes effect only at
+    the next GPU reset, so until then the faulty memory is still in use; a failed remapping (no spare rows
+    left) needs the GPU replaced.
+    """
+    for query, answer in (("page-retirement", retired_pending), ("row-remapping", remapped_rows)):
+        if isinstance(answer, QueryFailed):
+            return f"{query} query failed: {answer}"
+    if retired_pending:
+        return "retired memory pages pending a reset"
+    if isinstance(remapped_rows, tuple):
+        corrected, uncorrectable, pending, failure = remapped_rows
+        if failure:
+            return (
+                f"row remapping failed ({uncorrectable} rows remapped for uncorrectable errors, "
+                f"{corrected} for correctable): the GPU needs replacing"
+            )
+        if pending:
+            return "a memory row remapping is pending a GPU reset"
+    return ""
 
 
 class ProbeError(RuntimeError):
@@ -83,13 +117,10 @@ class NvmlProbe:
                 utilization = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             except nvml.NVMLError as exc:  # a device that cannot report utilization is suspect
                 healthy, reason = False, f"utilization query failed: {exc}"
-            try:
-                if nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle):
-                    healthy, reason = False, "retired memory pages pending a reset"
-            except nvml.NVMLError_NotSupported:
-                pass
-            except nvml.NVMLError as exc:
-                healthy, reason = False, f"page-retirement query failed: {exc}"
+            retired = self._query(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            remapped = self._query(nvml.nvmlDeviceGetRemappedRows, handle)
+            if memory_problem := memory_health(retired, remapped):
+                healthy, reason = False, memory_problem
             reports.append(
                 DeviceReport(
                     index=index,
@@ -103,6 +134,16 @@ class NvmlProbe:
                 )
             )
         return reports
+
+    def _query(self, query, handle) -> Any:
+        """A health query's answer; None where the GPU or driver does not support it; the error's text
+        (`QueryFailed`) where it failed."""
+        try:
+            return query(handle)
+        except (self._nvml.NVMLError_NotSupported, self._nvml.NVMLError_FunctionNotFound):
+            return None
+        except self._nvml.NVMLError as exc:
+            return QueryFailed(str(exc))
 
     def processes(self) -> list[GpuProcess]:
         """Compute and graphics processes per device; a pid in both lists counts once (its larger figure).

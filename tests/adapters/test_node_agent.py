@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from allocator.node_agent.agent import node_patch, utilization_tier
-from allocator.node_agent.probes import DeviceReport, FakeProbe, NvmlProbe, ProbeError
+from allocator.node_agent.probes import (
+    DeviceReport,
+    FakeProbe,
+    NvmlProbe,
+    ProbeError,
+    QueryFailed,
+    memory_health,
+)
 from webhook.cli import main as cli_main
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -74,6 +81,29 @@ def test_nvml_probe_without_a_gpu_is_a_clear_error():
         reports = probe.devices()
         probe.close()
         assert reports and all(r.uuid.startswith(("GPU-", "MIG-")) for r in reports)
+
+
+@pytest.mark.parametrize(
+    "retired, remapped, words",
+    [
+        (None, None, ""),  # neither query supported: nothing known against the memory
+        (0, (0, 0, 0, 0), ""),
+        (None, (12, 0, 0, 0), ""),  # rows remapped and in effect: repaired memory is healthy
+        (1, None, "retired memory pages pending a reset"),
+        (None, (0, 1, 1, 0), "row remapping is pending a GPU reset"),
+        (
+            None,
+            (3, 2, 0, 1),
+            "row remapping failed (2 rows remapped for uncorrectable errors, 3 for correctable)",
+        ),
+        (QueryFailed("Unknown Error"), (0, 0, 0, 0), "page-retirement query failed: Unknown Error"),
+        (None, QueryFailed("GPU is lost"), "row-remapping query failed: GPU is lost"),
+    ],
+)
+def test_memory_health_reads_page_retirement_and_row_remapping(retired, remapped, words):
+    """Ampere and Hopper GPUs report memory faults by row remapping only; older ones by page retirement."""
+    reason = memory_health(retired, remapped)
+    assert (words in reason) if words else reason == ""
 
 
 def test_cli_prints_the_patch(capsys):
