@@ -2,7 +2,8 @@
 # The NVML path on a real GPU, as one prepared run for a GPU machine (the project's lent device machine, or a
 # GPU node): what the driver reports, a raw look at NVML's process list beside a CUDA process of known pid,
 # the agent's printed patch, then tests/adapters/test_nvml_real.py. Needs python3 with nvidia-ml-py, PyYAML,
-# pytest and torch or cupy; writes its logs under ${OUT:-/tmp/gpu_check}.
+# pytest and torch or cupy; writes its logs under ${OUT:-/tmp/gpu_check}. `--noconftest`: the suite's conftest
+# wants the control plane's binaries (make apiserver), which this module does not use.
 set -u
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"

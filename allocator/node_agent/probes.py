@@ -7,6 +7,7 @@ through the same `GpuProbe` protocol the NVML probe answers.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -135,7 +136,7 @@ class NvmlProbe:
             )
         return reports
 
-    def _query(self, query, handle) -> Any:
+    def _query(self, query: Callable[[Any], Any], handle: Any) -> Any:
         """A health query's answer; None where the GPU or driver does not support it; the error's text
         (`QueryFailed`) where it failed."""
         try:
