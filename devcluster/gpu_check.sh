@@ -3,7 +3,8 @@
 # GPU node): what the driver reports, a raw look at NVML's process list beside a CUDA process of known pid,
 # the agent's printed patch, then tests/adapters/test_nvml_real.py. Needs python3 with nvidia-ml-py, PyYAML,
 # pytest and torch or cupy; writes its logs under ${OUT:-/tmp/gpu_check}. `--noconftest`: the suite's conftest
-# wants the control plane's binaries (make apiserver), which this module does not use.
+# imports the control plane's harness (devcluster, certs and their packages), which this module does not use
+# and a GPU machine's Python may lack.
 set -u
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
