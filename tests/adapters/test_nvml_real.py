@@ -2,8 +2,10 @@
 choice reaching CUDA as the device NVML named.
 
 These run only where NVML answers (a GPU node; the project's lent GPU machine, see docs/node-agent.md for the
-last run and its figures). Everywhere else they skip, and the same paths are driven through `FakeProbe`,
-which answers the same `GpuProbe` protocol (tests/adapters/test_node_agent*.py, tests/e2e/test_real_node_*).
+last run and its figures), on GPUs no other process uses meanwhile (an outside process holding over
+`external_memory_threshold_mib` would keep the ledger off its device). Everywhere else they skip, and the
+same paths are driven through `FakeProbe`, which answers the same `GpuProbe` protocol
+(tests/adapters/test_node_agent*.py, tests/e2e/test_real_node_*).
 """
 
 from __future__ import annotations
@@ -273,6 +275,10 @@ def test_a_busy_gpu_reads_high_and_least_utilized_places_on_the_node_measured_id
         [node_object(measured_busy, "measured-busy"), node_object(measured_idle, "measured-idle")],
         LedgerConfig(placement_key=b"gpu-test-key"),
     )
-    placement = ledger.reserve(Request("r", gpus=1, strategy="least_utilized"), time.time())
+    # every GPU of the node, so that on a node of several the busy one is among those scored
+    devices = probe.devices()
+    every = Request("r", gpus=len(devices), strategy="least_utilized")
+    placement = ledger.reserve(every, time.time())
     assert isinstance(placement, Placement) and placement.node == "measured-idle"
-    assert placement.devices == (target.index,) and placement.uuids == (target.uuid,)
+    assert placement.uuids == tuple(devices[i].uuid for i in placement.devices)
+    assert target.index in placement.devices
