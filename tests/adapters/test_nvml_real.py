@@ -90,20 +90,25 @@ def bare_uuid(text: str) -> str:
     return text.removeprefix("gpu-").replace("-", "")
 
 
-def hold_memory(mib: int, visible: str) -> tuple[subprocess.Popen, str]:
-    """The holder process, and the UUID of the device it holds memory on."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
+def cuda_process(script: str, visible: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """`script` run on the GPU `visible` names (CUDA_VISIBLE_DEVICES), and the first line it prints once
+    ready; it runs until its stdin closes (`release`)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(mib)],
+        [sys.executable, "-c", script, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible),
     )
     assert proc.stdout is not None
-    uuid = proc.stdout.readline().strip()
-    assert uuid, f"the CUDA holder printed no device (exit {proc.poll()})"
-    return proc, uuid
+    ready = proc.stdout.readline().strip()
+    assert ready, f"the CUDA process printed nothing (exit {proc.poll()})"
+    return proc, ready
+
+
+def hold_memory(mib: int, visible: str) -> tuple[subprocess.Popen, str]:
+    """The holder process, and the UUID of the device it holds memory on."""
+    return cuda_process(HOLDER, visible, str(mib))
 
 
 def release(proc: subprocess.Popen) -> None:
@@ -119,18 +124,6 @@ def wait_for(probe: NvmlProbe, found) -> list[GpuProcess]:
         if found(listed) or time.monotonic() > deadline:
             return listed
         time.sleep(0.2)
-
-
-def keep_busy(visible: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BUSY],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible),
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "busy", proc.poll()
-    return proc
 
 
 def agent_patch(tmp_path: Path) -> dict:
@@ -249,7 +242,7 @@ def test_a_busy_gpu_reads_high_and_least_utilized_places_on_the_node_measured_id
     if not importlib.util.find_spec("torch"):
         pytest.skip("the busy loop needs torch")
     target = probe.devices()[0]
-    busy = keep_busy(target.uuid)
+    busy, _ = cuda_process(BUSY, target.uuid)
     try:
         deadline = time.monotonic() + DEADLINE_S
         while probe.devices()[0].utilization_pct < 90 and time.monotonic() < deadline:
