@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import threading
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks.bench_webhook import shipped_setting  # noqa: E402
+from tests.benchmarks.proc_cpu import actor_pid, cpu_seconds  # noqa: E402
 
 
 def pod(name: str) -> dict:
@@ -167,40 +167,6 @@ def prefetch_counts(webhook) -> dict[str, float]:
 
 def allocation_ratio(webhook) -> float | None:
     return webhook.metric("topology_gpu_allocation_ratio")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process so far (0.0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def actor_pid(ancestor: int) -> int | None:
-    """The ledger actor's worker process among `ancestor`'s descendants (its local Ray's raylet forks it)."""
-    parents: dict[int, int] = {}
-    actors = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if f.read().startswith(b"ray::LedgerActor"):
-                    actors.append(int(entry))
-        except OSError:
-            continue
-    for pid in actors:
-        up = pid
-        while up in parents and up != ancestor:
-            up = parents[up]
-        if up == ancestor:
-            return pid
-    return None
 
 
 def percentile(values: list[float], q: float) -> float:

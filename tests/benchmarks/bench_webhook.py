@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks.proc_cpu import actor_pid, cpu_seconds  # noqa: E402
+
 
 def shipped_setting(key: str, default):
     """A setting as manifests/config/config.yaml ships it: the benchmarks measure the product as deployed."""
@@ -194,13 +196,21 @@ async def run_load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
     job = load(port, ca_file, n, in_flight)
     conn = job["conn"]
     await asyncio.to_thread(conn.recv)  # bodies encoded
+    actor = actor_pid(os.getpid())  # this process's local Ray forked it
+    actor_cpu = cpu_seconds(actor) if actor else 0.0
+    loop_cpu = time.thread_time()  # this coroutine's thread: the event loop serving every admission
     cpu = time.process_time()  # this process: the server(s) and Ray's driver threads, not the generator
     conn.send("go")
     result = await asyncio.to_thread(conn.recv)
     cpu = time.process_time() - cpu
+    loop_cpu = time.thread_time() - loop_cpu
+    actor_cpu = (cpu_seconds(actor) - actor_cpu) if actor else 0.0
     job["proc"].join()
     lat = sorted(result["latencies"])
     result["server_cpu_us"] = cpu / max(len(lat), 1) * 1e6
+    result["loop_cpu_us"] = loop_cpu / max(len(lat), 1) * 1e6
+    result["loop_busy"] = loop_cpu / result["elapsed"]  # of one core
+    result["actor_cpu_us"] = actor_cpu / max(len(lat), 1) * 1e6
     result["rate"] = len(lat) / result["elapsed"]
     result["p50_ms"] = lat[len(lat) // 2] * 1e3
     result["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
@@ -618,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{label:<34}{r['rate']:>9,.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{r['server_cpu_us']:>8.0f}"
             f"  {r['statuses']}"
+        )
+    for label, r in (("100 in flight", t), ("20 in flight", lt)):
+        print(
+            f"where the webhook's CPU went, {label}: its event loop's thread {r['loop_cpu_us']:.0f} us an "
+            f"admission ({r['loop_cpu_us'] / r['server_cpu_us']:.0%} of the process's, the loop busy "
+            f"{r['loop_busy']:.0%} of a core), the ledger actor's process {r['actor_cpu_us']:.0f} us"
         )
     print()
     rt, rl = results["rayonly_throughput"], results["rayonly_latency"]
