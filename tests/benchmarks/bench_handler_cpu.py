@@ -54,6 +54,98 @@ def _validate_bodies(mutate_bodies: list[bytes], answers: list[bytes]) -> list[b
     return out
 
 
+def mutate_steps(handler, config, loads, dumps, parse, encode, n: int = 20000) -> dict[str, float]:
+    """CPU of each step of a placed pod's mutation, alone and hot (one pod, `n` times each): what an
+    admission's own work is made of, for docs/benchmarks.md's budget. The handler's real functions; the
+    ledger's placement is taken from one real admission."""
+    import io
+    import logging
+    from types import SimpleNamespace
+
+    from allocator.core.placement_codec import binding_of, encode_placement
+    from allocator.service import Placement
+    from webhook.admission import env_guard
+    from webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
+    from webhook.logs import admission_fields, configure, log_admission
+
+    body = _pod_body(0, "steps")
+    review = parse(loads(body))
+    decision = asyncio.run(handler.mutate(review))
+    pod, namespace, key = review.object, review.namespace, handler.key
+    placement = Placement(  # the one the handler wrote, as the ledger answered it
+        id=decision.reservation_id, node=decision.node, devices=tuple(decision.devices), strategy="bench"
+    )
+    binding = binding_of(pod, namespace, review.name)
+    annotation = encode_placement(placement, key, binding)
+
+    def applied() -> dict:
+        work = shallow_pod(pod)
+        strip_ledger_keys(work)
+        apply_placement(
+            work,
+            placement,
+            annotation,
+            binding_mode=config.binding_mode,
+            visibility_mode=config.visibility_mode,
+            affinity_key=config.affinity_key,
+            gpu_resource=config.gpu_resource,
+        )
+        return work
+
+    work = applied()
+    ops = patch_of(pod, work)
+    stream = io.StringIO()
+    configure("json", "INFO", stream)
+    logger = logging.getLogger("gpuledger.admission")
+    metrics = handler.metrics
+    answer = SimpleNamespace(**{**vars(decision), "ledger_batch": 1})
+
+    def log_line() -> None:
+        log_admission(logger, admission_fields("mutate", review, answer, 0.0005))
+
+    def counted() -> None:
+        metrics.shaped("hit")
+        metrics.decided("bench", "placed")
+        metrics.observe_decision("bench", 0.0005)
+        metrics.admission_duration.labels("mutate", "placed").observe(0.0005)
+
+    steps = {
+        "body decode (orjson)": lambda: loads(body),
+        "body decode + parse_review": lambda: parse(loads(body)),
+        "shape key": lambda: handler.shapes.key(pod, namespace),
+        "binding_of": lambda: binding_of(pod, namespace, review.name),
+        "encode_placement (canonical JSON + HMAC)": lambda: encode_placement(placement, key, binding),
+        "shallow_pod + strip + apply_placement": applied,
+        "patch_of": lambda: patch_of(pod, work),
+        "env_guard.replacements": lambda: env_guard.replacements(pod, work, config.visibility_mode),
+        "answer: encode_response + dumps (patch JSON, base64)": lambda: dumps(
+            encode(review.uid, decision, review.api_version)
+        ),
+        "the log line (fields + log_admission)": log_line,
+        "metrics (4 per admission)": counted,
+    }
+
+    async def timed() -> dict[str, float]:  # in a loop, as served: the log lines are written once a turn
+        out = {}
+        for name, step in steps.items():
+            t = time.process_time()
+            for i in range(n):
+                step()
+                if i % 64 == 0:
+                    await asyncio.sleep(0)
+            out[name] = (time.process_time() - t) / n * 1e6
+            stream.seek(0)
+            stream.truncate()
+        return out
+
+    figures = asyncio.run(timed())
+    logging.getLogger().handlers.clear()
+    print(f"the mutating path's steps, one pod, hot, {n} times each (us; {len(ops)} patch ops):")
+    for name, us in figures.items():
+        print(f"  {name:<54}{us:7.2f}")
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--admissions", type=int, default=3000, help="per repetition and route")
@@ -63,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sort", default="cumulative", help="cProfile order: cumulative | tottime")
     p.add_argument("--callers", help="also print who calls functions matching this (cProfile)")
     p.add_argument("--json", help="write the figures here too")
+    p.add_argument(
+        "--steps", action="store_true", help="also time the mutating path's steps one by one, on one pod"
+    )
     args = p.parse_args(argv)
 
     from allocator.service import LedgerService
@@ -145,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         stats.print_stats(45)
         if args.callers:
             stats.print_callers(args.callers)
+    if args.steps:
+        figures["steps_us"] = mutate_steps(handler, config, loads, dumps, parse_review, encode_response)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0
