@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/benchmarks/bench_handler_cpu.py              # ~20 s
     .venv/bin/python tests/benchmarks/bench_handler_cpu.py --profile    # and a cProfile of the mutate path
+    .venv/bin/python tests/benchmarks/bench_handler_cpu.py --steps      # and each mutate step alone, hot
 
 The part of an admission that is the webhook's own code: decode the body, `parse_review`, the handler
 (`mutate`: request, the ledger call, patch, signature; `validate`: signature, binding, the ledger claim),
