@@ -1,5 +1,5 @@
-"""CPU time of other processes and of threads, from /proc: what the benchmarks split a run's CPU by (the
-webhook's event loop against the rest of its process, the ledger actor beside it)."""
+"""CPU time of other processes, from /proc: how the benchmarks tell the ledger actor's share of a run's CPU
+from the webhook process's (which reads its own with `time.process_time` and `time.thread_time`)."""
 
 from __future__ import annotations
 
