@@ -144,13 +144,15 @@ def _pod_body(i: int, run: str) -> bytes:
 _CL = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
 
 
-async def _generate(port: int, ca_file: str, bodies: list[bytes], in_flight: int) -> dict:
+async def _generate(ports: list[int], ca_file: str, bodies: list[bytes], in_flight: int) -> dict:
+    """`in_flight` connections, spread over `ports` in turn (one server, or several replicas), each sending
+    the next body as soon as its answer is in."""
     ctx = ssl.create_default_context(cafile=ca_file)
     queue = iter(bodies)
     latencies: list[float] = []
     statuses: dict[str, int] = {}
 
-    async def worker():
+    async def worker(port: int):
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", port, ssl=ctx, server_hostname="localhost"
         )
@@ -171,28 +173,33 @@ async def _generate(port: int, ca_file: str, bodies: list[bytes], in_flight: int
             writer.close()
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    await asyncio.gather(*(worker(ports[i % len(ports)]) for i in range(in_flight)))
     return {"elapsed": time.perf_counter() - started, "latencies": latencies, "statuses": statuses}
 
 
-def _generator_process(conn, port: int, ca_file: str, n: int, in_flight: int, run: str) -> None:
+def _generator_process(conn, ports: list[int], ca_file: str, n: int, in_flight: int, run: str) -> None:
     bodies = [_pod_body(i, run) for i in range(n)]
     conn.send("ready")
     conn.recv()  # go
-    conn.send(asyncio.run(_generate(port, ca_file, bodies, in_flight)))
+    conn.send(asyncio.run(_generate(ports, ca_file, bodies, in_flight)))
 
 
-def load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
+def load(port: int | list[int], ca_file: str, n: int, in_flight: int) -> dict:
     """Run the generator in another process; the server keeps serving in this one meanwhile."""
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(
-        target=_generator_process, args=(child, port, ca_file, n, in_flight, uuid.uuid4().hex[:6])
+        target=_generator_process,
+        args=(child, port if isinstance(port, list) else [port], ca_file, n, in_flight, uuid.uuid4().hex[:6]),
     )
     proc.start()
     return {"proc": proc, "conn": parent}
 
 
-async def run_load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
+async def run_load(
+    port: int | list[int], ca_file: str, n: int, in_flight: int, servers: tuple[int, ...] = ()
+) -> dict:
+    """One load run; `servers`: the pids of server processes of their own (replicas) whose CPU the run's
+    figures then count instead of this process's."""
     job = load(port, ca_file, n, in_flight)
     conn = job["conn"]
     await asyncio.to_thread(conn.recv)  # bodies encoded
@@ -200,9 +207,12 @@ async def run_load(port: int, ca_file: str, n: int, in_flight: int) -> dict:
     actor_cpu = cpu_seconds(actor) if actor else 0.0
     loop_cpu = time.thread_time()  # this coroutine's thread: the event loop serving every admission
     cpu = time.process_time()  # this process: the server(s) and Ray's driver threads, not the generator
+    replica_cpu = sum(cpu_seconds(pid) for pid in servers)
     conn.send("go")
     result = await asyncio.to_thread(conn.recv)
     cpu = time.process_time() - cpu
+    if servers:
+        cpu = sum(cpu_seconds(pid) for pid in servers) - replica_cpu
     loop_cpu = time.thread_time() - loop_cpu
     actor_cpu = (cpu_seconds(actor) - actor_cpu) if actor else 0.0
     job["proc"].join()
@@ -256,6 +266,87 @@ def answer_only_app(answer: dict):
     app = web.Application()
     app.router.add_post("/mutate", mutate)
     return app
+
+
+def _replica_process(conn, kind: str, tls_dir: str, ray_address: str, actor: str, settings: dict) -> None:
+    """One server in a process of its own, as a webhook Deployment's pod is: `kind` "webhook" (the shipped
+    config, joined to the bench's Ray and its ledger actor, logging as `gpuledger serve` does) or "noop".
+    Sends its port, serves until it is sent anything."""
+
+    async def serve() -> None:
+        from webhook.transport.server import start_server, tune_gc
+        from webhook.transport.tls import ReloadingTLS
+
+        tls = ReloadingTLS(f"{tls_dir}/tls.crt", f"{tls_dir}/tls.key", poll_interval_s=5)
+        client = None
+        if kind == "webhook":
+            import ray
+
+            from allocator.ray_actor import RAY_NAMESPACE
+            from webhook.config import WebhookConfig
+            from webhook.ledger_client import RayLedgerClient
+            from webhook.logs import configure
+            from webhook.transport.app import create_app
+
+            ray.init(address=ray_address, namespace="gpuledger-bench", log_to_driver=False)
+            client = RayLedgerClient(ray.get_actor(actor, namespace=RAY_NAMESPACE))
+            config = WebhookConfig(
+                hmac_key="bench-key", deadline_s=2.0, prefetch_depth=settings["prefetch_depth"]
+            )
+            app = create_app(config, client)
+            if settings["log_level"]:
+                configure("json", settings["log_level"], open(settings["log_file"], "a"))  # noqa: SIM115
+        else:
+            app = noop_app()
+        server = await start_server(app, "127.0.0.1", 0, tls)
+        tune_gc()
+        conn.send(server.port)
+        await asyncio.to_thread(conn.recv)
+        if client is not None:
+            await client.close()
+        await server.stop()
+
+    asyncio.run(serve())
+
+
+async def replicas_phase(args, tls_dir: Path, ca_file: str, actor: str, sweep) -> dict:
+    """Throughput with 1 and with `args.replicas` server processes, webhook replicas against no-op servers,
+    100 admissions in flight per process, one ledger actor: how admission grows with replicas on this
+    machine's cores (docs/benchmarks.md, "How admission scales")."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    settings = {
+        "prefetch_depth": args.prefetch_depth,
+        "log_level": args.log_level,
+        "log_file": str(tls_dir.parent / "replicas.log"),
+    }
+    out: dict = {}
+    for kind in ("webhook", "noop"):
+        for count in sorted({1, args.replicas}):
+            procs = []
+            for _ in range(count):
+                parent, child = mp.Pipe()
+                proc = mp.get_context("spawn").Process(
+                    target=_replica_process, args=(child, kind, str(tls_dir), address, actor, settings)
+                )
+                proc.start()
+                procs.append((proc, parent))
+            try:
+                ports = [await asyncio.to_thread(conn.recv) for _, conn in procs]
+                pids = tuple(proc.pid for proc, _ in procs)
+                await run_load(ports, ca_file, 400 * count, 20 * count, servers=pids)  # warm up
+                await sweep()
+                out[f"{kind}_{count}"] = await run_load(
+                    ports, ca_file, args.requests, 100 * count, servers=pids
+                )
+                await sweep()
+            finally:
+                for _, conn in procs:
+                    conn.send("stop")
+                for proc, _ in procs:
+                    proc.join(30)
+    return out
 
 
 async def sample_answer(config, cluster_file: str) -> dict:
@@ -484,6 +575,9 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
                         await sweep()
                 pairs.append(pair)
             results[f"pairs_{name}"] = pairs
+        if args.replicas > 1:
+            print(f"phase: 1 and {args.replicas} server processes, 100 in flight each", flush=True)
+            results["replicas"] = await replicas_phase(args, tls_dir, ca_file, args.actor_name, sweep)
     finally:
         results["channel_calls"] = client.channel_calls
         await client.close()
@@ -531,6 +625,13 @@ def main(argv: list[str] | None = None) -> int:
         help="alternated webhook / no-op pairs, each as long as a phase, for the issue 13 rows' medians",
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="also measure this many webhook replicas (and no-op servers), each a process of its own "
+        "sharing the one ledger actor, against one of each (default 1: not measured)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         help="the process's log level (default INFO, as `gpuledger serve` ships: one JSON line per "
@@ -569,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         args.cluster_file = str(cluster_file)
+        args.actor_name = f"bench-{uuid.uuid4().hex[:6]}"
         ray.init(
             address="local",
             namespace="gpuledger-bench",
@@ -580,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         handle = get_or_create_ledger(
             config.ledger_config(),
             {"kind": "file", "path": str(cluster_file)},
-            name=f"bench-{uuid.uuid4().hex[:6]}",
+            name=args.actor_name,
             sweep_interval_s=0,
         )
         status = wait_ready(handle, timeout_s=300)
@@ -678,6 +780,18 @@ def main(argv: list[str] | None = None) -> int:
         f"({t['rate']:,.0f}/s); p99 <= 25 ms at 20 in flight: {'met' if lt['p99_ms'] <= 25 else 'NOT met'} "
         f"({lt['p99_ms']:.1f} ms)"
     )
+    if "replicas" in results:
+        reps, n = results["replicas"], args.replicas
+        w1, wn, n1, nn = reps["webhook_1"], reps[f"webhook_{n}"], reps["noop_1"], reps[f"noop_{n}"]
+        print(
+            f"replicas, each a process of its own (100 in flight each, one ledger actor, {os.cpu_count()} "
+            f"CPUs): webhook 1: {w1['rate']:,.0f}/s, {n}: {wn['rate']:,.0f}/s "
+            f"({wn['rate'] / w1['rate']:.2f}x; "
+            f"CPU {w1['server_cpu_us']:.0f} / {wn['server_cpu_us']:.0f} us an admission, the actor "
+            f"{w1['actor_cpu_us']:.0f} / {wn['actor_cpu_us']:.0f} us); no-op 1: {n1['rate']:,.0f}/s, {n}: "
+            f"{nn['rate']:,.0f}/s ({nn['rate'] / n1['rate']:.2f}x); webhook / no-op at {n}: "
+            f"{wn['rate'] / nn['rate']:.2f}x"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
