@@ -309,11 +309,20 @@ def _replica_process(conn, kind: str, tls_dir: str, ray_address: str, actor: str
     asyncio.run(serve())
 
 
+def _port_of(proc, conn, timeout_s: float = 120.0) -> int:
+    """The port a replica process serves on, once it listens; its failure to start is an error, not a hang."""
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"server process {proc.pid} did not start within {timeout_s:g}s")
+    return conn.recv()
+
+
 async def replicas_phase(args, tls_dir: Path, ca_file: str, actor: str, sweep) -> dict:
     """Throughput with 1 and with `args.replicas` server processes, webhook replicas against no-op servers,
     100 admissions in flight per process, one ledger actor: how admission grows with replicas on this
     machine's cores (docs/benchmarks.md, "How admission scales")."""
     import ray
+
+    from webhook.config import WebhookConfig
 
     address = ray.get_runtime_context().gcs_address
     settings = {
@@ -333,10 +342,12 @@ async def replicas_phase(args, tls_dir: Path, ca_file: str, actor: str, sweep) -
                 proc.start()
                 procs.append((proc, parent))
             try:
-                ports = [await asyncio.to_thread(conn.recv) for _, conn in procs]
+                ports = [await asyncio.to_thread(_port_of, proc, conn) for proc, conn in procs]
                 pids = tuple(proc.pid for proc, _ in procs)
                 await run_load(ports, ca_file, 400 * count, 20 * count, servers=pids)  # warm up
                 await sweep()
+                # what the replicas held ahead went with the sweep: let them age it out before measuring
+                await asyncio.sleep(WebhookConfig().prefetch_max_age_s * 1.5)
                 out[f"{kind}_{count}"] = await run_load(
                     ports, ca_file, args.requests, 100 * count, servers=pids
                 )
