@@ -55,7 +55,7 @@ def _validate_bodies(mutate_bodies: list[bytes], answers: list[bytes]) -> list[b
     return out
 
 
-def mutate_steps(handler, config, loads, dumps, parse, encode, n: int = 20000) -> dict[str, float]:
+def mutate_steps(handler, loads, dumps, parse, encode, n: int = 20000) -> dict[str, float]:
     """CPU of each step of a placed pod's mutation, alone and hot (one pod, `n` times each): what an
     admission's own work is made of, for docs/benchmarks.md's budget. The handler's real functions; the
     ledger's placement is taken from one real admission."""
@@ -72,7 +72,7 @@ def mutate_steps(handler, config, loads, dumps, parse, encode, n: int = 20000) -
     body = _pod_body(0, "steps")
     review = parse(loads(body))
     decision = asyncio.run(handler.mutate(review))
-    pod, namespace, key = review.object, review.namespace, handler.key
+    pod, namespace, key, config = review.object, review.namespace, handler.key, handler.config
     placement = Placement(  # the one the handler wrote, as the ledger answered it
         id=decision.reservation_id, node=decision.node, devices=tuple(decision.devices), strategy="bench"
     )
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.callers:
             stats.print_callers(args.callers)
     if args.steps:
-        figures["steps_us"] = mutate_steps(handler, config, loads, dumps, parse_review, encode_response)
+        figures["steps_us"] = mutate_steps(handler, loads, dumps, parse_review, encode_response)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0

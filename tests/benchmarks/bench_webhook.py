@@ -205,21 +205,21 @@ async def run_load(
     await asyncio.to_thread(conn.recv)  # bodies encoded
     actor = actor_pid(os.getpid())  # this process's local Ray forked it
     actor_cpu = cpu_seconds(actor) if actor else 0.0
-    loop_cpu = time.thread_time()  # this coroutine's thread: the event loop serving every admission
-    cpu = time.process_time()  # this process: the server(s) and Ray's driver threads, not the generator
-    replica_cpu = sum(cpu_seconds(pid) for pid in servers)
+    loop_cpu = time.thread_time()  # this coroutine's thread: the event loop serving every admission here
+    # the servers' CPU: this process's (the server(s) and Ray's driver threads, not the generator), or the
+    # replica processes'
+    cpu = sum(cpu_seconds(pid) for pid in servers) if servers else time.process_time()
     conn.send("go")
     result = await asyncio.to_thread(conn.recv)
-    cpu = time.process_time() - cpu
-    if servers:
-        cpu = sum(cpu_seconds(pid) for pid in servers) - replica_cpu
+    cpu = (sum(cpu_seconds(pid) for pid in servers) if servers else time.process_time()) - cpu
     loop_cpu = time.thread_time() - loop_cpu
     actor_cpu = (cpu_seconds(actor) - actor_cpu) if actor else 0.0
     job["proc"].join()
     lat = sorted(result["latencies"])
     result["server_cpu_us"] = cpu / max(len(lat), 1) * 1e6
-    result["loop_cpu_us"] = loop_cpu / max(len(lat), 1) * 1e6
-    result["loop_busy"] = loop_cpu / result["elapsed"]  # of one core
+    if not servers:  # (replicas have loops of their own)
+        result["loop_cpu_us"] = loop_cpu / max(len(lat), 1) * 1e6
+        result["loop_busy"] = loop_cpu / result["elapsed"]  # of one core
     result["actor_cpu_us"] = actor_cpu / max(len(lat), 1) * 1e6
     result["rate"] = len(lat) / result["elapsed"]
     result["p50_ms"] = lat[len(lat) // 2] * 1e3
