@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks.bench_pod_create import read_answer  # noqa: E402
+
 NS = "bench-api"
 
 
@@ -71,7 +73,10 @@ async def measure(cp, requests: int, loops: int) -> dict[str, dict[str, float]]:
             assert resp.status < 300, resp.status
 
     async def kube_post() -> None:
-        await asyncio.to_thread(core.create_namespaced_event, NS, body(), _preload_content=False)
+        def post() -> None:  # the answer read, so its connection is kept alive (bench_pod_create.read_answer)
+            read_answer(core.create_namespaced_event(NS, body(), _preload_content=False))
+
+        await asyncio.to_thread(post)
 
     async def kube_get() -> None:
         def read() -> dict:

@@ -34,6 +34,13 @@ from tests.benchmarks.bench_webhook import shipped_setting  # noqa: E402
 from tests.benchmarks.proc_cpu import actor_pid, cpu_seconds  # noqa: E402
 
 
+def read_answer(resp) -> bytes:
+    """The whole answer of a `_preload_content=False` call, read as a client reads it: only then does urllib3
+    put the connection back in its pool, so the next call reuses it (unread, every call opened a new TLS
+    connection, and its handshake was most of a baseline create: see docs/benchmarks.md, session 22)."""
+    return resp.data
+
+
 def pod(name: str) -> dict:
     return {
         "apiVersion": "v1",
@@ -169,6 +176,33 @@ def allocation_ratio(webhook) -> float | None:
     return webhook.metric("topology_gpu_allocation_ratio")
 
 
+# what the API server itself times, per pod create: the whole POST, and each webhook call (the HTTP exchange,
+# the answer's decoding and, for a mutating one, its patch applied)
+API_TIMINGS = {
+    "POST pods": (
+        "apiserver_request_duration_seconds",
+        'resource="pods",scope="resource",subresource="",verb="POST"',
+    ),
+    "mutating call": ("apiserver_admission_webhook_admission_duration_seconds", 'type="admit"'),
+    "validating call": ("apiserver_admission_webhook_admission_duration_seconds", 'type="validating"'),
+}
+
+
+def api_timings(cp) -> dict[str, tuple[float, float]]:
+    """(seconds, count) so far of each of API_TIMINGS, from the API server's /metrics."""
+    out = dict.fromkeys(API_TIMINGS, (0.0, 0.0))
+    for line in cp.get_path("/metrics")[1].splitlines():
+        for what, (metric, selector) in API_TIMINGS.items():
+            if not line.startswith((metric + "_sum{", metric + "_count{")) or selector not in line:
+                continue
+            if 'operation="CREATE"' not in line and "webhook" in metric:
+                continue
+            seconds, count = out[what]
+            value = float(line.rsplit(" ", 1)[1])
+            out[what] = (seconds + value, count) if "_sum{" in line else (seconds, count + value)
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -180,7 +214,7 @@ def _try_create(cp, namespace: str, name: str) -> bool:
 
     api = client.CoreV1Api(cp.api_client())
     try:
-        api.create_namespaced_pod(namespace, pod(name), _preload_content=False)
+        read_answer(api.create_namespaced_pod(namespace, pod(name), _preload_content=False))
         return True
     except ApiException:
         return False
@@ -199,7 +233,7 @@ def create_round(cp, namespace: str, count: int, clients: int, tag: str) -> list
         mine = []
         for i in range(k, count, clients):
             started = time.perf_counter()
-            apis[k].create_namespaced_pod(namespace, pod(f"{tag}-{i}"), _preload_content=False)
+            read_answer(apis[k].create_namespaced_pod(namespace, pod(f"{tag}-{i}"), _preload_content=False))
             mine.append(time.perf_counter() - started)
         with lock:
             samples.extend(mine)
@@ -230,7 +264,7 @@ def delete_to_free(cp, webhook, namespace: str, count: int, timeout: float) -> t
     core = client.CoreV1Api(cp.api_client())
     names = [f"free-{i}" for i in range(count)]
     for name in names:
-        core.create_namespaced_pod(namespace, pod(name), _preload_content=False)
+        read_answer(core.create_namespaced_pod(namespace, pod(name), _preload_content=False))
     cp.wait_for(
         lambda: (
             webhook.metric("agentaflow_workloads_running") == count
@@ -245,7 +279,9 @@ def delete_to_free(cp, webhook, namespace: str, count: int, timeout: float) -> t
     for name in names:
         free_before = webhook.metric("agentaflow_gpu_available")
         started = time.perf_counter()
-        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
+        read_answer(
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
+        )
         while webhook.metric("agentaflow_gpu_available") <= free_before:
             if time.perf_counter() - started > timeout:
                 late += 1
@@ -376,11 +412,21 @@ def main(argv: list[str] | None = None) -> int:
                 "noop": noop.proc.pid,
             }
             cpu: dict[str, dict[str, float]] = {m: dict.fromkeys(watched, 0.0) for m in modes}
+            api: dict[str, dict[str, tuple[float, float]]] = {
+                m: dict.fromkeys(API_TIMINGS, (0.0, 0.0)) for m in modes
+            }
             for r in range(args.rounds):
                 order = list(modes) if r % 2 == 0 else list(reversed(modes))
                 for mode in order:
                     before = {k: cpu_seconds(pid) if pid else 0.0 for k, pid in watched.items()}
+                    api_before = api_timings(cp)
                     samples[mode] += create_round(cp, modes[mode], args.pods, args.clients, f"r{r}-{mode}")
+                    for what, (seconds, count) in api_timings(cp).items():
+                        spent, calls = api[mode][what]
+                        api[mode][what] = (
+                            spent + seconds - api_before[what][0],
+                            calls + count - api_before[what][1],
+                        )
                     time.sleep(0.1)  # the sync's linger: the round's last events reach the actor
                     for k, pid in watched.items():
                         cpu[mode][k] += (cpu_seconds(pid) if pid else 0.0) - before[k]
@@ -459,6 +505,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{cpu_us['webhook']['webhook'] / cpu_us['noop']['noop']:.2f}x, with its actor "
             f"{(cpu_us['webhook']['webhook'] + cpu_us['webhook']['actor']) / cpu_us['noop']['noop']:.2f}x"
         )
+    api_ms = {
+        m: {what: spent / calls * 1e3 if calls else float("nan") for what, (spent, calls) in t.items()}
+        for m, t in api.items()
+    }
+    print(
+        "as the API server times them (means, ms): POST pods: "
+        + ", ".join(f"{m} {api_ms[m]['POST pods']:.2f}" for m in modes)
+        + "".join(
+            f"; {call}: gpuledger {api_ms['webhook'][call]:.2f}, no-op {api_ms['noop'][call]:.2f}"
+            for call in ("mutating call", "validating call")
+        )
+    )
     free_figures = None
     if freed:
         median_create = figures["webhook"]["median_ms"]
@@ -489,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                     "noop_ratio": noop_ratio,
                     "inside_webhook": inside,
                     "cpu_us_per_pod": cpu_us,
+                    "api_server_ms": api_ms,
                     "delete_to_free": free_figures,
                     "args": vars(args),
                 },
