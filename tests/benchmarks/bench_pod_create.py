@@ -10,7 +10,9 @@ mutating and validating registrations. The same 1-GPU pod is created in a namesp
 the namespaceSelector differs), alternating in rounds so drift hits both. A third mode registers a pair of
 no-op webhooks (allow everything, same TLS, own process): the floor any two admission webhooks cost here.
 Each sample is one `create` call from a client holding a keep-alive connection, one request in flight
-(`--clients` > 1 adds parallel clients). Between rounds the pods are deleted and the ledger drains.
+(`--clients` > 1 adds parallel clients). Between rounds the pods are deleted and the ledger drains. Besides
+the client's times it prints the API server's own (its /metrics around each mode's rounds): the POST, and each
+webhook call, which is where the webhooks' share of a create shows.
 
 `--delete-to-free N` then measures the delete-to-free delay (docs/webhook.md, "Placement integrity"): N
 1-GPU pods admitted through the webhook and confirmed, then each deleted in turn, timed from the delete call
