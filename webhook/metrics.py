@@ -20,6 +20,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentaflow_workloads_pending",
     "agentaflow_workloads_running",
     "agentaflow_scheduling_duration",
+    "gpuledger_ledger_claim_duration_seconds",
     "topology_scheduler_latency_seconds",
     "topology_scheduler_placement_duration_seconds",
     "topology_scheduler_recovery_duration_seconds",
@@ -68,6 +69,14 @@ class WebhookMetrics:
         self.scheduling_duration = Histogram(
             "agentaflow_scheduling_duration",
             "seconds one admission waited for the ledger's answer (batching included)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        # the validating side's one ledger round trip, on every placed pod's path (docs/webhook.md, "Why
+        # validation still asks the ledger"): its own figure, so a slow claim is told from a slow handler
+        self.claim_duration = Histogram(
+            "gpuledger_ledger_claim_duration_seconds",
+            "seconds one validation waited for the ledger's claim of its placement (batching included)",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )

@@ -153,6 +153,7 @@ def server_breakdown(webhook) -> dict[str, float]:
         ("mutate", "gpuledger_admission_duration_seconds", "mutate"),
         ("validate", "gpuledger_admission_duration_seconds", "validate"),
         ("ledger_admit", "agentaflow_scheduling_duration", None),
+        ("ledger_claim", "gpuledger_ledger_claim_duration_seconds", None),
     ):
         s, c = metric_sum(text, metric, route)
         out[name] = s / c * 1e3 if c else float("nan")

@@ -932,6 +932,7 @@ EXPORTED_METRICS = {
     "agentaflow_workloads_pending",
     "agentaflow_workloads_running",
     "agentaflow_scheduling_duration",
+    "gpuledger_ledger_claim_duration_seconds",
     "topology_scheduler_latency_seconds",
     "topology_placement_decisions_total",
     "topology_domain_utilization_ratio",

@@ -3,15 +3,17 @@ recovery (rebuild) time, and the domain fragmentation under both its names; read
 
 from __future__ import annotations
 
+import base64
+import json
 from itertools import count
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from allocator.service import LedgerService, Recoveries
 from allocator.sync_config import SyncStats
-from tests.webhook.webhook_support import cluster, config, gpu_pod
+from tests.webhook.webhook_support import apply_patch, cluster, config, gpu_pod, service
 from webhook.admission.review import make_review
-from webhook.ledger_client import InProcessLedgerClient
+from webhook.ledger_client import InProcessLedgerClient, LedgerUnavailable
 from webhook.metrics import METRIC_NAMES, WebhookMetrics
 from webhook.transport.app import create_app
 
@@ -119,3 +121,36 @@ async def test_metrics_endpoint_serves_the_new_names(aiohttp_client):
     service.resync(cluster(4, 8), NOW + 1)
     text = await (await client.get("/metrics")).text()
     assert value(text, "topology_scheduler_recovery_duration_seconds_count") == 2
+
+
+async def test_each_claim_is_timed_apart_from_the_admission(aiohttp_client):
+    """A placed pod's validation observes its claim once; a pod without a placement and a dry run claim
+    nothing and observe nothing; a claim the ledger cannot answer is timed too (its wait is what hurt)."""
+    ledger = InProcessLedgerClient(service(cluster(1, 8)), lambda: NOW)
+    client = await aiohttp_client(create_app(config(), ledger))
+
+    async def answer(route: str, pod: dict, uid: str, **kw) -> dict:
+        return (await (await client.post(route, json=make_review(pod, uid=uid, **kw))).json())["response"]
+
+    async def placed(name: str) -> dict:
+        """The pod as the API server stores it after the mutating call."""
+        pod = gpu_pod(1, name=name)
+        patch = json.loads(base64.b64decode((await answer("/mutate", pod, f"m-{name}"))["patch"]))
+        return apply_patch(pod, patch)
+
+    async def claims() -> float:
+        text = await (await client.get("/metrics")).text()
+        return samples(text)[("gpuledger_ledger_claim_duration_seconds_count", ())]
+
+    first, second = await placed("a"), await placed("b")
+    assert (await answer("/validate", first, "va"))["allowed"]
+    assert (await answer("/validate", gpu_pod(None, name="plain"), "vp"))["allowed"]  # no placement
+    assert (await answer("/validate", second, "vd", dry_run=True))["allowed"]  # a dry run: the signature only
+    assert await claims() == 1
+
+    async def unreachable(reservation_id: str, claimer: str = ""):
+        raise LedgerUnavailable("actor restarting")
+
+    ledger.claim = unreachable  # type: ignore[method-assign]
+    assert not (await answer("/validate", second, "vb"))["allowed"]  # fail closed (the default)
+    assert await claims() == 2

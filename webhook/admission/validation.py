@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from allocator.service import (
@@ -117,6 +118,7 @@ class Validating:
             )
         if review.dry_run:  # dry runs reserve nothing: the signature is the check
             return self._env_refusal(review, pod, placement) or Decision(True, outcome="allowed")
+        asked = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.deadline_s):
                 held = await self.ledger.claim(placement.id, review.uid)
@@ -126,6 +128,8 @@ class Validating:
             )
         except LedgerUnavailable as exc:
             return self._unavailable(pod, pod, [], f"the GPU ledger is unavailable ({exc})")
+        finally:
+            self.metrics.claim_duration.observe(time.perf_counter() - asked)
         if isinstance(held, Unavailable):
             return self._unavailable(pod, pod, [], held.message)
         if held is None:
