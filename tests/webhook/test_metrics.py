@@ -123,10 +123,21 @@ async def test_metrics_endpoint_serves_the_new_names(aiohttp_client):
     assert value(text, "topology_scheduler_recovery_duration_seconds_count") == 2
 
 
+class LedgerDownAtClaims(InProcessLedgerClient):
+    """The in-process ledger whose claims fail as a restarting actor's do, once `down`."""
+
+    down = False
+
+    async def claim(self, reservation_id: str, claimer: str = ""):
+        if self.down:
+            raise LedgerUnavailable("actor restarting")
+        return await super().claim(reservation_id, claimer)
+
+
 async def test_each_claim_is_timed_apart_from_the_admission(aiohttp_client):
     """A placed pod's validation observes its claim once; a pod without a placement and a dry run claim
     nothing and observe nothing; a claim the ledger cannot answer is timed too (its wait is what hurt)."""
-    ledger = InProcessLedgerClient(service(cluster(1, 8)), lambda: NOW)
+    ledger = LedgerDownAtClaims(service(cluster(1, 8)), lambda: NOW)
     client = await aiohttp_client(create_app(config(), ledger))
 
     async def answer(route: str, pod: dict, uid: str, **kw) -> dict:
@@ -147,10 +158,6 @@ async def test_each_claim_is_timed_apart_from_the_admission(aiohttp_client):
     assert (await answer("/validate", gpu_pod(None, name="plain"), "vp"))["allowed"]  # no placement
     assert (await answer("/validate", second, "vd", dry_run=True))["allowed"]  # a dry run: the signature only
     assert await claims() == 1
-
-    async def unreachable(reservation_id: str, claimer: str = ""):
-        raise LedgerUnavailable("actor restarting")
-
-    ledger.claim = unreachable  # type: ignore[method-assign]
+    ledger.down = True
     assert not (await answer("/validate", second, "vb"))["allowed"]  # fail closed (the default)
     assert await claims() == 2
