@@ -116,10 +116,11 @@ def register_noop(cp, url: str, ca_pem: bytes) -> None:
     cp.apply(configs)
 
 
-def metric_sum(text: str, metric: str, route: str | None = None) -> tuple[float, float]:
+def metric_sum(text: str, metric: str, *selectors: str) -> tuple[float, float]:
+    """A histogram's (sum, count) over its lines holding every one of `selectors` (label text)."""
     sums = counts = 0.0
     for line in text.splitlines():
-        if route is not None and f'route="{route}"' not in line:
+        if not all(selector in line for selector in selectors):
             continue
         if line.startswith(metric + "_sum"):
             sums += float(line.rsplit(" ", 1)[1])
@@ -155,7 +156,7 @@ def server_breakdown(webhook) -> dict[str, float]:
         ("ledger_admit", "agentaflow_scheduling_duration", None),
         ("ledger_claim", "gpuledger_ledger_claim_duration_seconds", None),
     ):
-        s, c = metric_sum(text, metric, route)
+        s, c = metric_sum(text, metric, *([f'route="{route}"'] if route else []))
         out[name] = s / c * 1e3 if c else float("nan")
         out[f"{name} p50<="] = metric_median_bound(text, metric, route)
     return out
@@ -186,24 +187,23 @@ API_TIMINGS = {
         "apiserver_request_duration_seconds",
         'resource="pods",scope="resource",subresource="",verb="POST"',
     ),
-    "mutating call": ("apiserver_admission_webhook_admission_duration_seconds", 'type="admit"'),
-    "validating call": ("apiserver_admission_webhook_admission_duration_seconds", 'type="validating"'),
+    "mutating call": (
+        "apiserver_admission_webhook_admission_duration_seconds",
+        'operation="CREATE"',
+        'type="admit"',
+    ),
+    "validating call": (
+        "apiserver_admission_webhook_admission_duration_seconds",
+        'operation="CREATE"',
+        'type="validating"',
+    ),
 }
 
 
 def api_timings(cp) -> dict[str, tuple[float, float]]:
     """(seconds, count) so far of each of API_TIMINGS, from the API server's /metrics."""
-    out = dict.fromkeys(API_TIMINGS, (0.0, 0.0))
-    for line in cp.get_path("/metrics")[1].splitlines():
-        for what, (metric, selector) in API_TIMINGS.items():
-            if not line.startswith((metric + "_sum{", metric + "_count{")) or selector not in line:
-                continue
-            if 'operation="CREATE"' not in line and "webhook" in metric:
-                continue
-            seconds, count = out[what]
-            value = float(line.rsplit(" ", 1)[1])
-            out[what] = (seconds + value, count) if "_sum{" in line else (seconds, count + value)
-    return out
+    text = cp.get_path("/metrics")[1]
+    return {what: metric_sum(text, metric, *selectors) for what, (metric, *selectors) in API_TIMINGS.items()}
 
 
 def percentile(values: list[float], q: float) -> float:
