@@ -129,11 +129,12 @@ def metric_sum(text: str, metric: str, *selectors: str) -> tuple[float, float]:
     return sums, counts
 
 
-def metric_median_bound(text: str, metric: str, route: str | None = None) -> float:
-    """The histogram bucket bound (ms) at or below which half the observations lie (summed over labels)."""
+def metric_median_bound(text: str, metric: str, *selectors: str) -> float:
+    """The histogram bucket bound (ms) at or below which half the observations lie (summed over the lines
+    holding every one of `selectors`)."""
     by_bound: dict[float, float] = {}
     for line in text.splitlines():
-        if not line.startswith(metric + "_bucket") or (route is not None and f'route="{route}"' not in line):
+        if not line.startswith(metric + "_bucket") or not all(selector in line for selector in selectors):
             continue
         bound = line.split('le="', 1)[1].split('"', 1)[0]
         le = float("inf") if bound == "+Inf" else float(bound)
@@ -150,15 +151,15 @@ def server_breakdown(webhook) -> dict[str, float]:
     (warm-up and probes included, so outliers weigh) and the histogram bucket holding the median."""
     text = webhook.get("/metrics")[1]
     out = {}
-    for name, metric, route in (
-        ("mutate", "gpuledger_admission_duration_seconds", "mutate"),
-        ("validate", "gpuledger_admission_duration_seconds", "validate"),
-        ("ledger_admit", "agentaflow_scheduling_duration", None),
-        ("ledger_claim", "gpuledger_ledger_claim_duration_seconds", None),
+    for name, metric, *selectors in (
+        ("mutate", "gpuledger_admission_duration_seconds", 'route="mutate"'),
+        ("validate", "gpuledger_admission_duration_seconds", 'route="validate"'),
+        ("ledger_admit", "agentaflow_scheduling_duration"),
+        ("ledger_claim", "gpuledger_ledger_claim_duration_seconds"),
     ):
-        s, c = metric_sum(text, metric, *([f'route="{route}"'] if route else []))
+        s, c = metric_sum(text, metric, *selectors)
         out[name] = s / c * 1e3 if c else float("nan")
-        out[f"{name} p50<="] = metric_median_bound(text, metric, route)
+        out[f"{name} p50<="] = metric_median_bound(text, metric, *selectors)
     return out
 
 
