@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict
 
@@ -121,6 +122,10 @@ class ChannelServer:
         self.servers: dict[str, tuple[asyncio.Server, int]] = {}
         self.connections = 0
         self.refused = 0
+        # per method: calls served and seconds spent on them, each from its frame read to its answer written
+        # (a call that waits behind a rebuild counts its wait); methods not served count as "other"
+        self.calls: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
 
     async def listen(self, host: str) -> int:
         """The port of this host's listener, started on first use (an ephemeral port)."""
@@ -137,7 +142,9 @@ class ChannelServer:
                 return
             self.connections += 1
             while True:
-                seq, method, args = decode(await read_frame(reader))
+                payload = await read_frame(reader)
+                started = time.perf_counter()
+                seq, method, args = decode(payload)
                 try:
                     if method not in CHANNEL_METHODS:
                         raise ValueError(f"method {method!r} is not served on the channel")
@@ -145,6 +152,7 @@ class ChannelServer:
                 except Exception as exc:  # noqa: BLE001 - the caller raises it; one bad call keeps the channel
                     answer = (seq, False, f"{type(exc).__name__}: {exc}")
                 writer.write(frame(encode(answer)))
+                self._served(method, time.perf_counter() - started)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ChannelError, TimeoutError):
             pass  # the peer went away, or never proved the token in time
@@ -152,6 +160,11 @@ class ChannelServer:
             log.exception("ledger channel: closing a connection after a bad frame")
         finally:
             writer.close()
+
+    def _served(self, method: str, seconds: float) -> None:
+        name = method if method in CHANNEL_METHODS else "other"
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         client_nonce = await asyncio.wait_for(read_frame(reader), 5.0)

@@ -19,6 +19,7 @@ import gc
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -30,6 +31,8 @@ from allocator.service import (
     LedgerConfig,
     LedgerService,
     LedgerSettings,
+    ServedCalls,
+    ServiceStats,
     SyncLeaseAnswer,
 )
 from allocator.sync_writer import DEFAULT_TERM_S
@@ -210,9 +213,10 @@ class LedgerActor:
             "resyncing": self.resyncing,
         }
 
-    async def stats(self):
+    async def stats(self) -> ServiceStats:
         self._tick()
-        return self.service.stats()
+        served = ServedCalls(self.incarnation, dict(self.channel.calls), dict(self.channel.seconds))
+        return replace(self.service.stats(), served=served)
 
     async def snapshot(self) -> dict:
         self._tick()

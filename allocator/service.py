@@ -84,6 +84,7 @@ __all__ = [
     "PodRequestConfig",
     "Recoveries",
     "Request",
+    "ServedCalls",
     "ServiceStats",
     "SyncFenced",
     "SyncLeaseAnswer",
@@ -156,15 +157,30 @@ class Recoveries:
 
 
 @dataclass(frozen=True)
+class ServedCalls:
+    """The calls the process holding the ledger served over the ledger channel since it started, by method,
+    and the seconds it spent on them (each from its frame read to its answer written): what the ledger's own
+    side of a round trip costs, told apart from the wait a caller sees, and how busy one ledger is."""
+
+    incarnation: str
+    calls: Mapping[str, int]
+    seconds: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class ServiceStats(LedgerStats):
-    """The ledger's totals plus what the service adds: its live settings and its rebuild times."""
+    """The ledger's totals plus what the service adds: its live settings and its rebuild times, and what the
+    actor adds (`served`; None where no channel serves the ledger)."""
 
     settings: Mapping[str, Any] = field(default_factory=dict)
     recoveries: Recoveries | None = None
+    served: ServedCalls | None = None
 
     def as_dict(self) -> dict:
         d = super().as_dict()
-        d["recoveries"] = asdict(self.recoveries) if self.recoveries is not None else None
+        for name in ("recoveries", "served"):
+            value = getattr(self, name)
+            d[name] = asdict(value) if value is not None else None
         return d
 
 

@@ -21,6 +21,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentaflow_workloads_running",
     "agentaflow_scheduling_duration",
     "gpuledger_ledger_claim_duration_seconds",
+    "gpuledger_ledger_actor_calls_total",
+    "gpuledger_ledger_actor_call_seconds_total",
     "topology_scheduler_latency_seconds",
     "topology_scheduler_placement_duration_seconds",
     "topology_scheduler_recovery_duration_seconds",
@@ -80,6 +82,24 @@ class WebhookMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # the ledger's own side of those round trips, as the actor counts it (ServiceStats.served): a slow
+        # claim with a quick actor is the way there and back (the network, a busy core), not the ledger
+        self.actor_calls = Counter(
+            "gpuledger_ledger_actor_calls",
+            "calls the ledger actor served over the ledger channel, by method (the same figures on every "
+            "replica: take the max over instances)",
+            ["method"],
+            registry=r,
+        )
+        self.actor_call_seconds = Counter(
+            "gpuledger_ledger_actor_call_seconds",
+            "seconds the ledger actor spent on the calls it served over the ledger channel, by method, each "
+            "from its frame read to its answer written (decoding, the ledger's work, encoding); its rate is "
+            "the share of the actor's loop those calls keep busy",
+            ["method"],
+            registry=r,
+        )
+        self._served_seen: tuple[str, dict[str, tuple[int, float]]] | None = None  # (incarnation, totals)
         self.scheduler_latency = Histogram(
             "topology_scheduler_latency_seconds",
             "seconds from a decoded AdmissionReview to a placement decision (parsing, owner lookup, ledger)",
@@ -228,6 +248,24 @@ class WebhookMetrics:
                 self.recovery_duration.observe(seconds)
         self._recoveries_seen = (recoveries.incarnation, recoveries.count)
 
+    def observe_served(self, served: Any) -> None:
+        """Count what the actor served since the last scrape (an allocator.service.ServedCalls: totals since
+        the actor started; a new incarnation's count from zero)."""
+        if served is None:
+            return
+        seen = self._served_seen
+        before = seen[1] if seen and seen[0] == served.incarnation else {}
+        totals = {}
+        for method, calls in served.calls.items():
+            seconds = served.seconds.get(method, 0.0)
+            last_calls, last_seconds = before.get(method, (0, 0.0))
+            if calls > last_calls:
+                self._child(self.actor_calls, (method,)).inc(calls - last_calls)
+            if seconds > last_seconds:
+                self._child(self.actor_call_seconds, (method,)).inc(seconds - last_seconds)
+            totals[method] = (calls, seconds)
+        self._served_seen = (served.incarnation, totals)
+
     def update_from_stats(self, stats: Any) -> None:
         """Copy the ledger's totals (an allocator.service.ServiceStats, or a bare LedgerStats) into the
         gauges."""
@@ -252,6 +290,7 @@ class WebhookMetrics:
                 self.domain_fragmentation.labels(level, name).set(d.fragmentation)
                 self.scheduler_domain_fragmentation.labels(level, name).set(d.fragmentation)
         self.observe_recoveries(getattr(stats, "recoveries", None))
+        self.observe_served(getattr(stats, "served", None))
 
     def count_ledger_calls(self, by_transport: dict[str, int]) -> None:
         """Export the ledger client's own tally of calls by transport (a dict it keeps current)."""

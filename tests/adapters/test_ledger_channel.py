@@ -78,6 +78,11 @@ async def test_channel_answers_as_ray_does_and_serves_only_admission_calls(tmp_p
     finally:
         await channel.close()
     assert (await handle.status.remote())["channel_connections"] == 1
+    # what the actor spent on them, by method; a method it does not serve counts as "other"
+    served = (await handle.stats.remote()).served
+    assert served.calls == {"admit": 16, "claim": 1, "other": 1}
+    assert set(served.seconds) == set(served.calls) and all(s > 0 for s in served.seconds.values())
+    assert served.incarnation == (await handle.status.remote())["incarnation"]
 
 
 async def test_a_peer_without_the_token_is_refused_and_an_impostor_is_not_believed(tmp_path):

@@ -163,6 +163,14 @@ def server_breakdown(webhook) -> dict[str, float]:
     return out
 
 
+def actor_per_call(webhook) -> dict[str, tuple[float, float]]:
+    """(calls, mean ms) of each method the ledger actor served over the channel, by its own count (exported
+    by the webhook from the actor's stats): the ledger's side of each round trip."""
+    calls = labelled_counts(webhook, "gpuledger_ledger_actor_calls_total", "method")
+    seconds = labelled_counts(webhook, "gpuledger_ledger_actor_call_seconds_total", "method")
+    return {m: (n, seconds.get(m, 0.0) / n * 1e3) for m, n in sorted(calls.items()) if n}
+
+
 def labelled_counts(webhook, metric: str, label: str) -> dict[str, float]:
     """A counter's samples by one label's value, from the webhook's /metrics."""
     import re
@@ -436,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                         cpu[mode][k] += (cpu_seconds(pid) if pid else 0.0) - before[k]
                 drain(cp, webhook, list(modes.values()))
             inside = server_breakdown(webhook)
+            actor_calls = actor_per_call(webhook)
             ahead = prefetch_counts(webhook)
             found = labelled_counts(webhook, "gpuledger_events_pods_found_total", "by")
             freed, late = (
@@ -485,6 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         "inside the gpuledger webhook (means; p50<= the histogram bucket holding the median): "
         + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in inside.items())
     )
+    if actor_calls:
+        print(
+            "the ledger actor's own time per channel call (means, warm-up included; frame read to answer "
+            "written): " + ", ".join(f"{m} {ms:.3f} ms ({n:.0f})" for m, (n, ms) in actor_calls.items())
+        )
     if ahead:
         print(
             "placements admitted ahead (warm-up included): "
@@ -550,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio_p99": ratio_p99,
                     "noop_ratio": noop_ratio,
                     "inside_webhook": inside,
+                    "actor_per_call": {m: {"calls": n, "mean_ms": ms} for m, (n, ms) in actor_calls.items()},
                     "cpu_us_per_pod": cpu_us,
                     "api_server_ms": api_ms,
                     "delete_to_free": free_figures,

@@ -933,6 +933,8 @@ EXPORTED_METRICS = {
     "agentaflow_workloads_running",
     "agentaflow_scheduling_duration",
     "gpuledger_ledger_claim_duration_seconds",
+    "gpuledger_ledger_actor_calls_total",
+    "gpuledger_ledger_actor_call_seconds_total",
     "topology_scheduler_latency_seconds",
     "topology_placement_decisions_total",
     "topology_domain_utilization_ratio",

@@ -9,7 +9,7 @@ from itertools import count
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.service import LedgerService, Recoveries
+from allocator.service import LedgerService, Recoveries, ServedCalls
 from allocator.sync_config import SyncStats
 from tests.webhook.webhook_support import apply_patch, cluster, config, gpu_pod, service
 from webhook.admission.review import make_review
@@ -55,6 +55,21 @@ def test_the_sync_lease_and_its_events_are_exported_only_where_a_sync_runs():
     text = metrics.exposition().decode()
     assert value(text, "gpuledger_sync_lease_held") == 0.0
     assert value(text, "gpuledger_sync_events_total", outcome="dropped") == 3.0
+
+
+def test_the_actors_served_calls_are_counted_once_each_and_a_new_incarnation_anew():
+    metrics = WebhookMetrics()
+    metrics.observe_served(ServedCalls("a", {"claim": 3, "admit": 1}, {"claim": 0.003, "admit": 0.002}))
+    metrics.observe_served(ServedCalls("a", {"claim": 5, "admit": 1}, {"claim": 0.004, "admit": 0.002}))
+    text = metrics.exposition().decode()
+    assert value(text, "gpuledger_ledger_actor_calls_total", method="claim") == 5.0
+    assert value(text, "gpuledger_ledger_actor_calls_total", method="admit") == 1.0
+    assert abs(value(text, "gpuledger_ledger_actor_call_seconds_total", method="claim") - 0.004) < 1e-9
+    metrics.observe_served(ServedCalls("b", {"claim": 2}, {"claim": 0.001}))  # a restarted actor: from zero
+    metrics.observe_served(None)  # an in-process ledger: nothing served over a channel
+    text = metrics.exposition().decode()
+    assert value(text, "gpuledger_ledger_actor_calls_total", method="claim") == 7.0
+    assert abs(value(text, "gpuledger_ledger_actor_call_seconds_total", method="claim") - 0.005) < 1e-9
 
 
 def test_placement_duration_counts_gpu_decisions_only():

@@ -120,6 +120,14 @@ def test_serve_process_end_to_end(tmp_path):
         with urllib.request.urlopen(f"{base}/metrics", context=ctx, timeout=10) as resp:
             text = resp.read().decode()
         assert "agentaflow_gpu_total 16.0" in text and "agentaflow_workloads_pending 1.0" in text
+        # the admission went over the ledger channel, and the actor counted its own time on it
+        assert 'gpuledger_ledger_actor_calls_total{method="admit"} 1.0' in text
+        [busy] = [
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith('gpuledger_ledger_actor_call_seconds_total{method="admit"}')
+        ]
+        assert 0 < busy < 5
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
