@@ -122,8 +122,10 @@ class ChannelServer:
         self.servers: dict[str, tuple[asyncio.Server, int]] = {}
         self.connections = 0
         self.refused = 0
-        # per method: calls served and seconds spent on them, each from its frame read to its answer written
-        # (a call that waits behind a rebuild counts its wait); methods not served count as "other"
+        # per method: calls served and seconds spent on them, each from its frame read to its answer encoded
+        # (a call that waits behind a rebuild counts its wait); methods not served count as "other". The write
+        # is left out: it wakes the caller, and on a busy core the actor may lose its CPU right there, after
+        # the answer has left (docs/benchmarks.md, session 23: ~0.15-0.2 ms of a claim's ~0.25 ms with it)
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
 
@@ -151,8 +153,9 @@ class ChannelServer:
                     answer = (seq, True, await self.dispatch(method, args))
                 except Exception as exc:  # noqa: BLE001 - the caller raises it; one bad call keeps the channel
                     answer = (seq, False, f"{type(exc).__name__}: {exc}")
-                writer.write(frame(encode(answer)))
+                answered = frame(encode(answer))
                 self._served(method, time.perf_counter() - started)
+                writer.write(answered)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ChannelError, TimeoutError):
             pass  # the peer went away, or never proved the token in time

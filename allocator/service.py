@@ -159,7 +159,7 @@ class Recoveries:
 @dataclass(frozen=True)
 class ServedCalls:
     """The calls the process holding the ledger served over the ledger channel since it started, by method,
-    and the seconds it spent on them (each from its frame read to its answer written): what the ledger's own
+    and the seconds it spent on them (each from its frame read to its answer encoded): what the ledger's own
     side of a round trip costs, told apart from the wait a caller sees, and how busy one ledger is."""
 
     incarnation: str

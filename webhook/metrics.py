@@ -94,7 +94,7 @@ class WebhookMetrics:
         self.actor_call_seconds = Counter(
             "gpuledger_ledger_actor_call_seconds",
             "seconds the ledger actor spent on the calls it served over the ledger channel, by method, each "
-            "from its frame read to its answer written (decoding, the ledger's work, encoding); its rate is "
+            "from its frame read to its answer encoded (decoding, the ledger's work, encoding); its rate is "
             "the share of the actor's loop those calls keep busy (a cluster write waiting behind a rebuild "
             "counts its wait too)",
             ["method"],

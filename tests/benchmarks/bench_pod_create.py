@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     if actor_calls:
         print(
             "the ledger actor's own time per channel call (means, warm-up included; frame read to answer "
-            "written): " + ", ".join(f"{m} {ms:.3f} ms ({n:.0f})" for m, (n, ms) in actor_calls.items())
+            "encoded): " + ", ".join(f"{m} {ms:.3f} ms ({n:.0f})" for m, (n, ms) in actor_calls.items())
         )
     if ahead:
         print(
