@@ -505,6 +505,11 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         if webhook_app[HANDLER_KEY].prefetch is not None:
             webhook_app[HANDLER_KEY].prefetch.forget()
 
+    def actor_seconds() -> float:
+        """The ledger actor's own seconds on channel calls so far (ServiceStats.served)."""
+        served = ray.get(handle.stats.remote()).served
+        return sum(served.seconds.values()) if served is not None else 0.0
+
     def prefetched() -> tuple[float, float]:
         """The webhook's prefetch hits and misses so far (gpuledger_prefetch_total)."""
         registry = webhook_app[METRICS_KEY].registry
@@ -556,7 +561,9 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
             print(f"phase: webhook {name} ({n} admissions, {in_flight} in flight)", flush=True)
             calls_before, items_before = client.admissions.calls, client.admissions.items
             taken_before = prefetched()
+            busy_before = await asyncio.to_thread(actor_seconds)
             results[f"webhook_{name}"] = await run_load(webhook.port, ca_file, n, in_flight)
+            results[f"webhook_{name}"]["actor_busy_s"] = await asyncio.to_thread(actor_seconds) - busy_before
             hits, misses = (now - before for now, before in zip(prefetched(), taken_before, strict=True))
             results[f"webhook_{name}"]["prefetch_hit_share"] = hits / max(hits + misses, 1)
             calls = client.admissions.calls - calls_before
@@ -747,6 +754,17 @@ def main(argv: list[str] | None = None) -> int:
             f"where the webhook's CPU went, {label}: its event loop's thread {r['loop_cpu_us']:.0f} us an "
             f"admission ({r['loop_cpu_us'] / r['server_cpu_us']:.0%} of the process's, the loop busy "
             f"{r['loop_busy']:.0%} of a core), the ledger actor's process {r['actor_cpu_us']:.0f} us"
+        )
+    for label, r in (("100 in flight", t), ("20 in flight", lt)):
+        # the actor's own counters (gpuledger_ledger_actor_call_seconds_total): its loop's share, and the rate
+        # at which it would be full
+        share = r["actor_busy_s"] / r["elapsed"]
+        own_us = r["actor_busy_s"] / (r["rate"] * r["elapsed"]) * 1e6
+        full = r["rate"] / share if share else 0.0
+        print(
+            f"the ledger actor's loop on channel calls, {label}: busy {share:.0%} of the time at "
+            f"{r['rate']:,.0f} admissions/s ({own_us:.0f} us an admission, batches of "
+            f"{r['mean_batch']:.1f}): full at ~{full:,.0f}/s of these mutations"
         )
     print()
     rt, rl = results["rayonly_throughput"], results["rayonly_latency"]
