@@ -433,25 +433,43 @@ def in_cluster_call_cost(n: int) -> dict | None:
         line = [x for x in res.stdout.splitlines() if x.startswith("{")]
         return json.loads(line[-1]) if line else None
     finally:
-        stop_ray_under(tmp)  # never `ray stop --force`: it kills every Ray on the machine, test suites' too
+        # never `ray stop`: it stops every Ray on the machine, test suites' too
+        stop_ray_under(tmp, gcs_port=port)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def stop_ray_under(temp_dir: str, grace_s: float = 5.0) -> None:
-    """Stop the Ray processes started with `--temp-dir=temp_dir` (their command lines name it), only those."""
+def stop_ray_under(temp_dir: str, grace_s: float = 5.0, gcs_port: int | None = None) -> None:
+    """Stop the Ray processes started with `--temp-dir=temp_dir`, only those: the ones whose command line
+    names it, the agents of their raylet (which retitle themselves, but carry its pid in RAY_RAYLET_PID), and
+    the head's Ray client server (whose command line names only the GCS address, `gcs_port`)."""
     import contextlib
     import signal
 
+    client_server = f":{gcs_port}\0".encode() if gcs_port else None
+    raylets: set[bytes] = set()  # remembered: the agents outlive their raylet by a moment
+
     def mine() -> list[int]:
-        pids = []
+        pids, rest = [], []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             try:
-                if temp_dir.encode() in (proc / "cmdline").read_bytes():
-                    pids.append(int(proc.name))
+                cmdline = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
+            if temp_dir.encode() in cmdline or (
+                client_server and b"ray.util.client.server" in cmdline and client_server in cmdline
+            ):
+                pids.append(int(proc.name))
+                if b"raylet" in cmdline.split(b"\0", 1)[0]:
+                    raylets.add(proc.name.encode())
+            else:
+                rest.append(proc)
+        for proc in rest:
+            with contextlib.suppress(OSError):
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                if any(b"RAY_RAYLET_PID=" + pid in environ for pid in raylets):
+                    pids.append(int(proc.name))
         return pids
 
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
