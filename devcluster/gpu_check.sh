@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The NVML path on a real GPU, as one prepared run for a GPU machine (the project's lent device machine, or a
 # GPU node): what the driver reports, a raw look at NVML's process list beside a CUDA process of known pid,
-# the agent's printed patch, then tests/adapters/test_nvml_real.py. Needs python3 with nvidia-ml-py, PyYAML,
-# pytest and torch or cupy; writes its logs under ${OUT:-/tmp/gpu_check}. `--noconftest`: the suite's conftest
+# the agent's printed patch, then tests/adapters/test_nvml_real.py (its XID tests make a CUDA kernel fault on
+# purpose: an application's error, the GPU stays usable). Needs python3 with nvidia-ml-py, PyYAML, pytest,
+# torch and cupy; writes its logs under ${OUT:-/tmp/gpu_check}. `--noconftest`: the suite's conftest
 # imports the control plane's harness (devcluster, certs and their packages), which this module does not use
 # and a GPU machine's Python may lack.
 set -u
@@ -20,9 +21,12 @@ import pynvml
 pynvml.nvmlInit()
 print("NVML", pynvml.nvmlSystemGetNVMLVersion(), "driver", pynvml.nvmlSystemGetDriverVersion())
 handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-for name in ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows"):
+for name, args in (("nvmlDeviceGetRetiredPagesPendingStatus", ()), ("nvmlDeviceGetRemappedRows", ()),
+                   ("nvmlDeviceGetEccMode", ()), ("nvmlDeviceGetSupportedEventTypes", ()),
+                   ("nvmlDeviceGetTotalEccErrors", (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                    pynvml.NVML_VOLATILE_ECC))):
     try:
-        print(name, getattr(pynvml, name)(handle))
+        print(name, *args, getattr(pynvml, name)(handle, *args))
     except pynvml.NVMLError as exc:
         print(name, type(exc).__name__, exc)
 holder = subprocess.Popen(

@@ -4,7 +4,9 @@ The ledger reads `agentaflow.gpu/devices` to know device identities and health, 
 receiving placements as soon as the agent's patch reaches the API server (the sync adapter forwards Node
 changes to the ledger), and `agentaflow.gpu/device-holders` to know which pod holds each device (from the
 kubelet's PodResources API) and which devices hold memory of processes outside Kubernetes. The patch itself is
-a pure function of the probe's reports, the holders and `now`; the agent keeps no state a restart could lose.
+a pure function of the probe's reports, the holders, the XID errors and `now`. The one thing NVML cannot be
+asked again, a critical XID, is kept on the Node (`agentaflow.gpu/xid-errors`) and read back before each
+patch, so the agent keeps no state a restart could lose.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from pathlib import Path
 from allocator.node_agent.holders import ANNOTATION as HOLDERS_ANNOTATION
 from allocator.node_agent.holders import DeviceHolders, observe
 from allocator.node_agent.pod_resources import DEFAULT_RESOURCES, DEFAULT_SOCKET, PodResourcesClient
-from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError
+from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError, XidEvent
 from allocator.node_agent.processes import DEFAULT_PROC_ROOT
+from allocator.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
+from allocator.node_agent.xids import APPLICATION_XIDS, XidLog, parse_ignored, read_boot_id
 
 log = logging.getLogger("gpuledger.node_agent")
 
 PREFIX = "agentaflow.gpu/"
 TIER_BOUNDS = ((30, "low"), (70, "medium"))  # mean utilization % below the bound -> tier; else "high"
+CONFLICT_TRIES = 3  # reads and patches of the Node when another writer changed it in between
 
 
 def utilization_tier(reports: list[DeviceReport]) -> str:
@@ -51,10 +56,18 @@ def node_status(reports: list[DeviceReport]) -> str:
     return "degraded" if healthy else "unhealthy"
 
 
-def node_patch(reports: list[DeviceReport], now: datetime, holders: DeviceHolders | None = None) -> dict:
-    """A strategic-merge patch for the Node: labels for selection, annotations for the ledger."""
+def node_patch(
+    reports: list[DeviceReport],
+    now: datetime,
+    holders: DeviceHolders | None = None,
+    xids: XidLog | None = None,
+) -> dict:
+    """A strategic-merge patch for the Node: labels for selection, annotations for the ledger. With `xids`,
+    the GPUs it names are reported unhealthy and the log is written (removed when empty)."""
+    if xids is not None:
+        reports = xids.mark(reports)
     healthy = sum(r.healthy for r in reports)
-    patch = {
+    patch: dict[str, dict[str, dict[str, str | None]]] = {
         "metadata": {
             "labels": {
                 PREFIX + "enabled": "true" if reports else "false",
@@ -62,7 +75,7 @@ def node_patch(reports: list[DeviceReport], now: datetime, holders: DeviceHolder
                 PREFIX + "count": str(len(reports)),
                 PREFIX + "utilization-tier": utilization_tier(reports),
             },
-            "annotations": {
+            "annotations": {  # a None value removes that annotation (strategic merge)
                 PREFIX + "devices": json.dumps(
                     [r.as_annotation_entry() for r in reports], separators=(",", ":")
                 ),
@@ -73,6 +86,8 @@ def node_patch(reports: list[DeviceReport], now: datetime, holders: DeviceHolder
     }
     if holders is not None:
         patch["metadata"]["annotations"][HOLDERS_ANNOTATION] = holders.annotation()
+    if xids is not None:
+        patch["metadata"]["annotations"][XIDS_ANNOTATION] = xids.annotation()
     return patch
 
 
@@ -86,9 +101,12 @@ def capacity_patch(reports: list[DeviceReport], resource: str) -> dict:
 class NodeAgent:
     """Probes, patches the Node, sleeps; stops on `stop()` (SIGTERM in the DaemonSet).
 
-    Every `interval_s` it publishes everything; between those it looks at the device holders every
-    `holders_interval_s` and patches at once when they changed, so the ledger learns of a pod's devices in
-    seconds. The last published holders text is kept only to spot a change: a restart publishes in full.
+    Every `interval_s` it publishes everything; between those it looks at the device holders and the XID
+    errors every `holders_interval_s` and patches at once when the holders changed or a GPU reported a
+    critical XID, so the ledger learns of a pod's devices, or of a broken GPU, in seconds. The last published
+    holders text is kept only to spot a change: a restart publishes in full. XIDs not yet published wait in
+    `pending_xids`; each patch merges them into the log read from the Node and is conditional on the Node's
+    resourceVersion, so an operator's clearing of the log is never overwritten with an older copy.
     """
 
     def __init__(
@@ -103,6 +121,8 @@ class NodeAgent:
         holders_interval_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         advertise_resource: str | None = None,
+        ignored_xids: frozenset[int] = APPLICATION_XIDS,
+        boot_id: str | None = None,
     ):
         self.node_name = node_name
         self.probe = probe
@@ -113,28 +133,57 @@ class NodeAgent:
         self.holders_interval_s = holders_interval_s
         self.clock = clock
         self.advertise_resource = advertise_resource
+        self.ignored_xids = ignored_xids
+        self.boot_id = read_boot_id(self.proc_root) if boot_id is None else boot_id
         self.published_holders: str | None = None
+        self.pending_xids: list[tuple[XidEvent, datetime]] = []
         self._stop = threading.Event()
 
-    def observe(self) -> tuple[list[DeviceReport], DeviceHolders]:
+    def observe(self, now: datetime) -> tuple[list[DeviceReport], DeviceHolders]:
+        for event in self.probe.xid_events():
+            if event.xid in self.ignored_xids:
+                log.info(
+                    "XID %d on GPU %d: an application's fault, the GPU stays healthy", event.xid, event.device
+                )
+            else:
+                self.pending_xids.append((event, now))
         reports = self.probe.devices()
         return reports, observe(reports, self.probe, self.pod_resources, self.resources, self.proc_root)
 
     def publish_once(self, now: datetime | None = None) -> dict:
-        return self._publish(*self.observe(), now)
+        now = now or datetime.now(UTC)
+        return self._publish(*self.observe(now), now)
 
     def publish_if_changed(self, now: datetime | None = None) -> dict | None:
-        """The patch sent when the holders differ from the last ones published, else None (nothing sent)."""
-        reports, holders = self.observe()
-        if holders.annotation() == self.published_holders:
+        """The patch sent when the holders differ from the last ones published or a GPU reported a critical
+        XID, else None (nothing sent)."""
+        now = now or datetime.now(UTC)
+        reports, holders = self.observe(now)
+        if holders.annotation() == self.published_holders and not self.pending_xids:
             return None
         return self._publish(reports, holders, now)
 
-    def _publish(self, reports: list[DeviceReport], holders: DeviceHolders, now: datetime | None) -> dict:
-        patch = node_patch(reports, now or datetime.now(UTC), holders)
-        self.core_api.patch_node(self.node_name, patch)
+    def _publish(self, reports: list[DeviceReport], holders: DeviceHolders, now: datetime) -> dict:
+        for attempt in range(1, CONFLICT_TRIES + 1):
+            node = self.core_api.read_node(self.node_name)
+            stored = (node.metadata.annotations or {}).get(XIDS_ANNOTATION)
+            xids = XidLog.from_annotation(stored, self.boot_id).record(
+                self.pending_xids, reports, self.ignored_xids
+            )
+            patch = node_patch(reports, now, holders, xids)
+            version = node.metadata.resource_version
+            guarded = {**patch, "metadata": {**patch["metadata"], "resourceVersion": version}}
+            try:
+                self.core_api.patch_node(self.node_name, guarded)
+                break
+            except Exception as exc:  # kubernetes' ApiException; 409: the Node changed since the read
+                if getattr(exc, "status", None) != 409 or attempt == CONFLICT_TRIES:
+                    raise
+        self.pending_xids = []
         if self.advertise_resource:
-            self.core_api.patch_node_status(self.node_name, capacity_patch(reports, self.advertise_resource))
+            self.core_api.patch_node_status(
+                self.node_name, capacity_patch(xids.mark(reports), self.advertise_resource)
+            )
         self.published_holders = holders.annotation()
         return patch
 
@@ -158,6 +207,17 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def print_patch(probe: GpuProbe, pod_resources: PodResourcesClient, resources: list[str], args) -> dict:
+    """`--print`: the patch this node would get now (no Node is read: only the XIDs reported meanwhile)."""
+    now = datetime.now(UTC)
+    reports = probe.devices()
+    holders = observe(reports, probe, pod_resources, resources, args.proc_root)
+    xids = XidLog(read_boot_id(args.proc_root)).record(
+        [(event, now) for event in probe.xid_events()], reports, args.ignore_xids
+    )
+    return node_patch(reports, now, holders, xids)
 
 
 def make_probe(fake_spec: str | None) -> GpuProbe:
@@ -208,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. nvidia.com/gpu), for nodes where no device plugin does: visibility_mode runtime-uuids with "
         "the stock plugin off (nvidia.com/gpu.deploy.device-plugin=false); never where a device plugin runs",
     )
+    parser.add_argument(
+        "--ignore-xids",
+        default=",".join(map(str, sorted(APPLICATION_XIDS))),
+        help="XID errors that leave a GPU healthy: comma-separated numbers, or none (default %(default)s: "
+        "the ones an application's own fault raises)",
+    )
     return parser
 
 
@@ -215,19 +281,25 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        args.ignore_xids = parse_ignored(args.ignore_xids)
         probe = make_probe(args.fake)
     except (ProbeError, ValueError) as exc:
         print(f"gpuledger node-agent: {exc}")
         return 2
+    try:
+        return run_agent(args, probe)
+    finally:
+        probe.close()
+
+
+def run_agent(args: argparse.Namespace, probe: GpuProbe) -> int:
     resources = [r.strip() for r in args.resources.split(",") if r.strip()]
     if not resources:
         print(f"gpuledger node-agent: --resources {args.resources!r} names no resource; e.g. nvidia.com/gpu")
         return 2
     pod_resources = PodResourcesClient(args.pod_resources_socket, args.pod_resources_timeout)
     if args.print:
-        reports = probe.devices()
-        holders = observe(reports, probe, pod_resources, resources, args.proc_root)
-        print(json.dumps(node_patch(reports, datetime.now(UTC), holders), indent=2))
+        print(json.dumps(print_patch(probe, pod_resources, resources, args), indent=2))
         return 0
     from kubernetes import client, config
 
@@ -248,11 +320,11 @@ def main(argv: list[str]) -> int:
         proc_root=args.proc_root,
         holders_interval_s=args.holders_interval,
         advertise_resource=args.advertise_capacity,
+        ignored_xids=args.ignore_xids,
     )
     if args.once:
         agent.publish_once()
         return 0
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
     agent.run()
-    probe.close()
     return 0

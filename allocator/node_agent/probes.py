@@ -7,9 +7,13 @@ through the same `GpuProbe` protocol the NVML probe answers.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
+
+log = logging.getLogger("gpuledger.node_agent")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,13 @@ class GpuProcess(NamedTuple):
     used_memory_mib: int
 
 
+class XidEvent(NamedTuple):
+    """An XID error the driver reported on a device (NVML's critical-XID event), as it happened."""
+
+    device: int  # DeviceReport.index
+    xid: int
+
+
 class QueryFailed(str):
     """An NVML health query that failed (its error's text): the device is suspect."""
 
@@ -54,6 +65,7 @@ class QueryFailed(str):
 def memory_health(
     retired_pending: int | QueryFailed | None,
     remapped_rows: tuple[int, int, int, int] | QueryFailed | None,
+    uncorrected_ecc: int | QueryFailed | None = None,
 ) -> str:
     """Why a device's memory makes it unhealthy, or "".
 
@@ -62,9 +74,15 @@ def memory_health(
     (row remapping, which replaced it from Ampere on: the A100, H100 and H200 report memory faults only this
     way). None: the GPU does not support that query. A pending retirement or remapping takes effect only at
     the next GPU reset, so until then the faulty memory is still in use; a failed remapping (no spare rows
-    left) needs the GPU replaced.
+    left) needs the GPU replaced. `uncorrected_ecc`: nvmlDeviceGetTotalEccErrors' uncorrected errors since the
+    last reset (volatile); None where ECC is off: data a kernel read may have been wrong.
     """
-    for query, answer in (("page-retirement", retired_pending), ("row-remapping", remapped_rows)):
+    answers = (
+        ("page-retirement", retired_pending),
+        ("row-remapping", remapped_rows),
+        ("ECC", uncorrected_ecc),
+    )
+    for query, answer in answers:
         if isinstance(answer, QueryFailed):
             return f"{query} query failed: {answer}"
     if retired_pending:
@@ -78,6 +96,8 @@ def memory_health(
             )
         if pending:
             return "a memory row remapping is pending a GPU reset"
+    if uncorrected_ecc:
+        return f"{uncorrected_ecc} uncorrectable ECC errors since the GPU's last reset"
     return ""
 
 
@@ -90,11 +110,21 @@ class GpuProbe(Protocol):
 
     def processes(self) -> list[GpuProcess]: ...
 
+    def xid_events(self) -> list[XidEvent]:
+        """The XID errors reported since the last call (each returned once)."""
+        ...
+
     def close(self) -> None: ...
 
 
 class NvmlProbe:
-    """Reads devices through NVML (pynvml, shipped as nvidia-ml-py)."""
+    """Reads devices through NVML (pynvml, shipped as nvidia-ml-py), and listens for their XID errors.
+
+    XIDs come only as events, so a thread waits on NVML's event set from the start and keeps what arrives
+    until `xid_events` takes it.
+    """
+
+    WAIT_MS = 500  # how long one wait for an event blocks: bounds how late `close` returns
 
     def __init__(self) -> None:
         import pynvml
@@ -104,6 +134,39 @@ class NvmlProbe:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise ProbeError(f"NVML is not available on this machine: {exc}") from exc
+        self._xids: list[XidEvent] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._event_set = pynvml.nvmlEventSetCreate()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._event_set)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %d cannot report XID errors (%s): its faults go unseen", index, exc)
+        self._watcher = threading.Thread(target=self._watch_xids, name="nvml-xid-events", daemon=True)
+        self._watcher.start()
+
+    def _watch_xids(self) -> None:
+        nvml = self._nvml
+        while not self._closing.is_set():
+            try:
+                data = nvml.nvmlEventSetWait(self._event_set, self.WAIT_MS)
+            except nvml.NVMLError_Timeout:
+                continue
+            except nvml.NVMLError as exc:  # not expected; keep listening without spinning
+                log.warning("waiting for XID events failed: %s", exc)
+                self._closing.wait(self.WAIT_MS / 1000)
+                continue
+            if data.eventType & nvml.nvmlEventTypeXidCriticalError:
+                event = XidEvent(int(nvml.nvmlDeviceGetIndex(data.device)), int(data.eventData))
+                with self._lock:
+                    self._xids.append(event)
+
+    def xid_events(self) -> list[XidEvent]:
+        with self._lock:
+            events, self._xids = self._xids, []
+        return events
 
     def devices(self) -> list[DeviceReport]:
         nvml = self._nvml
@@ -120,7 +183,8 @@ class NvmlProbe:
                 healthy, reason = False, f"utilization query failed: {exc}"
             retired = self._query(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
             remapped = self._query(nvml.nvmlDeviceGetRemappedRows, handle)
-            if memory_problem := memory_health(retired, remapped):
+            uncorrected = self._query(self._uncorrected_ecc, handle)
+            if memory_problem := memory_health(retired, remapped, uncorrected):
                 healthy, reason = False, memory_problem
             reports.append(
                 DeviceReport(
@@ -135,6 +199,11 @@ class NvmlProbe:
                 )
             )
         return reports
+
+    def _uncorrected_ecc(self, handle: Any) -> int:
+        nvml = self._nvml
+        uncorrected, volatile = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+        return int(nvml.nvmlDeviceGetTotalEccErrors(handle, uncorrected, volatile))
 
     def _query(self, query: Callable[[Any], Any], handle: Any) -> Any:
         """A health query's answer; None where the GPU or driver does not support it; the error's text
@@ -171,29 +240,40 @@ class NvmlProbe:
         return [GpuProcess(index, pid, mib) for (index, pid), mib in sorted(seen.items())]
 
     def close(self) -> None:
+        self._closing.set()
+        self._watcher.join(timeout=5 * self.WAIT_MS / 1000)
+        self._nvml.nvmlEventSetFree(self._event_set)
         self._nvml.nvmlShutdown()
 
 
 class FakeProbe:
-    """Reports the devices (and GPU processes) a spec describes: for nodes and tests without a GPU."""
+    """Reports the devices (GPU processes, XID errors) a spec describes: for nodes and tests without a GPU."""
 
-    def __init__(self, reports: list[DeviceReport], processes: list[GpuProcess] | None = None):
+    def __init__(
+        self,
+        reports: list[DeviceReport],
+        processes: list[GpuProcess] | None = None,
+        xids: list[XidEvent] | None = None,
+    ):
         self._reports = list(reports)
         self._processes = list(processes or [])
+        self._xids = list(xids or [])
+        self._lock = threading.Lock()
 
     @classmethod
     def from_spec(cls, spec: str) -> FakeProbe:
         """`COUNTxPRODUCT:MEMORY_MIB[,unhealthy=I,J]`, e.g. `8xNVIDIA-H100-80GB-HBM3:81559,unhealthy=3`, a
         JSON list of DeviceReport fields, or a JSON object `{"gpus": <either>, "processes": [[INDEX, PID,
-        MIB], ...]}`."""
+        MIB], ...], "xids": [[INDEX, XID], ...]}` (the XIDs reported once, as a driver would)."""
         spec = spec.strip()
         if spec.startswith("{"):
             obj = json.loads(spec)
-            unknown = set(obj) - {"gpus", "processes"}
+            unknown = set(obj) - {"gpus", "processes", "xids"}
             if unknown or "gpus" not in obj:
                 raise ValueError(
                     f"fake GPU spec object keys {sorted(obj)} are not accepted: it needs gpus (a spec "
-                    f"string or a JSON list) and may have processes ([[INDEX, PID, MIB], ...])"
+                    f"string or a JSON list) and may have processes ([[INDEX, PID, MIB], ...]) and xids "
+                    f"([[INDEX, XID], ...])"
                 )
             gpus = obj["gpus"] if isinstance(obj["gpus"], str) else json.dumps(obj["gpus"])
             try:
@@ -204,7 +284,13 @@ class FakeProbe:
                 raise ValueError(
                     f"fake GPU spec processes {obj.get('processes')!r} are not [[INDEX, PID, MIB], ...]"
                 ) from exc
-            return cls(cls.from_spec(gpus).devices(), processes)
+            try:
+                xids = [XidEvent(int(i), int(xid)) for i, xid in obj.get("xids", [])]
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"fake GPU spec xids {obj.get('xids')!r} are not [[INDEX, XID], ...]"
+                ) from exc
+            return cls(cls.from_spec(gpus).devices(), processes, xids)
         if spec.startswith("["):
             return cls([DeviceReport(**entry) for entry in json.loads(spec)])
         head, _, tail = spec.partition(",")
@@ -242,6 +328,16 @@ class FakeProbe:
 
     def processes(self) -> list[GpuProcess]:
         return list(self._processes)
+
+    def report_xid(self, device: int, xid: int) -> None:
+        """What the driver does when a GPU faults: the next `xid_events` returns it."""
+        with self._lock:
+            self._xids.append(XidEvent(device, xid))
+
+    def xid_events(self) -> list[XidEvent]:
+        with self._lock:
+            events, self._xids = self._xids, []
+        return events
 
     def close(self) -> None:
         pass

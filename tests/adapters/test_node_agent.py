@@ -18,6 +18,7 @@ from allocator.node_agent.probes import (
     QueryFailed,
     memory_health,
 )
+from tests.adapters.node_store import NodeStore
 from webhook.cli import main as cli_main
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -136,20 +137,10 @@ def test_agent_advertises_capacity_only_when_asked():
     from allocator.node_agent.agent import NodeAgent
     from allocator.node_agent.pod_resources import PodResourcesClient
 
-    class Api:
-        def __init__(self):
-            self.calls: list[tuple[str, dict]] = []
-
-        def patch_node(self, name, body):
-            self.calls.append(("node", body))
-
-        def patch_node_status(self, name, body):
-            self.calls.append(("status", body))
-
     probe = FakeProbe.from_spec("2xA100:81920")
     missing = PodResourcesClient("/nonexistent/kubelet.sock", 0.1)
-    quiet, loud = Api(), Api()
+    quiet, loud = NodeStore(), NodeStore()
     NodeAgent("n", probe, quiet, pod_resources=missing).publish_once()
     NodeAgent("n", probe, loud, pod_resources=missing, advertise_resource="nvidia.com/gpu").publish_once()
-    assert [kind for kind, _ in quiet.calls] == ["node"]
-    assert loud.calls[1] == ("status", {"status": {"capacity": {"nvidia.com/gpu": "2"}}})
+    assert len(quiet.patches) == 1 and quiet.status_patches == []
+    assert loud.status_patches == [{"status": {"capacity": {"nvidia.com/gpu": "2"}}}]

@@ -24,6 +24,7 @@ from allocator.node_agent.holders import ANNOTATION, DeviceHolders, observe
 from allocator.node_agent.pod_resources import Holding, PodResourcesClient, device_index, map_holders
 from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProcess
 from allocator.node_agent.processes import external_usage, pod_uid_in
+from tests.adapters.node_store import NodeStore
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 UID = "3f0c8a52-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
@@ -228,20 +229,10 @@ def test_missing_socket_or_silent_kubelet_gives_unavailable_not_a_crash(kubelet,
     assert slow.source == "unavailable" and time.monotonic() - started < 1.0
 
 
-class Recorder:
-    """Stands in for CoreV1Api.patch_node (the apiserver path is covered by tests/e2e)."""
-
-    def __init__(self):
-        self.patches: list[dict] = []
-
-    def patch_node(self, name, body):
-        self.patches.append(body)
-
-
 def test_agent_patches_when_holders_change_and_a_restart_publishes_the_same(kubelet, tmp_path):
     proc_root = _proc(tmp_path, {500: "0::/user.slice/session-1.scope\n"})
     probe = FakeProbe(REPORTS, [GpuProcess(3, 500, 2048)])
-    api = Recorder()
+    api = NodeStore()
 
     def agent():
         return NodeAgent(
@@ -268,7 +259,7 @@ def test_agent_patches_when_holders_change_and_a_restart_publishes_the_same(kube
 
 def test_run_loop_patches_holder_changes_between_full_publications(kubelet):
     clock = [0.0]
-    api = Recorder()
+    api = NodeStore()
     agent = NodeAgent(
         "n1",
         FakeProbe(REPORTS),

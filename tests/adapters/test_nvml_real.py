@@ -1,5 +1,5 @@
-"""The NVML path on a real GPU: the probe's devices and processes, the agent's annotations, and the ledger's
-choice reaching CUDA as the device NVML named.
+"""The NVML path on a real GPU: the probe's devices and processes, the agent's annotations, the ledger's
+choice reaching CUDA as the device NVML named, and an XID the driver raises reaching the agent as an event.
 
 These run only where NVML answers (a GPU node; the project's lent GPU machine, see docs/node-agent.md for the
 last run and its figures), on GPUs no other process uses meanwhile (an outside process holding over
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,8 +26,13 @@ from allocator.core.device_truth import HOLDERS_ANNOTATION
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, Placement, Reason, Request
 from allocator.core.objects import DEVICES_ANNOTATION
+from allocator.node_agent.agent import NodeAgent
+from allocator.node_agent.pod_resources import PodResourcesClient
 from allocator.node_agent.probes import GpuProcess, NvmlProbe, ProbeError
 from allocator.node_agent.processes import external_usage
+from allocator.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
+from allocator.node_agent.xids import APPLICATION_XIDS
+from tests.adapters.node_store import NodeStore
 from webhook.admission.patch import visibility_env
 
 pytestmark = pytest.mark.gpu
@@ -65,6 +71,20 @@ while not stop.is_set():
     for _ in range(10):
         a @ a
     torch.cuda.synchronize()
+"""
+
+
+# Makes an illegal memory access on the GPU CUDA_VISIBLE_DEVICES names: the driver raises an XID (an MMU
+# fault, 31 on an H100) for the context, and the GPU itself stays healthy.
+FAULT = """
+import cupy
+kernel = cupy.RawKernel(r'extern "C" __global__ void k() { *(volatile int*)0x8 = 1; }', "k")
+try:
+    kernel((1,), (1,), ())
+    cupy.cuda.runtime.deviceSynchronize()
+    print("no fault", flush=True)
+except Exception as exc:
+    print(type(exc).__name__, exc, flush=True)
 """
 
 
@@ -275,3 +295,71 @@ def test_a_busy_gpu_reads_high_and_least_utilized_places_on_the_node_measured_id
     assert isinstance(placement, Placement) and placement.node == "measured-idle"
     assert placement.uuids == tuple(devices[i].uuid for i in placement.devices)
     assert target.index in placement.devices
+
+
+def fault(visible: str) -> str:
+    if not importlib.util.find_spec("cupy"):
+        pytest.skip("the faulting kernel needs cupy")
+    out = subprocess.run(
+        [sys.executable, "-c", FAULT], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible),
+    )  # fmt: skip
+    assert "illegal" in out.stdout.lower(), (out.stdout, out.stderr)
+    return out.stdout
+
+
+def quiet_agent(probe: NvmlProbe, store: NodeStore, tmp_path: Path, **kwargs) -> NodeAgent:
+    no_kubelet = PodResourcesClient(tmp_path / "no-kubelet.sock", 1.0)
+    agent = NodeAgent("gpu-node", probe, store, pod_resources=no_kubelet, **kwargs)
+    probe.xid_events()  # what earlier tests left
+    agent.publish_once()
+    return agent
+
+
+def test_an_xid_the_driver_raises_reaches_the_agent_which_keeps_the_gpu_off_when_told_to(probe, tmp_path):
+    """`--ignore-xids none`: even an application's fault marks the GPU, which then gets no placements."""
+    devices = probe.devices()
+    target = devices[0]
+    store = NodeStore()
+    strict = quiet_agent(probe, store, tmp_path, ignored_xids=frozenset())
+    fault(target.uuid)
+    deadline = time.monotonic() + DEADLINE_S
+    patch = strict.publish_if_changed()
+    while patch is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        patch = strict.publish_if_changed()
+    assert patch is not None, "no XID event reached the agent"
+    record = json.loads(store.annotations[XIDS_ANNOTATION])
+    assert list(record["devices"]) == [target.uuid]
+    (error,) = record["devices"][target.uuid]
+    assert error["xid"] in APPLICATION_XIDS  # so the shipped default forgives it (next test)
+    published = json.loads(patch["metadata"]["annotations"][DEVICES_ANNOTATION])
+    assert not published[0]["healthy"] and f"critical XID {error['xid']}" in published[0]["reason"]
+    assert all(r.healthy for r in probe.devices())  # NVML itself: the GPU is fine
+
+    ledger = Ledger.rebuild([node_object(patch)], LedgerConfig(placement_key=b"gpu-test-key"))
+    denial = ledger.reserve(Request("every", gpus=len(devices)), 0.0)
+    assert isinstance(denial, Denial) and dict(denial.by_reason) == {Reason.UNHEALTHY_DEVICE: 1}
+    # the operator clears the record (the GPU needs no reset: the fault was the application's)
+    store.annotate(XIDS_ANNOTATION, None)
+    cleared = strict.publish_once()
+    assert all(d["healthy"] for d in json.loads(cleared["metadata"]["annotations"][DEVICES_ANNOTATION]))
+
+
+def test_by_default_an_applications_fault_leaves_the_gpu_healthy_and_sends_nothing(probe, tmp_path, caplog):
+    target = probe.devices()[0]
+    store = NodeStore()
+    agent = quiet_agent(probe, store, tmp_path)
+    caplog.set_level("INFO", logger="gpuledger.node_agent")
+    fault(target.uuid)
+    deadline = time.monotonic() + DEADLINE_S
+    sent = []
+    while "an application's fault" not in caplog.text and time.monotonic() < deadline:
+        sent.append(agent.publish_if_changed())
+        time.sleep(0.2)
+    assert f"on GPU {target.index}: an application's fault" in caplog.text, "no XID event reached the agent"
+    assert sent == [None] * len(sent) and len(store.patches) == 1
+    forgiven = re.search(r"XID (\d+) on GPU (\d+): an application's fault", caplog.text)
+    assert forgiven and int(forgiven[1]) in APPLICATION_XIDS and int(forgiven[2]) == target.index
+    published = agent.publish_once()["metadata"]["annotations"][DEVICES_ANNOTATION]
+    assert all(d["healthy"] for d in json.loads(published))

@@ -1,12 +1,15 @@
 """The node agent against the real API server: its patch reaches the Node, the ledger reads device health
-from it, and the DaemonSet's identity can do no more than read and patch nodes."""
+from it, a critical XID's record lives on the Node, and the DaemonSet's identity can do no more than read and
+patch nodes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import yaml
@@ -14,6 +17,7 @@ import yaml
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, Placement, Request, Taint, Toleration
 from allocator.core.objects import node_from_object
+from allocator.node_agent.xids import ANNOTATION as XIDS
 from devcluster.nodes import create_nodes, make_node
 
 pytestmark = pytest.mark.e2e
@@ -65,6 +69,56 @@ def test_agent_patch_marks_an_unhealthy_device_the_ledger_then_avoids(apiserver,
     assert isinstance(ledger.reserve(Request(id="four", gpus=4, tolerations=tolerate), now=0.0), Denial)
     placed = ledger.reserve(Request(id="three", gpus=3, tolerations=tolerate), now=0.0)
     assert isinstance(placed, Placement) and placed.node == agent_node and 2 not in placed.devices
+
+
+def run_agent_once(apiserver, node: str, spec: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "node-agent", "--node", node, "--once", "--fake", spec,
+         "--kubeconfig", apiserver.kubeconfig],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def health(apiserver, node: str) -> tuple[list[bool], dict]:
+    annotations = apiserver.get_json("node", node)["metadata"]["annotations"]
+    devices = json.loads(annotations["agentaflow.gpu/devices"])
+    return [d["healthy"] for d in devices], annotations
+
+
+def test_a_critical_xid_outlives_the_agent_on_the_node_until_an_operator_clears_it(apiserver, agent_node):
+    """The driver reports an XID once: the agent keeps it on the Node, a new agent process publishes the same
+    health, `kubectl annotate ...-` after the GPU's reset brings the GPU back, and another boot's record is
+    void."""
+    gpus = "4xNVIDIA-H100-80GB-HBM3:81559"
+    run_agent_once(apiserver, agent_node, json.dumps({"gpus": gpus, "xids": [[2, 79], [1, 31]]}))
+    healthy, annotations = health(apiserver, agent_node)
+    assert healthy == [True, True, False, True]  # 31: the application's fault, not the GPU's
+    record = json.loads(annotations[XIDS])
+    assert list(record["devices"]) == ["GPU-fake-nvidia-h100-80gb-hbm3-0002"]
+    assert record["bootId"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert annotations["agentaflow.gpu/status"] == "degraded"
+
+    run_agent_once(apiserver, agent_node, gpus)  # restarted: NVML reports nothing now
+    assert health(apiserver, agent_node) == (healthy, {**annotations, "agentaflow.gpu/last-update": ANY})
+
+    info = node_from_object(apiserver.get_json("node", agent_node))
+    ledger = Ledger(LedgerConfig())
+    ledger.upsert_node(info)
+    tolerate = (Toleration(ISOLATION.key, "Equal", ISOLATION.value, ISOLATION.effect),)
+    placed = ledger.reserve(Request(id="three", gpus=3, tolerations=tolerate), now=0.0)
+    assert isinstance(placed, Placement) and 2 not in placed.devices
+
+    apiserver.kubectl("annotate", "node", agent_node, f"{XIDS}-")  # the GPU was reset
+    run_agent_once(apiserver, agent_node, gpus)
+    healthy, annotations = health(apiserver, agent_node)
+    assert healthy == [True] * 4 and XIDS not in annotations
+
+    other_boot = json.dumps({**record, "bootId": "00000000-0000-4000-8000-000000000000"})
+    apiserver.kubectl("annotate", "node", agent_node, f"{XIDS}={other_boot}")  # recorded before a reboot
+    run_agent_once(apiserver, agent_node, gpus)
+    healthy, annotations = health(apiserver, agent_node)
+    assert healthy == [True] * 4 and XIDS not in annotations
 
 
 def test_node_agent_identity_can_only_read_and_patch_nodes(apiserver):
