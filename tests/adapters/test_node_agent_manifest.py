@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from allocator.node_agent.agent import build_parser
+from allocator.node_agent.xids import APPLICATION_XIDS, parse_ignored
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -43,6 +44,7 @@ def test_prod_runs_the_node_agent_with_arguments_the_cli_accepts():
         env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     )  # NVML sees every GPU; the device plugin allocates none
     assert not args.fake  # real NVML in the cluster
+    assert parse_ignored(args.ignore_xids) == APPLICATION_XIDS  # the agent's own default, spelled out
     assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" for t in spec["tolerations"])
     # the image the agent runs is the webhook's image
     (deployment,) = [

@@ -196,3 +196,14 @@ def test_optional_parts_switch_off():
     accepted = "value must be one of 'external', 'cert-manager', 'generate'"
     assert f"/tls/mode': {accepted}" in helm_fails("tls.mode=bogus")
     assert "/config/bindingMode" in helm_fails("config.bindingMode=node")
+    assert "/nodeAgent/ignoreXids" in helm_fails("nodeAgent.ignoreXids=13;31")
+
+
+def test_the_node_agents_ignored_xids_are_a_value():
+    (ds,) = [d for d in helm_template("nodeAgent.ignoreXids=none") if d["kind"] == "DaemonSet"]
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--ignore-xids") + 1] == "none"
+    # --set reads 31 as a number: the chart takes it too
+    (one,) = [d for d in helm_template("nodeAgent.ignoreXids=31") if d["kind"] == "DaemonSet"]
+    args = one["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--ignore-xids") + 1] == "31"
