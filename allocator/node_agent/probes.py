@@ -137,7 +137,13 @@ class NvmlProbe:
         self._xids: list[XidEvent] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._event_set = pynvml.nvmlEventSetCreate()
+        self._event_set: Any = None
+        self._watcher: threading.Thread | None = None
+        try:
+            self._event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:  # the devices can still be read: only XIDs go unseen
+            log.warning("NVML gives no event set (%s): XID errors go unseen", exc)
+            return
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             try:
@@ -158,10 +164,15 @@ class NvmlProbe:
                 log.warning("waiting for XID events failed: %s", exc)
                 self._closing.wait(self.WAIT_MS / 1000)
                 continue
-            if data.eventType & nvml.nvmlEventTypeXidCriticalError:
+            if not data.eventType & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
                 event = XidEvent(int(nvml.nvmlDeviceGetIndex(data.device)), int(data.eventData))
-                with self._lock:
-                    self._xids.append(event)
+            except nvml.NVMLError as exc:
+                log.warning("XID %s on a GPU NVML cannot name (%s): not recorded", data.eventData, exc)
+                continue
+            with self._lock:
+                self._xids.append(event)
 
     def xid_events(self) -> list[XidEvent]:
         with self._lock:
@@ -241,8 +252,9 @@ class NvmlProbe:
 
     def close(self) -> None:
         self._closing.set()
-        self._watcher.join(timeout=5 * self.WAIT_MS / 1000)
-        self._nvml.nvmlEventSetFree(self._event_set)
+        if self._watcher is not None:
+            self._watcher.join(timeout=5 * self.WAIT_MS / 1000)
+            self._nvml.nvmlEventSetFree(self._event_set)
         self._nvml.nvmlShutdown()
 
 

@@ -17,6 +17,9 @@ import yaml
 from allocator.core.ledger import Ledger, LedgerConfig
 from allocator.core.model import Denial, Placement, Request, Taint, Toleration
 from allocator.core.objects import node_from_object
+from allocator.node_agent.agent import NodeAgent
+from allocator.node_agent.pod_resources import PodResourcesClient
+from allocator.node_agent.probes import FakeProbe
 from allocator.node_agent.xids import ANNOTATION as XIDS
 from devcluster.nodes import create_nodes, make_node
 
@@ -117,6 +120,39 @@ def test_a_critical_xid_outlives_the_agent_on_the_node_until_an_operator_clears_
     other_boot = json.dumps({**record, "bootId": "00000000-0000-4000-8000-000000000000"})
     apiserver.kubectl("annotate", "node", agent_node, f"{XIDS}={other_boot}")  # recorded before a reboot
     run_agent_once(apiserver, agent_node, gpus)
+    healthy, annotations = health(apiserver, agent_node)
+    assert healthy == [True] * 4 and XIDS not in annotations
+
+
+def test_a_clear_after_the_agents_read_is_kept_by_the_real_api_servers_409(apiserver, agent_node):
+    """The agent's patch carries the resourceVersion it read: a `kubectl annotate ...-` landing between its
+    read and its patch makes the real API server answer 409, and the agent reads again instead of writing the
+    old record back."""
+    from kubernetes import client
+
+    api = client.CoreV1Api(apiserver.api_client())
+    spec = json.dumps({"gpus": "4xNVIDIA-H100-80GB-HBM3:81559", "xids": [[0, 79]]})
+    no_kubelet = PodResourcesClient(REPO / "no-kubelet.sock", 0.1)
+    agent = NodeAgent(agent_node, FakeProbe.from_spec(spec), api, pod_resources=no_kubelet)
+    agent.publish_once()
+    assert health(apiserver, agent_node)[0] == [False, True, True, True]
+
+    class ClearedAfterTheRead:
+        reads = 0
+
+        def __getattr__(self, name):
+            return getattr(api, name)
+
+        def read_node(self, name):
+            node = api.read_node(name)
+            ClearedAfterTheRead.reads += 1
+            if ClearedAfterTheRead.reads == 1:
+                apiserver.kubectl("annotate", "node", name, f"{XIDS}-")  # the operator, after a GPU reset
+            return node
+
+    agent.core_api = ClearedAfterTheRead()
+    agent.publish_once()
+    assert ClearedAfterTheRead.reads == 2  # the first patch was refused (409), the second read saw the clear
     healthy, annotations = health(apiserver, agent_node)
     assert healthy == [True] * 4 and XIDS not in annotations
 
