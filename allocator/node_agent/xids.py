@@ -40,7 +40,7 @@ def read_boot_id(proc_root: Path) -> str:
     try:
         return (proc_root / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
     except OSError as exc:
-        log.warning("no boot id under %s (%s): XID records will not outlive this agent", proc_root, exc)
+        log.warning("no boot id under %s (%s): a reboot will not void XID records", proc_root, exc)
         return ""
 
 
@@ -72,7 +72,7 @@ class XidLog:
             return cls(boot_id)
         try:
             obj = json.loads(text)
-            if obj.get("bootId") != boot_id or not boot_id:
+            if obj.get("bootId") != boot_id:
                 return cls(boot_id)
             devices = {
                 str(uuid): tuple(XidError(int(e["xid"]), str(e["at"])) for e in errors)

@@ -77,7 +77,10 @@ def test_an_empty_log_removes_the_annotation_and_another_boots_log_is_void():
     text = XidLog(BOOT).record([(XidEvent(3, 94), NOW)], REPORTS, APPLICATION_XIDS).annotation()
     rebooted = XidLog.from_annotation(text, "another-boot")
     assert rebooted.devices == {} and rebooted.annotation() is None
-    assert XidLog.from_annotation(text, "").devices == {}  # unknown boot: nothing to tie the record to
+    assert XidLog.from_annotation(text, "").devices == {}  # no boot id here: not this record's boot
+    # an agent that cannot read the boot id keeps its own records (only a clear ends them)
+    unbooted = XidLog("").record([(XidEvent(3, 94), NOW)], REPORTS, APPLICATION_XIDS)
+    assert XidLog.from_annotation(unbooted.annotation(), "") == unbooted
 
 
 @pytest.mark.parametrize("text", ["not json", "[]", '{"bootId":"' + BOOT + '","devices":{"G":[{"x":1}]}}'])
