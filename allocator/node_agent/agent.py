@@ -5,8 +5,8 @@ receiving placements as soon as the agent's patch reaches the API server (the sy
 changes to the ledger), and `agentaflow.gpu/device-holders` to know which pod holds each device (from the
 kubelet's PodResources API) and which devices hold memory of processes outside Kubernetes. The patch itself is
 a pure function of the probe's reports, the holders, the XID errors and `now`. The one thing NVML cannot be
-asked again, a critical XID, is kept on the Node (`agentaflow.gpu/xid-errors`) and read back before each
-patch, so the agent keeps no state a restart could lose.
+asked again, a critical XID, is kept on the Node (`agentaflow.gpu/xid-errors`), which a restarted agent reads
+back, so the agent keeps no state a restart could lose.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from allocator.node_agent.pod_resources import DEFAULT_RESOURCES, DEFAULT_SOCKET
 from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError, XidEvent
 from allocator.node_agent.processes import DEFAULT_PROC_ROOT
 from allocator.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
-from allocator.node_agent.xids import APPLICATION_XIDS, XidLog, parse_ignored, read_boot_id
+from allocator.node_agent.xids import APPLICATION_XIDS, XidLog, parse_ignored, read_boot_id, utc_stamp
 
 log = logging.getLogger("gpuledger.node_agent")
 
@@ -80,7 +80,7 @@ def node_patch(
                     [r.as_annotation_entry() for r in reports], separators=(",", ":")
                 ),
                 PREFIX + "status": node_status(reports),
-                PREFIX + "last-update": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                PREFIX + "last-update": utc_stamp(now),
             },
         }
     }
@@ -105,8 +105,10 @@ class NodeAgent:
     errors every `holders_interval_s` and patches at once when the holders changed or a GPU reported a
     critical XID, so the ledger learns of a pod's devices, or of a broken GPU, in seconds. The last published
     holders text is kept only to spot a change: a restart publishes in full. XIDs not yet published wait in
-    `pending_xids`; each patch merges them into the log read from the Node and is conditional on the Node's
-    resourceVersion, so an operator's clearing of the log is never overwritten with an older copy.
+    `pending_xids`; each patch merges them into the log on the Node as the agent last saw it (the answer to
+    its last patch; read at start, after a conflict or a failure) and is conditional on that resourceVersion,
+    so an operator's clearing of the log is never overwritten with an older copy, and no GET precedes each
+    patch.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class NodeAgent:
         self.boot_id = read_boot_id(self.proc_root) if boot_id is None else boot_id
         self.published_holders: str | None = None
         self.pending_xids: list[tuple[XidEvent, datetime]] = []
+        self.node_seen = None  # the Node as this agent's last patch left it (the API server's answer)
         self._stop = threading.Event()
 
     def observe(self, now: datetime) -> tuple[list[DeviceReport], DeviceHolders]:
@@ -164,8 +167,10 @@ class NodeAgent:
         return self._publish(reports, holders, now)
 
     def _publish(self, reports: list[DeviceReport], holders: DeviceHolders, now: datetime) -> dict:
+        node, self.node_seen = self.node_seen, None  # kept again only once this publication succeeds
         for attempt in range(1, CONFLICT_TRIES + 1):
-            node = self.core_api.read_node(self.node_name)
+            if node is None:
+                node = self.core_api.read_node(self.node_name)
             stored = (node.metadata.annotations or {}).get(XIDS_ANNOTATION)
             xids = XidLog.from_annotation(stored, self.boot_id).record(
                 self.pending_xids, reports, self.ignored_xids
@@ -174,16 +179,18 @@ class NodeAgent:
             version = node.metadata.resource_version
             guarded = {**patch, "metadata": {**patch["metadata"], "resourceVersion": version}}
             try:
-                self.core_api.patch_node(self.node_name, guarded)
+                node = self.core_api.patch_node(self.node_name, guarded)
                 break
-            except Exception as exc:  # kubernetes' ApiException; 409: the Node changed since the read
+            except Exception as exc:  # kubernetes' ApiException; 409: the Node changed since it was seen
                 if getattr(exc, "status", None) != 409 or attempt == CONFLICT_TRIES:
                     raise
+                node = None
         self.pending_xids = []
         if self.advertise_resource:
-            self.core_api.patch_node_status(
+            node = self.core_api.patch_node_status(
                 self.node_name, capacity_patch(xids.mark(reports), self.advertise_resource)
             )
+        self.node_seen = node
         self.published_holders = holders.annotation()
         return patch
 

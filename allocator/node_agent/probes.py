@@ -117,7 +117,25 @@ class GpuProbe(Protocol):
     def close(self) -> None: ...
 
 
-class NvmlProbe:
+class XidInbox:
+    """XID events delivered by one thread (NVML's watcher, a test) and taken by another (the agent's loop)."""
+
+    def __init__(self, events: list[XidEvent] | None = None) -> None:
+        self._xids = list(events or [])
+        self._lock = threading.Lock()
+
+    def report_xid(self, device: int, xid: int) -> None:
+        """What the driver does when a GPU faults: the next `xid_events` returns it."""
+        with self._lock:
+            self._xids.append(XidEvent(device, xid))
+
+    def xid_events(self) -> list[XidEvent]:
+        with self._lock:
+            events, self._xids = self._xids, []
+        return events
+
+
+class NvmlProbe(XidInbox):
     """Reads devices through NVML (pynvml, shipped as nvidia-ml-py), and listens for their XID errors.
 
     XIDs come only as events, so a thread waits on NVML's event set from the start and keeps what arrives
@@ -134,8 +152,7 @@ class NvmlProbe:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise ProbeError(f"NVML is not available on this machine: {exc}") from exc
-        self._xids: list[XidEvent] = []
-        self._lock = threading.Lock()
+        super().__init__()
         self._closing = threading.Event()
         self._event_set: Any = None
         self._watcher: threading.Thread | None = None
@@ -167,17 +184,11 @@ class NvmlProbe:
             if not data.eventType & nvml.nvmlEventTypeXidCriticalError:
                 continue
             try:
-                event = XidEvent(int(nvml.nvmlDeviceGetIndex(data.device)), int(data.eventData))
+                index = int(nvml.nvmlDeviceGetIndex(data.device))
             except nvml.NVMLError as exc:
                 log.warning("XID %s on a GPU NVML cannot name (%s): not recorded", data.eventData, exc)
                 continue
-            with self._lock:
-                self._xids.append(event)
-
-    def xid_events(self) -> list[XidEvent]:
-        with self._lock:
-            events, self._xids = self._xids, []
-        return events
+            self.report_xid(index, int(data.eventData))
 
     def devices(self) -> list[DeviceReport]:
         nvml = self._nvml
@@ -258,7 +269,7 @@ class NvmlProbe:
         self._nvml.nvmlShutdown()
 
 
-class FakeProbe:
+class FakeProbe(XidInbox):
     """Reports the devices (GPU processes, XID errors) a spec describes: for nodes and tests without a GPU."""
 
     def __init__(
@@ -267,10 +278,9 @@ class FakeProbe:
         processes: list[GpuProcess] | None = None,
         xids: list[XidEvent] | None = None,
     ):
+        super().__init__(xids)
         self._reports = list(reports)
         self._processes = list(processes or [])
-        self._xids = list(xids or [])
-        self._lock = threading.Lock()
 
     @classmethod
     def from_spec(cls, spec: str) -> FakeProbe:
@@ -340,16 +350,6 @@ class FakeProbe:
 
     def processes(self) -> list[GpuProcess]:
         return list(self._processes)
-
-    def report_xid(self, device: int, xid: int) -> None:
-        """What the driver does when a GPU faults: the next `xid_events` returns it."""
-        with self._lock:
-            self._xids.append(XidEvent(device, xid))
-
-    def xid_events(self) -> list[XidEvent]:
-        with self._lock:
-            events, self._xids = self._xids, []
-        return events
 
     def close(self) -> None:
         pass

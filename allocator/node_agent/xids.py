@@ -29,6 +29,11 @@ KEPT_PER_DEVICE = 8  # the newest; the annotation stays small whatever a failing
 VERSION = 1
 
 
+def utc_stamp(when: datetime) -> str:
+    """UTC to the second, as the agent's annotations hold times."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @dataclass(frozen=True)
 class XidError:
     xid: int
@@ -105,8 +110,7 @@ class XidLog:
                 event.device,
                 uuid,
             )
-            stamp = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            devices[uuid] = (*devices.get(uuid, ()), XidError(event.xid, stamp))[-KEPT_PER_DEVICE:]
+            devices[uuid] = (*devices.get(uuid, ()), XidError(event.xid, utc_stamp(when)))[-KEPT_PER_DEVICE:]
         return replace(self, devices=MappingProxyType(devices))
 
     def annotation(self) -> str | None:

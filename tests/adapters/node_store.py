@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 class NodeStore:
     """One Node's annotations and resourceVersion; a patch's null annotation removes it, as strategic merge
-    does, and a stale resourceVersion is refused with status 409."""
+    does, a stale resourceVersion is refused with status 409, and a patch answers the Node it left."""
 
     def __init__(self, annotations: dict[str, str] | None = None):
         self.annotations: dict[str, str] = dict(annotations or {})
@@ -17,6 +17,9 @@ class NodeStore:
         self.status_patches: list[dict] = []
 
     def read_node(self, name):
+        return self._node()
+
+    def _node(self):
         meta = SimpleNamespace(annotations=dict(self.annotations), resource_version=str(self.version))
         return SimpleNamespace(metadata=meta)
 
@@ -31,9 +34,12 @@ class NodeStore:
                 self.annotations[key] = value
         self.version += 1
         self.patches.append({**body, "metadata": meta})
+        return self._node()
 
     def patch_node_status(self, name, body):
         self.status_patches.append(body)
+        self.version += 1
+        return self._node()
 
     def annotate(self, key: str, value: str | None) -> None:
         """Another writer (`kubectl annotate`) changes the Node."""

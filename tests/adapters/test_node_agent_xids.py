@@ -28,6 +28,7 @@ from allocator.node_agent.xids import (
     parse_ignored,
     read_boot_id,
 )
+from devcluster.nodes import make_node
 from tests.adapters.node_store import NodeStore
 
 NOW = datetime(2026, 11, 27, 19, 0, tzinfo=UTC)
@@ -190,17 +191,23 @@ def test_clearing_the_annotation_returns_the_gpu_and_is_not_overwritten():
     running = agent(store, probe)
     running.publish_once(NOW)
     assert ANNOTATION in store.annotations
+    reads = []
+    read = store.read_node
+    store.read_node = lambda name: reads.append(name) or read(name)  # type: ignore[method-assign]
+    assert running.publish_once(NOW) and reads == []  # the Node its last patch left: no GET before a patch
     store.annotate(ANNOTATION, None)  # the operator, after resetting the GPU
     again = running.publish_once(NOW)
+    assert reads == ["n1"]  # its patch on the older version was refused (409): it read the Node again
     assert all(d["healthy"] for d in devices(again)) and ANNOTATION not in store.annotations
 
 
 def test_a_clear_between_the_agents_read_and_its_patch_is_kept():
     """The patch is conditional on the Node's resourceVersion: the agent reads again and does not write back
-    the record the operator removed meanwhile."""
-    store, probe = NodeStore(), FakeProbe(REPORTS, xids=[XidEvent(0, 79)])
-    running = agent(store, probe)
-    running.publish_once(NOW)
+    the record the operator removed meanwhile (a restarted agent: it reads the Node before its first
+    patch)."""
+    store = NodeStore()
+    agent(store, FakeProbe(REPORTS, xids=[XidEvent(0, 79)])).publish_once(NOW)
+    running = agent(store, FakeProbe(REPORTS))
     read = store.read_node
 
     def read_then_cleared(name):
@@ -250,16 +257,9 @@ def test_the_run_loop_patches_an_xid_between_full_publications():
 def test_the_ledger_places_nothing_on_a_gpu_with_a_critical_xid():
     log = XidLog(BOOT).record([(XidEvent(0, 79), NOW)], REPORTS, APPLICATION_XIDS)
     patch = node_patch(REPORTS, NOW, None, log)
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": "n1", **patch["metadata"]},
-        "spec": {},
-        "status": {
-            "allocatable": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "4", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
+    node = make_node("n1", "spine-a", "leaf-a", gpus=len(REPORTS))  # the Node the agent's patch lands on
+    node["metadata"]["labels"].update(patch["metadata"]["labels"])
+    node["metadata"]["annotations"].update(patch["metadata"]["annotations"])
     ledger = Ledger.rebuild([node], LedgerConfig(placement_key=b"xid-test-key"))
     denied = ledger.reserve(Request("four", gpus=4), 0.0)
     assert isinstance(denied, Denial) and dict(denied.by_reason) == {Reason.UNHEALTHY_DEVICE: 1}

@@ -125,16 +125,17 @@ def test_a_critical_xid_outlives_the_agent_on_the_node_until_an_operator_clears_
 
 
 def test_a_clear_after_the_agents_read_is_kept_by_the_real_api_servers_409(apiserver, agent_node):
-    """The agent's patch carries the resourceVersion it read: a `kubectl annotate ...-` landing between its
-    read and its patch makes the real API server answer 409, and the agent reads again instead of writing the
-    old record back."""
+    """The agent's patch carries the resourceVersion of the Node as it last saw it: a `kubectl annotate ...-`
+    landing after that makes the real API server answer 409, and the agent reads again instead of writing the
+    old record back. It reads only then (and at start): no GET before each patch."""
     from kubernetes import client
 
     api = client.CoreV1Api(apiserver.api_client())
-    spec = json.dumps({"gpus": "4xNVIDIA-H100-80GB-HBM3:81559", "xids": [[0, 79]]})
+    gpus = "4xNVIDIA-H100-80GB-HBM3:81559"
     no_kubelet = PodResourcesClient(REPO / "no-kubelet.sock", 0.1)
-    agent = NodeAgent(agent_node, FakeProbe.from_spec(spec), api, pod_resources=no_kubelet)
-    agent.publish_once()
+    first = NodeAgent(agent_node, FakeProbe.from_spec(json.dumps({"gpus": gpus, "xids": [[0, 79]]})), api,
+                      pod_resources=no_kubelet)  # fmt: skip
+    first.publish_once()
     assert health(apiserver, agent_node)[0] == [False, True, True, True]
 
     class ClearedAfterTheRead:
@@ -150,9 +151,20 @@ def test_a_clear_after_the_agents_read_is_kept_by_the_real_api_servers_409(apise
                 apiserver.kubectl("annotate", "node", name, f"{XIDS}-")  # the operator, after a GPU reset
             return node
 
-    agent.core_api = ClearedAfterTheRead()
-    agent.publish_once()
+    probe = FakeProbe.from_spec(gpus)
+    restarted = NodeAgent(agent_node, probe, ClearedAfterTheRead(), pod_resources=no_kubelet)
+    restarted.publish_once()
     assert ClearedAfterTheRead.reads == 2  # the first patch was refused (409), the second read saw the clear
+    healthy, annotations = health(apiserver, agent_node)
+    assert healthy == [True] * 4 and XIDS not in annotations
+
+    probe.report_xid(1, 79)
+    restarted.publish_once()
+    assert ClearedAfterTheRead.reads == 2  # patched on the Node its last patch answered with
+    assert health(apiserver, agent_node)[0] == [True, False, True, True]
+    apiserver.kubectl("annotate", "node", agent_node, f"{XIDS}-")
+    restarted.publish_once()
+    assert ClearedAfterTheRead.reads == 3  # refused (409) on the older version, read again
     healthy, annotations = health(apiserver, agent_node)
     assert healthy == [True] * 4 and XIDS not in annotations
 
