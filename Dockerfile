@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The gpuledger image: the webhook (`gpuledger serve`), the `gpuledger` CLI, and the Ray runtime that the
-# ledger's RayCluster runs on (its nodes must import allocator.ray_actor and run the same Ray and Python).
+# ledger's RayCluster runs on (its nodes must import gpuledger.ray.actor and run the same Ray and Python).
 #   docker build -t gpuledger/gpuledger:0.1.0 .
 # Multi-stage: the build stage has pip and compiles the virtualenv; the runtime stage only copies it.
 # Read-only-root friendly: bytecode is compiled at build time, HOME and Ray's temp dir live under /tmp
@@ -15,10 +15,7 @@ RUN python -m venv /opt/gpuledger
 ENV PATH=/opt/gpuledger/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY allocator ./allocator
-COPY webhook ./webhook
-COPY certs ./certs
-COPY gpucontroller ./gpucontroller
+COPY gpuledger ./gpuledger
 RUN pip install "ray[default]==${RAY_VERSION}" . \
  && python -m compileall -q /opt/gpuledger
 

@@ -40,9 +40,9 @@ $(HELM):
 helm: $(HELM)
 
 # ruff (rules and format) over LINT_PATHS, mypy over the product code among them, then the import-linter
-# contracts. A subset checks only those paths: make lint LINT_PATHS="certs allocator/sim" (mypy still reads
+# contracts. A subset checks only those paths: make lint LINT_PATHS="gpuledger/certs gpuledger/sim" (mypy still reads
 # the modules they import, for their types, but reports only the errors in TYPE_PATHS).
-LINT_PATHS ?= allocator webhook certs devcluster gpuledger gpucontroller tests
+LINT_PATHS ?= gpuledger devcluster tests
 TYPE_PATHS ?= $(filter-out tests tests/%,$(LINT_PATHS))
 
 lint: venv

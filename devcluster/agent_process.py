@@ -1,4 +1,4 @@
-"""The real node agent (`python -m allocator.node_agent`) as a process of its own beside a real node, its fake
+"""The real node agent (`python -m gpuledger.node_agent`) as a process of its own beside a real node, its fake
 probe reporting the fake device plugin's GPUs: what a DaemonSet pod would run on that node."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class AgentProcess:
         return json.dumps({"gpus": gpus, "processes": self.processes})
 
     def start(self) -> AgentProcess:
-        argv = [sys.executable, "-m", "allocator.node_agent", "--node", self.node.name]
+        argv = [sys.executable, "-m", "gpuledger.node_agent", "--node", self.node.name]
         argv += ["--kubeconfig", self.kubeconfig, "--fake", self.fake_spec()]
         argv += ["--pod-resources-socket", str(self.node.pod_resources_socket)]
         argv += ["--interval", "30", "--holders-interval", str(self.holders_interval_s)]

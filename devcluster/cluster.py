@@ -28,7 +28,6 @@ from pathlib import Path
 
 import yaml
 
-from certs import pki
 from devcluster import kubeflow
 from devcluster.binaries import REPO, ControlPlaneError, binary_path, etcd_path, free_port, missing_binaries
 from devcluster.kubeclient import ExistingCluster, KubeClient, KubectlError
@@ -41,6 +40,7 @@ from devcluster.users import (
     rbac_objects,
     write_sa_keys,
 )
+from gpuledger.certs import pki
 
 # importers name these from here (tests, the demo): the control plane and what it is built from
 __all__ = [
@@ -310,7 +310,7 @@ class ControlPlane(KubeClient):
         self.kubeconfigs = {user: self.write_kubeconfig(user) for user in USERS}
         self.apply(rbac_objects())
         kubeflow.install(self)  # workloads of the earlier tools' users: PyTorchJob, MPIJob, TFJob
-        # GPUWorkload (both groups) and GPUNode, for gpucontroller
+        # GPUWorkload (both groups) and GPUNode, for the controller
         self.apply([yaml.safe_load(p.read_text()) for p in sorted(CRDS_DIR.glob("gpu*.yaml"))])
         self.kubectl(
             "wait",

@@ -1,5 +1,5 @@
 """The demo's queue section: GPUWorkloads that need more GPUs than one node has wait in priority order, and
-run as the running ones are deleted. Runs gpucontroller as a subprocess on the demo's Ray ledger; every wait
+run as the running ones are deleted. Runs the controller as a subprocess on the demo's Ray ledger; every wait
 is bounded and fails naming what it waited for; it never outlives the demo (the controller is stopped)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ WAIT_S = 60.0
 
 
 class Controller:
-    """`python -m webhook.cli controller` against this process's Ray and the stack's ledger actor."""
+    """`python -m gpuledger controller` against this process's Ray and the stack's ledger actor."""
 
     def __init__(self, kube: KubeClient, stack, namespace: str):
         import ray
@@ -33,7 +33,7 @@ class Controller:
         argv = [
             sys.executable,
             "-m",
-            "webhook.cli",
+            "gpuledger",
             "controller",
             "--kubeconfig",
             str(kube.kubeconfig),
@@ -150,7 +150,7 @@ def run_queue(kube: KubeClient, stack, namespace: str, node: str) -> None:
     """Submit WORKLOADS pinned to `node` (8 GPUs free), show the queue, delete the top one, show it again."""
     print(
         f"\nGPUWorkload queue: {len(WORKLOADS)} workloads of {GPUS_EACH} GPUs pinned to {node} (8 GPUs), "
-        f"submitted lowest priority first; then gpucontroller starts ...\n",
+        f"submitted lowest priority first; then the controller starts ...\n",
         flush=True,
     )
     for name, priority in WORKLOADS:

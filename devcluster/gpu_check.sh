@@ -50,7 +50,7 @@ print("holder cgroup:", open(f"/proc/{holder.pid}/cgroup").read().strip())
 holder.stdin.close()
 holder.wait()
 PY
-  python3 -m allocator.node_agent --node gpu-node --print --pod-resources-socket /nonexistent.sock > "$out/agent_patch.json"
+  python3 -m gpuledger.node_agent --node gpu-node --print --pod-resources-socket /nonexistent.sock > "$out/agent_patch.json"
   echo "agent --print exit $?"
   cat "$out/agent_patch.json"
 } 2>&1 | tee "$out/facts.log"

@@ -1,4 +1,4 @@
-"""The kubelet's own gRPC APIs for the test node: the product's stubs (allocator/node_agent/kubelet_grpc.py,
+"""The kubelet's own gRPC APIs for the test node: the product's stubs (gpuledger/node_agent/kubelet_grpc.py,
 from its vendored .proto files), plus the Go module those files come from, for the test that they still match.
 """
 
@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from allocator.node_agent.kubelet_grpc import (
+from gpuledger.node_agent.kubelet_grpc import (
     KUBELET_MODULE,
     PACKAGE,
     PROTOS,

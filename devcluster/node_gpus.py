@@ -44,7 +44,7 @@ def advertise_gpus(
     timeout: float = 30,
 ) -> dict:
     """Publish GPUs the way a node without a device plugin does (visibility modes `runtime-uuids`,
-    `host-indices`): the real node agent (`python -m allocator.node_agent --once --advertise-capacity`,
+    `host-indices`): the real node agent (`python -m gpuledger.node_agent --once --advertise-capacity`,
     its fake probe reporting `devices`, as `devcluster.nodes.device_entries` makes them) writes the
     `agentaflow.gpu/devices` annotation and PATCHes `resource` capacity onto the Node's status. Returns
     the Node once the kubelet, which derives allocatable from capacity, reports the count allocatable."""
@@ -61,7 +61,7 @@ def advertise_gpus(
         for d in devices
     ]
     argv = [
-        sys.executable, "-m", "allocator.node_agent", "--node", node_name, "--once",
+        sys.executable, "-m", "gpuledger.node_agent", "--node", node_name, "--once",
         "--kubeconfig", str(cp.kubeconfig), "--fake", json.dumps(fake),
         "--pod-resources-socket", str(socket), "--advertise-capacity", resource,
     ]  # fmt: skip

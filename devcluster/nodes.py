@@ -40,7 +40,7 @@ def device_uuid(node: str, index: int) -> str:
 def device_entries(
     node: str, gpus: int, product: str, memory_mib: int, unhealthy: Iterable[int] = ()
 ) -> list[dict]:
-    """The `agentaflow.gpu/devices` annotation a node agent (allocator.node_agent.probes) would write."""
+    """The `agentaflow.gpu/devices` annotation a node agent (gpuledger.node_agent.probes) would write."""
     bad = set(unhealthy)
     return [
         {

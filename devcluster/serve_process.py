@@ -1,6 +1,7 @@
 """`gpuledger serve` as its own process against a control plane: the product exactly as deployed.
 
-Its own TLS bundle (certs/pki.py), a config file with a signing key and the harness's webhook identity,
+Its own TLS bundle (gpuledger/certs/pki.py), a config file with a signing key and the harness's webhook
+identity,
 the webhook identity's kubeconfig; `wait_ready()` polls its /readyz (ledger answering and synced).
 """
 
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from certs import pki
 from devcluster import webhooks
 from devcluster.binaries import REPO, free_port
 from devcluster.users import WEBHOOK_USER
+from gpuledger.certs import pki
 
 HMAC_KEY = "gpuledger-serve-test-key"
 
@@ -79,7 +80,7 @@ class ServedProcess:
 
 
 class GpuledgerServe(ServedProcess):
-    """`python -m webhook.cli serve --kubeconfig ...` with a fresh CA and serving certificate."""
+    """`python -m gpuledger serve --kubeconfig ...` with a fresh CA and serving certificate."""
 
     def __init__(self, cp, extra_config: dict | None = None, *args: str):
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuledger-serve-"))
@@ -95,7 +96,7 @@ class GpuledgerServe(ServedProcess):
             [
                 sys.executable,
                 "-m",
-                "webhook.cli",
+                "gpuledger",
                 "serve",
                 "--port",
                 str(port),

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from allocator.cluster_sync import ClusterSync, RayLedgerTarget, SyncConfig
-from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
-from certs import pki
 from devcluster import webhooks
 from devcluster.binaries import free_port
 from devcluster.kubeclient import KubeClient
 from devcluster.users import WEBHOOK_USER
-from webhook.config import WebhookConfig
+from gpuledger.certs import pki
+from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
+from gpuledger.sync.cluster_sync import ClusterSync, RayLedgerTarget, SyncConfig
+from gpuledger.webhook.config import WebhookConfig
 
 if TYPE_CHECKING:
-    from webhook.transport.server import ServerThread
+    from gpuledger.webhook.transport.server import ServerThread
 
 log = logging.getLogger("gpuledger.e2e")
 
@@ -61,7 +61,7 @@ class Stack:
     def start(self) -> Stack:
         import ray
 
-        from allocator.ray_actor import get_or_create_ledger, wait_ready
+        from gpuledger.ray.actor import get_or_create_ledger, wait_ready
 
         self.workdir = Path(tempfile.mkdtemp(prefix="gpuledger-webhook-"))
         self.ca = pki.make_ca("gpuledger-e2e-webhook-ca")
@@ -98,12 +98,12 @@ class Stack:
 
     # ------------------------------------------------------------------ webhook process
     def start_webhook(self) -> None:
-        from webhook.admission.owners import KubeOwners
-        from webhook.event_writer import ApiEventWriter
-        from webhook.ledger_client import RayLedgerClient
-        from webhook.transport.app import EVENTS_KEY, create_app
-        from webhook.transport.server import ServerThread
-        from webhook.transport.tls import ReloadingTLS
+        from gpuledger.webhook.admission.owners import KubeOwners
+        from gpuledger.webhook.kube.event_writer import ApiEventWriter
+        from gpuledger.webhook.ledger.client import RayLedgerClient
+        from gpuledger.webhook.transport.app import EVENTS_KEY, create_app
+        from gpuledger.webhook.transport.server import ServerThread
+        from gpuledger.webhook.transport.tls import ReloadingTLS
 
         config, handle, api_client = self.config, self.handle, self.api_client
         paths = self.tls_paths

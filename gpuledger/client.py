@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gpuledger.kube import (
+from gpuledger.cli.kube import (
     ADMISSION_ENABLED,
     ADMISSION_LABEL,
     GPUWORKLOAD_VERSIONS,
@@ -23,7 +23,7 @@ from gpuledger.kube import (
     KubeError,
     object_path,
 )
-from gpuledger.placement import PodPlacement, placement_of_pod
+from gpuledger.views.placement import PodPlacement, placement_of_pod
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_WORKLOAD_VERSION = "agentaflow.io/v1"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("allocator", "webhook", "certs", "devcluster")
+PRODUCT = ("gpuledger", "devcluster")
 
 
 def _imports(path: Path) -> set[str]:
@@ -33,12 +33,12 @@ def test_import_linter_contracts_are_kept():
 
 
 def test_the_core_imports_only_the_standard_library():
-    for path in sorted((ROOT / "allocator" / "core").rglob("*.py")):
+    for path in sorted((ROOT / "gpuledger" / "core").rglob("*.py")):
         for name in _imports(path):
             top = name.split(".")[0]
-            assert name.startswith("allocator.core") or top in sys.stdlib_module_names, (
+            assert name.startswith("gpuledger.core") or top in sys.stdlib_module_names, (
                 f"{path.relative_to(ROOT)} imports {name}: "
-                "allocator.core may import only the standard library and itself"
+                "gpuledger.core may import only the standard library and itself"
             )
 
 
@@ -61,4 +61,4 @@ def test_the_layers_contract_names_packages_that_exist():
             assert base.is_dir() or base.with_suffix(".py").exists(), (
                 f"{name} is in the layers but does not exist"
             )
-    assert layers[-1] == "allocator.core"
+    assert layers[-1] == "gpuledger.core"

@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from gpuledger.kube import Kube, KubeError
+from gpuledger.cli.kube import Kube, KubeError
 
 # exit codes scripts can rely on (docs/cli.md, "Exit codes")
 EXIT_OK = 0

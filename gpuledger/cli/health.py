@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime, timedelta
 
-from gpuledger import health
 from gpuledger.cli import common
 from gpuledger.cli.snapshot import Snapshot
+from gpuledger.views import health
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from gpuledger import inventory
 from gpuledger.cli import common
 from gpuledger.cli.snapshot import Snapshot
+from gpuledger.views import inventory
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,16 +1,16 @@
 """One read of the cluster for the views: nodes, pods, GPUNodes and GPUWorkloads, fetched together.
 
 `status`, `nodes`, `workloads`, `health` and `watch` all build on this, so a `watch` frame is one
-consistent-enough read. Fetches only; the views (gpuledger.inventory, .workloads, .health) interpret.
+consistent-enough read. Fetches only; the views (gpuledger.views.inventory, .workloads, .health) interpret.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuledger import inventory
-from gpuledger.kube import Kube
-from gpuledger.workloads import WorkloadRow, workload_rows
+from gpuledger.cli.kube import Kube
+from gpuledger.views import inventory
+from gpuledger.views.workloads import WorkloadRow, workload_rows
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """`gpuledger status`: cluster GPU totals, allocation and fragmentation per leaf, the GPUWorkload queue.
 
-Figures are the ledger's definitions computed from the API's objects (see gpuledger.inventory); the default
+Figures are the ledger's definitions computed from the API's objects (see gpuledger.views.inventory); the
+default
 strategy is read from the gpuledger ConfigMap when this identity may read it. Read-only.
 """
 
@@ -12,11 +13,11 @@ from typing import Any
 
 from rich.console import RenderableType
 
-from gpuledger import inventory
 from gpuledger.cli import common
+from gpuledger.cli.kube import Kube, KubeError
 from gpuledger.cli.snapshot import Snapshot
-from gpuledger.kube import Kube, KubeError
-from gpuledger.workloads import WorkloadRow, age, phase_counts, queue
+from gpuledger.views import inventory
+from gpuledger.views.workloads import WorkloadRow, age, phase_counts, queue
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """`gpuledger strategy [NAME]`: show or change the live default strategy.
 
 The change is a patch of `default_strategy` in the gpuledger ConfigMap (comments and other keys kept); each
-webhook replica's config reload (webhook/config_watch.py) pushes it to the shared ledger, so nothing restarts.
+webhook replica's config reload (gpuledger/webhook/config_watch.py) pushes it to the shared ledger, so
+nothing restarts.
 Never talks to the ledger directly: the ConfigMap stays the one place the setting lives.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import yaml
 
 from gpuledger.cli import common
-from gpuledger.kube import Kube, object_path
+from gpuledger.cli.kube import Kube, object_path
 
 DEFAULT_SYSTEM_NAMESPACE = "gpuledger-system"
 SYSTEM_NAMESPACE_ENV = "GPULEDGER_NAMESPACE"
@@ -25,7 +26,7 @@ CONFIG_VOLUME = "config"
 CONFIG_PREFIX = "gpuledger-config"
 CONFIG_KEY = "config.yaml"
 STRATEGY_KEY = "default_strategy"
-STRATEGY_ENV = "SCHEDULING_STRATEGY"  # overrides the file (webhook.config.STRATEGY_ENV)
+STRATEGY_ENV = "SCHEDULING_STRATEGY"  # overrides the file (gpuledger.webhook.config.STRATEGY_ENV)
 BUILTIN_DEFAULT = "fgd_host"
 _LINE = re.compile(r"^default_strategy\s*:.*$", re.M)
 
@@ -128,7 +129,7 @@ def with_strategy(text: str, name: str) -> str:
 
 def canonical(name: str) -> str:
     """The registered name of `name` (aliases accepted), or a usage error listing the accepted names."""
-    from allocator.service import check_strategy
+    from gpuledger.service.ledger_service import check_strategy
 
     try:
         return check_strategy(name, "strategy")
@@ -138,7 +139,7 @@ def canonical(name: str) -> str:
 
 def validate(text: str) -> None:
     """The webhook's own loader must accept the edited file, or it would keep the old settings."""
-    from webhook.config import WebhookConfig
+    from gpuledger.webhook.config import WebhookConfig
 
     try:
         WebhookConfig.from_document(yaml.safe_load(text) or {}, "edited config")
@@ -147,7 +148,7 @@ def validate(text: str) -> None:
 
 
 def strategy_names() -> list[str]:
-    from allocator.service import strategy_names as names
+    from gpuledger.service.ledger_service import strategy_names as names
 
     return list(names())
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gpuledger.cli import common
-from gpuledger.kube import (
+from gpuledger.cli.kube import (
     ADMISSION_ENABLED,
     ADMISSION_LABEL,
     GPUWORKLOAD_VERSIONS,

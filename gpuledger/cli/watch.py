@@ -15,11 +15,11 @@ from rich.console import Console, Group
 from rich.live import Live
 
 from gpuledger.cli import common
+from gpuledger.cli.kube import Kube
 from gpuledger.cli.nodes import nodes_table
 from gpuledger.cli.snapshot import Snapshot
 from gpuledger.cli.status import queue_table, totals_table
 from gpuledger.cli.workloads import workloads_table
-from gpuledger.kube import Kube
 
 
 def build_parser() -> argparse.ArgumentParser:

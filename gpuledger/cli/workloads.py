@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuledger.cli import common
 from gpuledger.cli.snapshot import Snapshot
-from gpuledger.workloads import WorkloadRow, age
+from gpuledger.views.workloads import WorkloadRow, age
 
 
 def build_parser() -> argparse.ArgumentParser:

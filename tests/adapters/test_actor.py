@@ -17,18 +17,18 @@ import jsonpatch
 import pytest
 import ray
 
-from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
-from allocator.ray_actor import get_or_create_ledger, wait_ready
-from allocator.service import AdmitCall, Request
-from certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.core.objects import PLACEMENT_ANNOTATION, decode_placement
+from gpuledger.ray.actor import get_or_create_ledger, wait_ready
+from gpuledger.service.ledger_service import AdmitCall, Request
+from gpuledger.webhook.admission.review import decode_patch, make_review
+from gpuledger.webhook.config import WebhookConfig
+from gpuledger.webhook.config_watch import ConfigWatcher, ray_push
+from gpuledger.webhook.ledger.client import RayLedgerClient
+from gpuledger.webhook.transport.app import create_app
+from gpuledger.webhook.transport.server import start_server
+from gpuledger.webhook.transport.tls import ReloadingTLS
 from tests.webhook.webhook_support import HMAC_KEY, cluster, config, gpu_pod
-from webhook.admission.review import decode_patch, make_review
-from webhook.config import WebhookConfig
-from webhook.config_watch import ConfigWatcher, ray_push
-from webhook.ledger_client import RayLedgerClient
-from webhook.transport.app import create_app
-from webhook.transport.server import start_server
-from webhook.transport.tls import ReloadingTLS
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 KEY = HMAC_KEY.encode()

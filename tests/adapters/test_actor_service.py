@@ -11,8 +11,8 @@ import jsonpatch
 import pytest
 import yaml
 
-from allocator.core.model import GroupSpec, Placement, Request
-from allocator.service import AdmitCall, LedgerService, LedgerSettings, Recoveries, Unavailable
+from gpuledger.core.model import GroupSpec, Placement, Request
+from gpuledger.service.ledger_service import AdmitCall, LedgerService, LedgerSettings, Recoveries, Unavailable
 from tests.webhook.webhook_support import cluster, config
 
 NOW = 1000.0
@@ -40,9 +40,9 @@ def test_resync_keeps_reservations_not_yet_on_a_pod():
 def test_resync_confirms_what_the_list_stores():
     import asyncio
 
+    from gpuledger.webhook.admission.handler import AdmissionHandler
+    from gpuledger.webhook.ledger.client import InProcessLedgerClient
     from tests.webhook.webhook_support import Clock, gpu_pod, review
-    from webhook.admission.handler import AdmissionHandler
-    from webhook.ledger_client import InProcessLedgerClient
 
     nodes = cluster(2, 8)
     s = svc(nodes)
@@ -140,9 +140,9 @@ def test_pending_clears_when_the_watch_confirms_or_deletes_the_pod():
     """A reservation confirmed by its stored pod (a watch event, not a resync) is no longer replayed."""
     import asyncio
 
+    from gpuledger.webhook.admission.handler import AdmissionHandler
+    from gpuledger.webhook.ledger.client import InProcessLedgerClient
     from tests.webhook.webhook_support import Clock, gpu_pod, review
-    from webhook.admission.handler import AdmissionHandler
-    from webhook.ledger_client import InProcessLedgerClient
 
     s = svc(cluster(2, 8))
     h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
@@ -264,7 +264,7 @@ def test_the_actor_settles_the_heap_after_a_rebuild_not_the_first_admission(tmp_
     import gc
     import weakref
 
-    from allocator.ray_actor import LedgerActor
+    from gpuledger.ray.actor import LedgerActor
 
     source = tmp_path / "cluster.yaml"
     source.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": cluster(2, 8)}))
@@ -288,7 +288,7 @@ def test_an_actor_call_does_not_build_the_status_report(monkeypatch):
     reservation: ~15 ms a call at 10,000 nodes and 76,000 pods. Only `status` may build it."""
     import asyncio
 
-    from allocator.ray_actor import LedgerActor
+    from gpuledger.ray.actor import LedgerActor
 
     actor = LedgerActor(config().ledger_config(), {"kind": "kubernetes"}, sweep_interval_s=1.0)
     reports = []
@@ -314,9 +314,9 @@ def _stored_pod(s: LedgerService, gpus: int) -> dict:
     """A pod admitted through the webhook's handler by `s`, as the API server stores it once bound."""
     import asyncio
 
+    from gpuledger.webhook.admission.handler import AdmissionHandler
+    from gpuledger.webhook.ledger.client import InProcessLedgerClient
     from tests.webhook.webhook_support import Clock, gpu_pod, review
-    from webhook.admission.handler import AdmissionHandler
-    from webhook.ledger_client import InProcessLedgerClient
 
     h = AdmissionHandler(config(), InProcessLedgerClient(s, Clock(NOW)))
     pod = gpu_pod(gpus)
@@ -364,7 +364,7 @@ def test_a_stepped_resync_answers_admissions_from_the_ledger_it_replaces():
 def test_an_admission_during_a_stepped_resync_loses_devices_the_list_shows_taken():
     """The ledger being replaced may be stale (that is why it is resynced): a reservation it granted on
     devices that the list shows a stored pod holding is lost at the swap, not double-booked."""
-    from allocator.service import drain
+    from gpuledger.service.ledger_service import drain
 
     nodes = cluster(1, 8)
     s = svc(nodes)
@@ -387,8 +387,8 @@ def test_the_actor_serves_admissions_during_a_resync_and_queues_the_clusters_wri
     resync releases the lock."""
     import asyncio
 
-    from allocator.ray_actor import LedgerActor
-    from allocator.service import SyncFenced
+    from gpuledger.ray.actor import LedgerActor
+    from gpuledger.service.ledger_service import SyncFenced
 
     async def scenario() -> None:
         source = {"kind": "kubernetes"}
@@ -426,7 +426,7 @@ def test_the_actor_serves_admissions_during_a_resync_and_queues_the_clusters_wri
 def test_admissions_during_the_first_stepped_resync_are_unavailable_not_placed_on_the_empty_ledger():
     """A ledger fed from the API starts empty and unsynced: while its first list is being built, admissions
     between the steps answer Unavailable (fail closed), as before the list arrived."""
-    from allocator.service import drain
+    from gpuledger.service.ledger_service import drain
 
     s = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW)
     steps = s.resync_in_steps(cluster(2, 8), NOW, step=1)
@@ -443,8 +443,8 @@ def test_a_resync_with_nothing_pending_reads_the_pods_once(monkeypatch):
     """Which pending reservations the list stores is only asked when some are pending: after a restart (none
     are) a resync reads the pods for its build alone, not once more for their reservation ids; with one
     pending, the pass is made (stepped as the build is) and the stored pod's reservation is confirmed."""
-    import allocator.service as service_module
-    from allocator.service import drain
+    import gpuledger.service.ledger_service as service_module
+    from gpuledger.service.ledger_service import drain
 
     passes: list[int] = []
     real = service_module.reservation_ids

@@ -1,4 +1,4 @@
-"""The direct ledger channel (allocator.ledger_channel) into a real Ray actor: answers, trust, fallback.
+"""The direct ledger channel (gpuledger.ray.channel) into a real Ray actor: answers, trust, fallback.
 
 One local Ray for the module (test_actor's fixture); each test has its own actor.
 """
@@ -14,16 +14,16 @@ import uuid
 import pytest
 import ray
 
-from allocator.ledger_channel import NONCE_BYTES, ChannelError, channel_host, frame, read_frame
-from allocator.ray_actor import get_or_create_ledger, wait_ready
-from allocator.service import AdmitCall, Placement, Request
-from allocator.sync_channel import ChannelLedgerTarget, ray_channel_opener
-from allocator.sync_targets import RayLedgerTarget
-from allocator.sync_writer import SyncFenced
+from gpuledger.ray.actor import get_or_create_ledger, wait_ready
+from gpuledger.ray.channel import NONCE_BYTES, ChannelError, channel_host, frame, read_frame
+from gpuledger.service.ledger_service import AdmitCall, Placement, Request
+from gpuledger.service.sync_writer import SyncFenced
+from gpuledger.sync.channel import ChannelLedgerTarget, ray_channel_opener
+from gpuledger.sync.targets import RayLedgerTarget
+from gpuledger.webhook.ledger.channel import LedgerChannel
+from gpuledger.webhook.ledger.client import RayLedgerClient
 from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import cluster, config
-from webhook.ledger_channel import LedgerChannel
-from webhook.ledger_client import RayLedgerClient
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
@@ -178,7 +178,7 @@ async def test_channel_off_uses_ray_calls_only(tmp_path):
 
 def placed_pod(name: str, placement: Placement) -> dict:
     """A stored pod carrying `placement`, as the cluster sync's watch reports it."""
-    from allocator.service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
+    from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
 
     annotation = encode_placement(placement, config().hmac_key)
     return {
@@ -273,8 +273,8 @@ def test_the_sync_channel_ends_on_an_answer_that_does_not_decode():
     target goes to Ray) rather than reading later frames out of step."""
     import threading
 
-    from allocator.ledger_channel import proof
-    from allocator.sync_channel import BlockingChannel
+    from gpuledger.ray.channel import proof
+    from gpuledger.sync.channel import BlockingChannel
 
     token = os.urandom(32)
     listener = socket.create_server(("127.0.0.1", 0))
@@ -304,10 +304,11 @@ def test_the_sync_channel_ends_on_an_answer_that_does_not_decode():
 
 
 async def test_placements_admitted_ahead_through_the_real_actor(tmp_path):
-    """webhook.prefetch over the channel: the second pod of a shape takes a placement the actor made ahead,
+    """gpuledger.webhook.ledger.prefetch over the channel: the second pod of a shape takes a placement the
+    actor made ahead,
     its claim passes in the actor, and what is not taken goes back to the actor when the webhook stops."""
+    from gpuledger.webhook.admission.handler import AdmissionHandler
     from tests.webhook.webhook_support import apply_patch, gpu_pod, review
-    from webhook.admission.handler import AdmissionHandler
 
     handle = new_actor(tmp_path)
     client = RayLedgerClient(handle)
@@ -320,7 +321,8 @@ async def test_placements_admitted_ahead_through_the_real_actor(tmp_path):
                 break
             await asyncio.sleep(0.01)
         assert h.prefetch.held == 2
-        # the pod's own admission, then the two placements ahead in one call (webhook.batcher)
+        # the pod's own admission, then the two placements ahead in one call
+        # (gpuledger.webhook.ledger.batcher)
         assert (client.admissions.calls, client.admissions.items) == (2, 3)
         pod = gpu_pod(1)
         second = await h.mutate(review(pod))

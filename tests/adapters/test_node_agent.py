@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from allocator.node_agent.agent import node_patch, utilization_tier
-from allocator.node_agent.probes import (
+from gpuledger.cli.main import main as cli_main
+from gpuledger.node_agent.agent import node_patch, utilization_tier
+from gpuledger.node_agent.probes import (
     DeviceReport,
     FakeProbe,
     NvmlProbe,
@@ -19,7 +20,6 @@ from allocator.node_agent.probes import (
     memory_health,
 )
 from tests.adapters.node_store import NodeStore
-from webhook.cli import main as cli_main
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -114,11 +114,11 @@ def test_cli_prints_the_patch(capsys):
 
 
 def test_python_dash_m_runs_the_agent_with_its_arguments():
-    """`python -m allocator.node_agent` once called main() without argv and died with a TypeError."""
+    """`python -m gpuledger.node_agent` once called main() without argv and died with a TypeError."""
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
-    argv = ["-m", "allocator.node_agent", "--node", "n1", "--fake", "1xT4:15360", "--print"]
+    argv = ["-m", "gpuledger.node_agent", "--node", "n1", "--fake", "1xT4:15360", "--print"]
     done = subprocess.run(
         [sys.executable, *argv], capture_output=True, text=True, env=env, timeout=60, check=False
     )
@@ -127,15 +127,15 @@ def test_python_dash_m_runs_the_agent_with_its_arguments():
 
 
 def test_capacity_patch_advertises_the_healthy_gpus():
-    from allocator.node_agent.agent import capacity_patch
+    from gpuledger.node_agent.agent import capacity_patch
 
     reports = FakeProbe.from_spec("4xA100:81920,unhealthy=2").devices()
     assert capacity_patch(reports, "nvidia.com/gpu") == {"status": {"capacity": {"nvidia.com/gpu": "3"}}}
 
 
 def test_agent_advertises_capacity_only_when_asked():
-    from allocator.node_agent.agent import NodeAgent
-    from allocator.node_agent.pod_resources import PodResourcesClient
+    from gpuledger.node_agent.agent import NodeAgent
+    from gpuledger.node_agent.pod_resources import PodResourcesClient
 
     probe = FakeProbe.from_spec("2xA100:81920")
     missing = PodResourcesClient("/nonexistent/kubelet.sock", 0.1)

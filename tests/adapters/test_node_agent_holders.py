@@ -18,12 +18,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from allocator.node_agent import kubelet_grpc
-from allocator.node_agent.agent import NodeAgent, main, node_patch
-from allocator.node_agent.holders import ANNOTATION, DeviceHolders, observe
-from allocator.node_agent.pod_resources import Holding, PodResourcesClient, device_index, map_holders
-from allocator.node_agent.probes import DeviceReport, FakeProbe, GpuProcess
-from allocator.node_agent.processes import external_usage, pod_uid_in
+from gpuledger.node_agent import kubelet_grpc
+from gpuledger.node_agent.agent import NodeAgent, main, node_patch
+from gpuledger.node_agent.holders import ANNOTATION, DeviceHolders, observe
+from gpuledger.node_agent.pod_resources import Holding, PodResourcesClient, device_index, map_holders
+from gpuledger.node_agent.probes import DeviceReport, FakeProbe, GpuProcess
+from gpuledger.node_agent.processes import external_usage, pod_uid_in
 from tests.adapters.node_store import NodeStore
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

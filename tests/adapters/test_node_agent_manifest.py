@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.node_agent.agent import build_parser
-from allocator.node_agent.xids import APPLICATION_XIDS, parse_ignored
+from gpuledger.node_agent.agent import build_parser
+from gpuledger.node_agent.xids import APPLICATION_XIDS, parse_ignored
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(

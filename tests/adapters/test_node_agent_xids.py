@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Reason, Request
-from allocator.node_agent.agent import NodeAgent, main, node_patch
-from allocator.node_agent.pod_resources import PodResourcesClient
-from allocator.node_agent.probes import DeviceReport, FakeProbe, QueryFailed, XidEvent, memory_health
-from allocator.node_agent.xids import (
+from devcluster.nodes import make_node
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, Placement, Reason, Request
+from gpuledger.node_agent.agent import NodeAgent, main, node_patch
+from gpuledger.node_agent.pod_resources import PodResourcesClient
+from gpuledger.node_agent.probes import DeviceReport, FakeProbe, QueryFailed, XidEvent, memory_health
+from gpuledger.node_agent.xids import (
     ANNOTATION,
     APPLICATION_XIDS,
     KEPT_PER_DEVICE,
@@ -28,7 +29,6 @@ from allocator.node_agent.xids import (
     parse_ignored,
     read_boot_id,
 )
-from devcluster.nodes import make_node
 from tests.adapters.node_store import NodeStore
 
 NOW = datetime(2026, 11, 27, 19, 0, tzinfo=UTC)

@@ -22,18 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.device_truth import HOLDERS_ANNOTATION
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Reason, Request
-from allocator.core.objects import DEVICES_ANNOTATION
-from allocator.node_agent.agent import NodeAgent
-from allocator.node_agent.pod_resources import PodResourcesClient
-from allocator.node_agent.probes import GpuProcess, NvmlProbe, ProbeError
-from allocator.node_agent.processes import external_usage
-from allocator.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
-from allocator.node_agent.xids import APPLICATION_XIDS
+from gpuledger.core.device_truth import HOLDERS_ANNOTATION
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, Placement, Reason, Request
+from gpuledger.core.objects import DEVICES_ANNOTATION
+from gpuledger.node_agent.agent import NodeAgent
+from gpuledger.node_agent.pod_resources import PodResourcesClient
+from gpuledger.node_agent.probes import GpuProcess, NvmlProbe, ProbeError
+from gpuledger.node_agent.processes import external_usage
+from gpuledger.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
+from gpuledger.node_agent.xids import APPLICATION_XIDS
+from gpuledger.webhook.admission.patch import visibility_env
 from tests.adapters.node_store import NodeStore
-from webhook.admission.patch import visibility_env
 
 pytestmark = pytest.mark.gpu
 
@@ -149,7 +149,7 @@ def wait_for(probe: NvmlProbe, found) -> list[GpuProcess]:
 def agent_patch(tmp_path: Path) -> dict:
     """`gpuledger node-agent --print` with real NVML and no kubelet socket (holders unknown)."""
     out = subprocess.run(
-        [sys.executable, "-m", "allocator.node_agent", "--node", "gpu-node", "--print",
+        [sys.executable, "-m", "gpuledger.node_agent", "--node", "gpu-node", "--print",
          "--pod-resources-socket", str(tmp_path / "no-kubelet.sock")],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip

@@ -13,17 +13,17 @@ import uuid
 
 import pytest
 
-from allocator.cluster_sync import RESERVATION_LABEL, ClusterSync, SyncConfig, slim
-from allocator.sync_writer import SyncFenced, SyncWriter
 from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node, patch_node
+from gpuledger.service.sync_writer import SyncFenced, SyncWriter
+from gpuledger.sync.cluster_sync import RESERVATION_LABEL, ClusterSync, SyncConfig, slim
 
 pytestmark = pytest.mark.e2e
 
 
 class RecordingTarget:
     """Records every batched call; `fail_next` makes the next call raise, `synced` is what status()
-    reports. The sync lease is the ledger's own (allocator.sync_writer), on `clock`."""
+    reports. The sync lease is the ledger's own (gpuledger.service.sync_writer), on `clock`."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -186,7 +186,7 @@ def test_pod_and_node_changes_are_forwarded(apiserver, core, plain_ns, running):
 def test_pod_added_listeners_see_each_new_pod_once_and_a_failing_one_stops_nothing(
     apiserver, core, plain_ns, running
 ):
-    """What the webhook's Events use to find placed pods without a LIST (webhook/events.py)."""
+    """What the webhook's Events use to find placed pods without a LIST (gpuledger/webhook/kube/events.py)."""
     sync, target = running
     seen: list[str] = []
 

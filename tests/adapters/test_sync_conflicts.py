@@ -3,7 +3,7 @@ Warning Event on the pod; one that goes and comes back is new again."""
 
 from __future__ import annotations
 
-from allocator.cluster_sync import ClusterSync, conflict_event
+from gpuledger.sync.cluster_sync import ClusterSync, conflict_event
 
 
 class RecordingCore:

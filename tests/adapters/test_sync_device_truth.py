@@ -3,9 +3,9 @@ device conflict counted once and posted as an Event on its pod; a changed correc
 
 from __future__ import annotations
 
-from allocator.cluster_sync import ClusterSync
-from allocator.device_events import device_event
-from allocator.service import LedgerConfig, LedgerService
+from gpuledger.service.ledger_service import LedgerConfig, LedgerService
+from gpuledger.sync.cluster_sync import ClusterSync
+from gpuledger.sync.device_events import device_event
 from tests.adapters.test_sync_conflicts import RecordingCore, sync_with
 
 CORRECTION = ["team/mine", "r1", "n1", [3], [5]]
@@ -59,7 +59,7 @@ def test_the_external_threshold_is_a_live_setting_checked_by_name():
 
     import pytest
 
-    from allocator.service import AdmitCall, LedgerSettings, Request
+    from gpuledger.service.ledger_service import AdmitCall, LedgerSettings, Request
     from tests.core.core_factory import node
 
     service = LedgerService(LedgerConfig(placement_key=b"k"))

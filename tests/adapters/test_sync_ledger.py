@@ -12,13 +12,13 @@ import uuid
 
 import pytest
 
-from allocator.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Placement, Request
-from allocator.core.objects import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
-from allocator.service import AdmitCall, LedgerService
 from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Placement, Request
+from gpuledger.core.objects import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
+from gpuledger.service.ledger_service import AdmitCall, LedgerService
+from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.service import (
+from gpuledger.service.ledger_service import (
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
     AdmitCall,
@@ -16,7 +16,7 @@ from allocator.service import (
     encode_placement,
     request_from_pod,
 )
-from allocator.sync_writer import SyncWriter, check_term, is_fenced
+from gpuledger.service.sync_writer import SyncWriter, check_term, is_fenced
 from tests.webhook.webhook_support import cluster, config, gpu_pod, service
 
 T = 1000.0

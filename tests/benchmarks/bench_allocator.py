@@ -31,11 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from allocator.core import objects as kube  # noqa: E402
-from allocator.core.ledger import Ledger, LedgerConfig  # noqa: E402
-from allocator.core.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
-from allocator.service import AdmitCall  # noqa: E402
-from allocator.strategies import Strategy  # noqa: E402
+from gpuledger.core import objects as kube  # noqa: E402
+from gpuledger.core.ledger import Ledger, LedgerConfig  # noqa: E402
+from gpuledger.core.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
+from gpuledger.service.ledger_service import AdmitCall  # noqa: E402
+from gpuledger.strategies import Strategy  # noqa: E402
 
 KEY = b"bench-key"
 
@@ -102,7 +102,7 @@ def naive_rate(nodes, count, strategy) -> float:
 
 
 def naive_rates(nodes, count, strategy) -> tuple[float, float]:
-    import allocator.core.registry as registry
+    import gpuledger.core.registry as registry
 
     led = fresh(nodes, strategy)
     canonical = registry.canonical_name(strategy)
@@ -383,7 +383,7 @@ def rebuild_child(path: str, via: str) -> None:
     if via == "actor":
         import asyncio
 
-        from allocator.ray_actor import LedgerActor
+        from gpuledger.ray.actor import LedgerActor
 
         actor = LedgerActor(LedgerConfig(placement_key=KEY), {"kind": "kubernetes"})
     gc.collect()
@@ -454,7 +454,7 @@ def actor_calls(objects: list[dict], count: int = 200) -> tuple[float, float, di
     resync of the same objects (a relist): one every 5 ms, each timed from when it was due to its answer."""
     import asyncio
 
-    from allocator.ray_actor import LedgerActor
+    from gpuledger.ray.actor import LedgerActor
 
     async def during_resync(actor: LedgerActor) -> dict:
         waits: list[float] = []

@@ -1,5 +1,5 @@
 """The webhook's own requests to the API server, an Event POST and an owner GET, over its kept-alive
-connections (webhook.kube_api) against the ways it made them before, in the same run.
+connections (gpuledger.webhook.kube.api) against the ways it made them before, in the same run.
 
     .venv/bin/python tests/benchmarks/bench_api_requests.py            # ~40 s
     .venv/bin/python tests/benchmarks/bench_api_requests.py --loops 4  # a quick look
@@ -8,9 +8,11 @@ One control plane (etcd + kube-apiserver). Each way runs `--requests` requests i
 ways alternated `--loops` times so drift hits all of them; printed: the median of the loops, per request, of
 the wall time and of this process's CPU (`time.process_time`: the calling thread and the threads it hands work
 to), and each way's ratio to the webhook's.
-- Event POST: `ApiEventWriter.create` (webhook.event_writer) | an aiohttp session (the writer until
+- Event POST: `ApiEventWriter.create` (gpuledger.webhook.kube.event_writer) | an aiohttp session (the writer
+until
   session 12) | the `kubernetes` client's `create_namespaced_event` on a thread (the writer until session 5).
-- Owner GET (a Deployment): `KubeObjectReader` (webhook.admission.owners) | the `kubernetes` client's
+- Owner GET (a Deployment): `KubeObjectReader` (gpuledger.webhook.admission.owners) | the `kubernetes`
+client's
   `get_namespaced_custom_object` on a thread (the reader until session 12).
 """
 
@@ -33,7 +35,7 @@ NS = "bench-api"
 
 
 def event_body(poster, name: str) -> dict:
-    from webhook.events import AdmissionEvent, ObjectRef
+    from gpuledger.webhook.kube.events import AdmissionEvent, ObjectRef
 
     ref = ObjectRef("v1", "Pod", NS, name, "uid-1")
     return poster.body(AdmissionEvent("GPUPlaced", "Normal", "placed on node-1 devices 0", NS, involved=ref))
@@ -43,9 +45,9 @@ async def measure(cp, requests: int, loops: int) -> dict[str, dict[str, float]]:
     import aiohttp
     from kubernetes import client
 
-    from webhook.admission.owners import KubeObjectReader
-    from webhook.event_writer import ApiEventWriter
-    from webhook.events import EventPoster
+    from gpuledger.webhook.admission.owners import KubeObjectReader
+    from gpuledger.webhook.kube.event_writer import ApiEventWriter
+    from gpuledger.webhook.kube.events import EventPoster
 
     api = cp.api_client()
     writer = ApiEventWriter(api)

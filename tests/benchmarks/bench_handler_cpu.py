@@ -63,11 +63,11 @@ def mutate_steps(handler, loads, dumps, parse, encode, n: int = 20000) -> dict[s
     import logging
     from types import SimpleNamespace
 
-    from allocator.core.placement_codec import binding_of, encode_placement
-    from allocator.service import Placement
-    from webhook.admission import env_guard
-    from webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
-    from webhook.logs import admission_fields, configure, log_admission
+    from gpuledger.core.placement_codec import binding_of, encode_placement
+    from gpuledger.service.ledger_service import Placement
+    from gpuledger.webhook.admission import env_guard
+    from gpuledger.webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
+    from gpuledger.webhook.logs import admission_fields, configure, log_admission
 
     body = _pod_body(0, "steps")
     review = parse(loads(body))
@@ -165,15 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
 
-    from allocator.service import LedgerService
+    from gpuledger.service.ledger_service import LedgerService
+    from gpuledger.webhook.admission.handler import AdmissionHandler
+    from gpuledger.webhook.admission.review import encode_response, parse_review
+    from gpuledger.webhook.config import WebhookConfig
+    from gpuledger.webhook.ledger.client import InProcessLedgerClient
     from tests.webhook.webhook_support import cluster
-    from webhook.admission.handler import AdmissionHandler
-    from webhook.admission.review import encode_response, parse_review
-    from webhook.config import WebhookConfig
-    from webhook.ledger_client import InProcessLedgerClient
 
     try:  # the app's codec, whichever this tree has (orjson since issue 13, the standard library before)
-        from webhook.admission.review import dumps, loads
+        from gpuledger.webhook.admission.review import dumps, loads
     except ImportError:
         loads = json.loads
 

@@ -5,7 +5,7 @@ process, with ratios to `best_fit` measured in the same run.
         [--strategies best_fit,fgd,fgd_host,fgd_naive] [--kinds quick|all|none|W1,W2] [--kind-seeds 1]
 
 Then, per workload kind (`--kinds`), the best strategy (`--kind-strategy`, default fgd_host) replayed in the
-same run and set against the paper's published FGD and BestFit for that kind (allocator/sim/published.py):
+same run and set against the paper's published FGD and BestFit for that kind (gpuledger/sim/published.py):
 the difference in points and the ratio. The quick default replays one seed of six kinds (a few minutes);
 `--kinds all --kind-seeds 10` is every row of issue 13's table with the paper's ten seeds (hours on 2 cores).
 
@@ -28,12 +28,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from allocator import strategies  # noqa: E402
-from allocator.core.ledger import Ledger, LedgerConfig  # noqa: E402
-from allocator.core.model import Denial  # noqa: E402
-from allocator.sim.simulator import DEFAULT_TRACE, build_arrivals, gpu_capacity_milli, replay  # noqa: E402
-from allocator.strategies.fgd import FragmentationGradientDescent  # noqa: E402
-from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload  # noqa: E402
+from gpuledger import strategies  # noqa: E402
+from gpuledger.core.ledger import Ledger, LedgerConfig  # noqa: E402
+from gpuledger.core.model import Denial  # noqa: E402
+from gpuledger.sim.simulator import DEFAULT_TRACE, build_arrivals, gpu_capacity_milli, replay  # noqa: E402
+from gpuledger.strategies.fgd import FragmentationGradientDescent  # noqa: E402
+from gpuledger.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload  # noqa: E402
 
 
 class TimedLedger(Ledger):
@@ -49,10 +49,10 @@ class TimedLedger(Ledger):
         return result
 
 
-from allocator.sim.published import ALL_KINDS, QUICK_KINDS, published_for  # noqa: E402
-from allocator.sim.simulator import simulate  # noqa: E402
-from allocator.sim.traces import limit_nodes  # noqa: E402
-from allocator.sim.variants import load_variant  # noqa: E402
+from gpuledger.sim.published import ALL_KINDS, QUICK_KINDS, published_for  # noqa: E402
+from gpuledger.sim.simulator import simulate  # noqa: E402
+from gpuledger.sim.traces import limit_nodes  # noqa: E402
+from gpuledger.sim.variants import load_variant  # noqa: E402
 
 
 class NaiveFGD(FragmentationGradientDescent):

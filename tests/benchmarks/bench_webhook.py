@@ -256,7 +256,7 @@ def answer_only_app(answer: dict):
     metrics, the ledger calls), not HTTP, TLS, JSON or the answer's size."""
     from aiohttp import web
 
-    from webhook.admission.review import dumps, loads
+    from gpuledger.webhook.admission.review import dumps, loads
 
     async def mutate(request):
         body = loads(await request.read())
@@ -274,19 +274,19 @@ def _replica_process(conn, kind: str, tls_dir: str, ray_address: str, actor: str
     Sends its port, serves until it is sent anything."""
 
     async def serve() -> None:
-        from webhook.transport.server import start_server, tune_gc
-        from webhook.transport.tls import ReloadingTLS
+        from gpuledger.webhook.transport.server import start_server, tune_gc
+        from gpuledger.webhook.transport.tls import ReloadingTLS
 
         tls = ReloadingTLS(f"{tls_dir}/tls.crt", f"{tls_dir}/tls.key", poll_interval_s=5)
         client = None
         if kind == "webhook":
             import ray
 
-            from allocator.ray_actor import RAY_NAMESPACE
-            from webhook.config import WebhookConfig
-            from webhook.ledger_client import RayLedgerClient
-            from webhook.logs import configure
-            from webhook.transport.app import create_app
+            from gpuledger.ray.actor import RAY_NAMESPACE
+            from gpuledger.webhook.config import WebhookConfig
+            from gpuledger.webhook.ledger.client import RayLedgerClient
+            from gpuledger.webhook.logs import configure
+            from gpuledger.webhook.transport.app import create_app
 
             ray.init(address=ray_address, namespace="gpuledger-bench", log_to_driver=False)
             client = RayLedgerClient(ray.get_actor(actor, namespace=RAY_NAMESPACE))
@@ -322,7 +322,7 @@ async def replicas_phase(args, tls_dir: Path, ca_file: str, actor: str, sweep) -
     machine's cores (docs/benchmarks.md, "How admission scales")."""
     import ray
 
-    from webhook.config import WebhookConfig
+    from gpuledger.webhook.config import WebhookConfig
 
     address = ray.get_runtime_context().gcs_address
     settings = {
@@ -362,10 +362,10 @@ async def replicas_phase(args, tls_dir: Path, ca_file: str, actor: str, sweep) -
 
 async def sample_answer(config, cluster_file: str) -> dict:
     """One real mutate answer for a bench pod: the handler on an in-process ledger of the same cluster."""
-    from allocator.service import LedgerService
-    from webhook.admission.handler import AdmissionHandler
-    from webhook.admission.review import encode_response, loads, parse_review
-    from webhook.ledger_client import InProcessLedgerClient
+    from gpuledger.service.ledger_service import LedgerService
+    from gpuledger.webhook.admission.handler import AdmissionHandler
+    from gpuledger.webhook.admission.review import encode_response, loads, parse_review
+    from gpuledger.webhook.ledger.client import InProcessLedgerClient
 
     service = LedgerService(config.ledger_config(), {"kind": "file", "path": cluster_file}, time.time())
     review = parse_review(loads(_pod_body(0, "sample")))
@@ -485,8 +485,8 @@ def raw_admission_rate(handle, n: int) -> float:
     """One admission per actor call, sequential: the rate of a webhook that did not batch."""
     import ray
 
-    from allocator.core.request import request_from_pod
-    from allocator.service import AdmitCall
+    from gpuledger.core.request import request_from_pod
+    from gpuledger.service.ledger_service import AdmitCall
 
     pod = json.loads(_pod_body(0, "raw"))["request"]["object"]
     calls = [AdmitCall(request_from_pod(pod, None, None, f"raw-{i}", namespace="bench")) for i in range(n)]
@@ -501,17 +501,17 @@ def raw_admission_rate(handle, n: int) -> float:
 async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     import ray
 
-    from webhook.config import WebhookConfig
-    from webhook.ledger_client import RayLedgerClient
-    from webhook.transport.app import HANDLER_KEY, METRICS_KEY, create_app
-    from webhook.transport.server import start_server, tune_gc
-    from webhook.transport.tls import ReloadingTLS
+    from gpuledger.webhook.config import WebhookConfig
+    from gpuledger.webhook.ledger.client import RayLedgerClient
+    from gpuledger.webhook.transport.app import HANDLER_KEY, METRICS_KEY, create_app
+    from gpuledger.webhook.transport.server import start_server, tune_gc
+    from gpuledger.webhook.transport.tls import ReloadingTLS
 
     def tls():
         return ReloadingTLS(str(tls_dir / "tls.crt"), str(tls_dir / "tls.key"), poll_interval_s=5)
 
     config = WebhookConfig(hmac_key="bench-key", deadline_s=2.0)
-    # as shipped: the direct ledger channel (allocator.ledger_channel) and the placements admitted ahead
+    # as shipped: the direct ledger channel (gpuledger.ray.channel) and the placements admitted ahead
     shipped = WebhookConfig(hmac_key="bench-key", deadline_s=2.0, prefetch_depth=args.prefetch_depth)
     client = RayLedgerClient(handle)
     webhook_app = create_app(shipped, client)
@@ -546,8 +546,8 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
     )
     inproc = None
     if args.in_process:  # the same webhook on an in-process ledger: what Ray adds
-        from allocator.service import LedgerService
-        from webhook.ledger_client import InProcessLedgerClient
+        from gpuledger.service.ledger_service import LedgerService
+        from gpuledger.webhook.ledger.client import InProcessLedgerClient
 
         service = LedgerService(
             config.ledger_config(), {"kind": "file", "path": args.cluster_file}, time.time()
@@ -555,7 +555,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
         inproc = await start_server(create_app(config, InProcessLedgerClient(service)), "127.0.0.1", 0, tls())
     tune_gc()  # as `gpuledger serve` does
     if args.log_level:  # as `gpuledger serve` logs: JSON lines (one per admission at INFO), here to a file
-        from webhook.logs import configure
+        from gpuledger.webhook.logs import configure
 
         configure("json", args.log_level, open(tls_dir.parent / "serve.log", "a"))  # noqa: SIM115
     results = {}
@@ -681,10 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import yaml
 
-    from allocator.ray_actor import get_or_create_ledger, wait_ready
-    from certs.pki import make_ca, make_serving_cert, write_bundle
+    from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
+    from gpuledger.ray.actor import get_or_create_ledger, wait_ready
+    from gpuledger.webhook.config import WebhookConfig
     from tests.webhook.webhook_support import cluster
-    from webhook.config import WebhookConfig
 
     workdir = Path(tempfile.mkdtemp(prefix="gpuledger-bench-"))
     try:

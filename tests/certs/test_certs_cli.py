@@ -22,7 +22,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from certs import bundle, cli, pki, render
+from gpuledger.certs import bundle, cli, pki, render
 from tests.certs.test_certs_pki import _handshake
 from tests.deploy.test_manifests import OVERLAYS, one, validate, webhook_deployment
 
@@ -276,7 +276,7 @@ def test_a_polling_reloader_never_reads_a_torn_file_during_rotation(tmp_path):
 
 
 def test_dispatcher_routes_certs(tmp_path):
-    from webhook.cli import main
+    from gpuledger.cli.main import main
 
     assert main(["certs", "generate", "--out", str(tmp_path / "d"), "--no-kustomization"]) == 0
     assert main(["certs", "rotate", "--dir", str(tmp_path / "d")]) == 0
@@ -314,9 +314,10 @@ def _served_certificate(server_ctx: ssl.SSLContext, trusted: bytes, host: str) -
 
 
 def test_the_webhooks_reloader_serves_the_rotated_certificate(tmp_path):
-    """rotate() with the webhook's own ReloadingTLS (webhook/tls.py): after one poll, new handshakes get the
+    """rotate() with the webhook's own ReloadingTLS (gpuledger/webhook/tls.py): after one poll, new
+    handshakes get the
     renewed certificate, still trusted by the caBundle published before the rotation."""
-    tls_module = pytest.importorskip("webhook.transport.tls")
+    tls_module = pytest.importorskip("gpuledger.webhook.transport.tls")
     now = datetime.now(UTC)
     out = generate(tmp_path, "--ip", "127.0.0.1", "--days", "3", now=now - timedelta(days=2, hours=1))
     (published,) = patched_cabundles(out)

@@ -1,4 +1,5 @@
-"""certs.pki: certificates that real TLS accepts, rotation decided by the time passed in, atomic files."""
+"""gpuledger.certs.pki: certificates that real TLS accepts, rotation decided by the time passed in, atomic
+files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certs import pki
+from gpuledger.certs import pki
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuledger.cli.main import main as gpuledger_main
 from tests.e2e.conftest import gpu_nodes, stack  # noqa: F401 - pytest fixtures, used by name
-from webhook.cli import main as gpuledger_main
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO / "manifests" / "crds"

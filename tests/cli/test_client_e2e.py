@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from gpuledger import client
-from gpuledger.kube import Kube, KubeError
+from gpuledger.cli.kube import Kube, KubeError
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.config import WebhookConfig
-from webhook.config_watch import ConfigWatcher
+from gpuledger.webhook.config import WebhookConfig
+from gpuledger.webhook.config_watch import ConfigWatcher
 
 pytestmark = pytest.mark.e2e
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.model import DeviceShare
-from allocator.service import Placement, encode_placement
 from devcluster.nodes import make_node
-from gpuledger import health, inventory
 from gpuledger.cli import strategy
 from gpuledger.cli.common import CommandError
-from gpuledger.placement import parse_placement, placement_of_pod
-from gpuledger.workloads import age, priority_value, queue, workload_row, workload_rows
-from webhook.config import WebhookConfig
+from gpuledger.core.model import DeviceShare
+from gpuledger.service.ledger_service import Placement, encode_placement
+from gpuledger.views import health, inventory
+from gpuledger.views.placement import parse_placement, placement_of_pod
+from gpuledger.views.workloads import age, priority_value, queue, workload_row, workload_rows
+from gpuledger.webhook.config import WebhookConfig
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -1,4 +1,5 @@
-"""The CRD files in manifests/crds/ are what gpucontroller.crds builds, and their schemas are structural."""
+"""The CRD files in manifests/crds/ are what gpuledger.controller.crds builds, and their schemas are
+structural."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpucontroller import crds
+from gpuledger.controller import crds
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
 
@@ -15,7 +16,7 @@ CRDS_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
 @pytest.mark.parametrize("name", list(crds.CRD_FILES))
 def test_file_is_generated(name):
     assert (CRDS_DIR / name).read_text() == crds.render(name), (
-        "run: python -m gpucontroller.crds manifests/crds"
+        "run: python -m gpuledger.controller.crds manifests/crds"
     )
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from gpucontroller.main import build_parser
+from gpuledger.controller.main import build_parser
 from tests.deploy.test_manifests import ALL, IDS, container_argv, render, webhook_deployment
 
 pytestmark = pytest.mark.skipif(

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from gpucontroller.controller import ADMISSION_LABEL, Engine, EngineSettings, NotLeader
-from gpucontroller.kube import Conflict
-from gpucontroller.lifecycle import PLACEMENT_ANNOTATION
-from gpucontroller.mapping import LABEL_UID, parse_time
-from gpucontroller.queue import Verdict
+from gpuledger.controller.controller import ADMISSION_LABEL, Engine, EngineSettings, NotLeader
+from gpuledger.controller.kube import Conflict
+from gpuledger.controller.lifecycle import PLACEMENT_ANNOTATION
+from gpuledger.controller.mapping import LABEL_UID, parse_time
+from gpuledger.controller.queue import Verdict
 from tests.controller.support import agentaflow, warp
 
 NOW = parse_time("2027-01-15T08:05:00Z")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gpucontroller import lifecycle
-from gpucontroller.lifecycle import Observed, start_attempt, step
-from gpucontroller.mapping import format_time, from_object, parse_time
+from gpuledger.controller import lifecycle
+from gpuledger.controller.lifecycle import Observed, start_attempt, step
+from gpuledger.controller.mapping import format_time, from_object, parse_time
 from tests.controller.support import warp
 
 NOW = parse_time("2027-01-15T08:10:00Z")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.service import strategy_names
-from gpucontroller import crds, mapping
-from gpucontroller.mapping import SpecError, from_object, job_manifest, job_name, webhook_annotations
+from gpuledger.controller import crds, mapping
+from gpuledger.controller.mapping import SpecError, from_object, job_manifest, job_name, webhook_annotations
+from gpuledger.service.ledger_service import strategy_names
 from tests.controller.support import agentaflow, warp
 
 

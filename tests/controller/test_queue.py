@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpucontroller import backoff
-from gpucontroller.queue import Entry, Verdict, order, plan
+from gpuledger.controller import backoff
+from gpuledger.controller.queue import Entry, Verdict, order, plan
 
 FITS, NO = Verdict(True), Verdict(False, "NotEnoughGpus", "not enough GPUs on 16 nodes")
 

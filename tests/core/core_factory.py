@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from allocator.core import objects as kube
-from allocator.core.model import Placement
+from gpuledger.core import objects as kube
+from gpuledger.core.model import Placement
 
 
 def node(
@@ -109,9 +109,9 @@ def rebuilt_the_long_way(objects: list[dict], config) -> dict:
     property tests compare it with the shortcuts' rebuild and the live one."""
     from unittest import mock
 
-    from allocator.core import adoption
-    from allocator.core.claims import Claims
-    from allocator.core.ledger import Ledger
+    from gpuledger.core import adoption
+    from gpuledger.core.claims import Claims
+    from gpuledger.core.ledger import Ledger
 
     with (
         mock.patch.object(Claims, "_first_holder", return_value=False),
@@ -126,8 +126,8 @@ def rebuilt_without_adopting_at_once(objects: list[dict], config) -> dict:
     property tests compare it too, so both shortcuts stay tested on their own."""
     from unittest import mock
 
-    from allocator.core.adoption import Adoption
-    from allocator.core.ledger import Ledger
+    from gpuledger.core.adoption import Adoption
+    from gpuledger.core.ledger import Ledger
 
     with mock.patch.object(Adoption, "_adopt_at_once", return_value=False):
         return Ledger.rebuild(objects, config).snapshot()

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Request, ReservationState
-from allocator.core.placement_codec import PLACEMENT_ANNOTATION
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, Placement, Request, ReservationState
+from gpuledger.core.placement_codec import PLACEMENT_ANNOTATION
 from tests.core.core_factory import node, pod
 
 KEY = b"objects"
@@ -109,7 +109,7 @@ _ODD = st.sampled_from([None, "", 0, 7, [], ["x"], {}, {"phase": "Running"}, "te
 def _signed_pod_variants():
     """Stored pods around a validly signed placement: as written, copied elsewhere, terminal, forged, and with
     fields of every odd type the general path meets."""
-    from allocator.core.placement_codec import Binding, encode_placement
+    from gpuledger.core.placement_codec import Binding, encode_placement
 
     placement = Placement(id="r1", node="n1", devices=(1,), cpu_milli=500, memory_mib=64, strategy="best_fit")
     annotations = st.sampled_from(
@@ -148,8 +148,8 @@ def test_a_pods_bound_claim_read_directly_is_the_one_its_usage_gives(pod):
     """Where `bound_claim_of_pod` answers, it answers what the general path (`pod_usage`, then `claim_of`)
     does; where it does not (anything but a live pod carrying a placement issued for it), the general path
     reads the pod."""
-    from allocator.core import objects as kube
-    from allocator.core.claims import bound_claim_of_pod, claim_of
+    from gpuledger.core import objects as kube
+    from gpuledger.core.claims import bound_claim_of_pod, claim_of
 
     fast = bound_claim_of_pod(pod, KEY)
     try:
@@ -183,8 +183,8 @@ def _well_typed(pod: dict) -> bool:
 
 
 def test_the_common_stored_pod_is_read_directly():
-    from allocator.core.claims import bound_claim_of_pod
-    from allocator.core.placement_codec import Binding, encode_placement
+    from gpuledger.core.claims import bound_claim_of_pod
+    from gpuledger.core.placement_codec import Binding, encode_placement
 
     p = Placement(id="r1", node="n1", devices=(0,))
     stored = pod(
@@ -197,7 +197,7 @@ def test_the_common_stored_pod_is_read_directly():
 
 
 def test_a_rebuild_in_steps_pauses_every_step_and_builds_what_rebuild_builds():
-    """The actor's stepped resync (allocator.ray_actor): the same ledger, a pause after every `step` objects
+    """The actor's stepped resync (gpuledger.ray.actor): the same ledger, a pause after every `step` objects
     (and `step` nodes filed and keyed at the end, and once when done), the collector paused across the
     pauses and restored when the build ends or is abandoned; a discarded ledger is freed by refcounting."""
     import gc
@@ -274,7 +274,7 @@ def test_a_stepped_rebuild_leaves_the_collectors_generations_to_its_caller(monke
     ledger), so only a plain rebuild asks; a stepped one's caller freezes at its last pause if it wants to."""
     import gc
 
-    from allocator.core.steps import drain
+    from gpuledger.core.steps import drain
 
     asked: list[int] = []
     real = gc.get_freeze_count

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, GroupSpec, Placement, Reason, Request
-from allocator.core.request import (
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, GroupSpec, Placement, Reason, Request
+from gpuledger.core.request import (
     NETWORK_BANDWIDTH_LABEL,
     AnnotationError,
     node_bandwidth_gbps,
     request_from_pod,
 )
-from allocator.core.topology import Topology, plan_leaves
+from gpuledger.core.topology import Topology, plan_leaves
 from tests.core.core_factory import node
 
 BW = NETWORK_BANDWIDTH_LABEL

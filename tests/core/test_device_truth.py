@@ -7,11 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 
-from allocator.core.device_truth import HOLDERS_ANNOTATION
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Reason, Request
-from allocator.core.objects import node_from_object
-from allocator.core.placement_codec import PLACEMENT_ANNOTATION, Binding, encode_placement
+from gpuledger.core.device_truth import HOLDERS_ANNOTATION
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, Placement, Reason, Request
+from gpuledger.core.objects import node_from_object
+from gpuledger.core.placement_codec import PLACEMENT_ANNOTATION, Binding, encode_placement
 from tests.core.core_factory import node, pod
 
 KEY = b"truth-key"
@@ -239,7 +239,7 @@ def test_a_counted_pod_is_counted_by_identity_for_the_devices_listed_and_per_nod
 
 
 def test_a_gang_pod_the_kubelet_put_on_another_slots_device_keeps_its_gang():
-    from allocator.core.model import GroupSpec
+    from gpuledger.core.model import GroupSpec
 
     led = Ledger.rebuild([node("n1", 4)], config())
     pods = []

@@ -7,11 +7,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import allocator.core.node_classes as node_classes
-import allocator.core.sorted_names as sorted_names
-from allocator import strategies as registry
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, GroupSpec, Placement, Reason, Request, Toleration
+import gpuledger.core.node_classes as node_classes
+import gpuledger.core.sorted_names as sorted_names
+from gpuledger import strategies as registry
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, GroupSpec, Placement, Reason, Request, Toleration
 from tests.core.core_factory import node, pod
 from tests.core.test_properties import node_objects, node_spec
 

@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from allocator.core.model import GroupSpec, PinnedDevices, Request, Toleration
-from allocator.core.slots_init import dict_init
+from gpuledger.core.model import GroupSpec, PinnedDevices, Request, Toleration
+from gpuledger.core.slots_init import dict_init
 
 
 def _reference(**given) -> dict:
@@ -71,7 +71,7 @@ def test_refuses_classes_it_does_not_fit():
 
 def test_node_info_keeps_its_fields_defaults_and_methods():
     """NodeInfo (one per Node object read) is built by `dict_init` too."""
-    from allocator.core.model import NodeInfo
+    from gpuledger.core.model import NodeInfo
 
     info = NodeInfo("n1", 1000, 2048, (), labels=(("a", "b"),), spine="s1")
     assert vars(info) == {

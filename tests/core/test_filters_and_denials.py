@@ -5,7 +5,7 @@ determinism across ledgers.
 
 from __future__ import annotations
 
-from allocator.core.model import (
+from gpuledger.core.model import (
     Denial,
     PinnedDevices,
     Placement,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core import objects as kube
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Reason, Request, ReservationState
+from gpuledger.core import objects as kube
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, Placement, Reason, Request, ReservationState
 from tests.core.core_factory import node, pod
 
 KEY = b"test-key"

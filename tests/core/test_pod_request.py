@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.model import GroupSpec, PinnedDevices
-from allocator.core.request import (
+from gpuledger.core.model import GroupSpec, PinnedDevices
+from gpuledger.core.request import (
     AnnotationError,
     parse_quantity,
     parse_scheduling_map,
@@ -343,14 +343,14 @@ def test_bad_container_quantities_are_errors_not_crashes():
 
 @pytest.mark.parametrize("name", ["fgd", "FGD", "leastLoaded", "binpack"])
 def test_scheduling_strategy_accepts_every_registered_strategy(name):
-    from allocator import strategies
+    from gpuledger import strategies
 
     r = req(pod({"topology.scheduler/gpu-count": "1", "agentaflow.gpu/scheduling-strategy": name}))
     assert r.strategy == strategies.canonical_name(name)
 
 
 def test_unknown_scheduling_strategy_lists_the_registered_ones():
-    from allocator import strategies
+    from gpuledger import strategies
 
     with pytest.raises(AnnotationError) as err:
         req(pod({"topology.scheduler/gpu-count": "1", "agentaflow.gpu/scheduling-strategy": "fastest"}))
@@ -360,7 +360,7 @@ def test_unknown_scheduling_strategy_lists_the_registered_ones():
 
 def test_cpu_and_memory_are_counted_as_the_ledger_counts_the_stored_pod():
     """Sidecars, init peaks and overhead: the reservation asks what a rebuild from the pod will hold."""
-    from allocator.core.objects import pod_requests
+    from gpuledger.core.objects import pod_requests
 
     p = pod({"topology.scheduler/gpu-count": "1"})
     p["spec"]["initContainers"] = [
@@ -387,7 +387,7 @@ def test_containers_that_are_not_a_list_are_named(field, value):
 
 
 def test_a_requests_shape_leaves_out_only_what_differs_pod_to_pod():
-    from allocator.core.model import Request
+    from gpuledger.core.model import Request
 
     a = Request("a", gpus=1, cpu_milli=2000, memory_mib=8192, seed=1, name="pod-a", namespace="ns")
     b = Request("b", gpus=1, cpu_milli=2000, memory_mib=8192, seed=2, name="pod-b", namespace="ns")

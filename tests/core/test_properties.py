@@ -15,9 +15,9 @@ from collections import Counter
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from allocator import strategies as registry
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import (
+from gpuledger import strategies as registry
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import (
     MILLI_PER_GPU,
     Denial,
     GroupSpec,
@@ -27,8 +27,8 @@ from allocator.core.model import (
     ReservationState,
     Toleration,
 )
-from allocator.core.node_state import NodeState
-from allocator.core.stats import ledger_stats
+from gpuledger.core.node_state import NodeState
+from gpuledger.core.stats import ledger_stats
 from tests.core.core_factory import node, pod
 
 KEY = b"prop"
@@ -382,7 +382,7 @@ def run(node_specs, ops, checks: bool = True):
 
 
 def _decode(pod_obj):
-    from allocator.core import objects as kube
+    from gpuledger.core import objects as kube
 
     return kube.decode_placement(pod_obj["metadata"]["annotations"][kube.PLACEMENT_ANNOTATION], KEY)
 

@@ -3,8 +3,8 @@ totals, open devices, best fit's order) and the placements that follow equal a l
 
 from __future__ import annotations
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Placement, Request
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Placement, Request
 from tests.benchmarks.bench_allocator import KEY, _pod, cluster, node_objects
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, GroupSpec, PinnedDevices, Placement, Reason, Request
-from allocator.core.request import AnnotationError, request_from_pod
+from gpuledger.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, GroupSpec, PinnedDevices, Placement, Reason, Request
+from gpuledger.core.request import AnnotationError, request_from_pod
 from tests.core.core_factory import node
 
 AKS_MAP = """0=aks-workerpool-25338008-vmss000000:0,1
@@ -74,7 +74,7 @@ def test_priority_words_sit_on_the_right_side_of_the_headroom_rule():
     assert PRIORITY_WORDS["low"] < PRIORITY_WORDS["medium"] == 0
     assert PRIORITY_WORDS["high"] >= 1
     assert PRIORITY_WORDS["high"] < PRIORITY_WORDS["critical"]
-    import allocator.strategies  # noqa: F401  (registers the priority strategy)
+    import gpuledger.strategies  # noqa: F401  (registers the priority strategy)
 
     led = Ledger(LedgerConfig(priority_headroom=0.2))
     led.apply_object(node("a", 10), 0.0)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core import objects as kube
-from allocator.core import quantity
-from allocator.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
-from allocator.core.request import (
+from gpuledger.core import objects as kube
+from gpuledger.core import quantity
+from gpuledger.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
+from gpuledger.core.request import (
     ANNOTATIONS,
     GPU_COUNT,
     GPU_MEMORY,

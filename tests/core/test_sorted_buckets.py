@@ -1,4 +1,4 @@
-"""Buckets that turn from lists into SortedNames once long (allocator.core.sorted_buckets) hold exactly what
+"""Buckets that turn from lists into SortedNames once long (gpuledger.core.sorted_buckets) hold exactly what
 a sorted list would, and a ledger whose buckets cross the thresholds decides exactly what one whose buckets
 stay lists decides. The thresholds and the chunk size are lowered here so that a handful of entries crosses
 them: lists into SortedNames and back, chunks split and emptied."""
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.core import sorted_buckets, sorted_names
-from allocator.core.sorted_names import SortedNames
+from gpuledger.core import sorted_buckets, sorted_names
+from gpuledger.core.sorted_names import SortedNames
 from tests.core.test_properties import node_spec, op, run
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Request
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Request
 from tests.core.core_factory import leafy_cluster
 
 KEY = b"objects"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 
-from allocator.core.device_truth import HOLDERS_ANNOTATION
-from allocator.core.ledger import Ledger
-from allocator.core.model import Placement, Request
-from allocator.core.placement_codec import Binding, encode_placement
+from gpuledger.core.device_truth import HOLDERS_ANNOTATION
+from gpuledger.core.ledger import Ledger
+from gpuledger.core.model import Placement, Request
+from gpuledger.core.placement_codec import Binding, encode_placement
 from tests.core.core_factory import node
 from tests.core.test_integrity_properties import KEY, config, stored_pod
 

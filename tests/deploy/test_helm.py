@@ -20,8 +20,8 @@ import pytest
 import yaml
 from cryptography import x509
 
+from gpuledger.webhook.config import WebhookConfig
 from tests.deploy.test_manifests import OVERLAYS, render
-from webhook.config import WebhookConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpuledger"

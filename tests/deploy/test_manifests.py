@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from certs import pki
+from gpuledger.certs import pki
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "manifests"
@@ -485,8 +485,8 @@ def test_webhook_deployment(path):
 def test_serve_accepts_the_rendered_arguments():
     """Every overlay's `gpuledger serve` argv parses with the real CLI parser, and the mounted config
     loads."""
-    serve = pytest.importorskip("webhook.serve")
-    config_module = pytest.importorskip("webhook.config")
+    serve = pytest.importorskip("gpuledger.webhook.serve")
+    config_module = pytest.importorskip("gpuledger.webhook.config")
     for path in ALL:
         docs = render(path)
         argv = serve_argv(webhook_container(docs))
@@ -547,7 +547,7 @@ def test_dockerignore_keeps_secrets_and_the_venv_out():
     ]
     assert lines[0] == "*"  # deny by default, then allow only the package sources
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed <= {"pyproject.toml", "README.md", "allocator", "webhook", "certs", "gpucontroller"}
+    assert allowed <= {"pyproject.toml", "README.md", "gpuledger"}
     copied = {arg.split()[0] for ins, arg in dockerfile() if ins == "COPY" and not arg.startswith("--from")}
     assert copied <= allowed
 
@@ -610,7 +610,7 @@ def test_webhook_configurations(path):
 
 def test_webhook_names_match_what_certs_patches():
     """`gpuledger certs generate` patches caBundle by configuration and webhook name."""
-    from certs import render as certs_render
+    from gpuledger.certs import render as certs_render
 
     docs = render(BASE)
     for kind, config, webhook in (
@@ -924,7 +924,8 @@ def test_overlays_without_cert_manager_carry_no_injection():
 
 
 # ------------------------------------------------------------------------------------------- monitoring
-# the metrics the webhook exports (webhook/metrics.py, when present, is the authority: see known_metrics)
+# the metrics the webhook exports (gpuledger/webhook/metrics.py, when present, is the authority: see
+# known_metrics)
 EXPORTED_METRICS = {
     "agentaflow_gpu_total",
     "agentaflow_gpu_available",
@@ -993,11 +994,12 @@ PROMQL_WORDS = {
 
 
 def known_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """name -> (type, label names), from the webhook's own registry when webhook/metrics.py exists."""
+    """name -> (type, label names), from the webhook's own registry when gpuledger/webhook/metrics.py
+    exists."""
     try:
         from prometheus_client.metrics import MetricWrapperBase
 
-        from webhook.metrics import WebhookMetrics
+        from gpuledger.webhook.metrics import WebhookMetrics
     except ImportError:
         return dict.fromkeys(EXPORTED_METRICS, ("unknown", ()))
     found = {}
@@ -1102,11 +1104,11 @@ def test_metric_name_extraction():
 def test_deployment_guide_names_what_exists():
     """The guide's modes, object names and CLI flags are the real ones (drift fails here, not in an
     outage)."""
-    from certs import cli as certs_cli
+    from gpuledger.certs import cli as certs_cli
 
     text = (REPO / "docs" / "deployment.md").read_text()
-    config = pytest.importorskip("webhook.config")
-    model = pytest.importorskip("allocator.core.model")
+    config = pytest.importorskip("gpuledger.webhook.config")
+    model = pytest.importorskip("gpuledger.core.model")
     for mode in config.VISIBILITY_MODES:
         assert f"`{mode}`" in text
     for mode in model.BindingMode:

@@ -191,7 +191,7 @@ def test_overlay_passes_server_side_dry_run(apiserver, name):
 
 
 def test_certs_output_directory_passes_server_side_dry_run(apiserver, tmp_path):
-    from certs import cli
+    from gpuledger.certs import cli
 
     out = tmp_path / "tls"
     assert cli.main(["generate", "--out", str(out), "--overlay", str(OVERLAYS["dev"])]) == 0

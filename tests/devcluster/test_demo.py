@@ -21,7 +21,7 @@ PLACED = ("train-small", "notebook", "eval", "shared", "on-tainted", "h100", "al
 def run_demo(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
-        [sys.executable, "-m", "webhook.cli", "demo", *args],
+        [sys.executable, "-m", "gpuledger", "demo", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -4,7 +4,7 @@ serves it."""
 from __future__ import annotations
 
 from devcluster import kubeflow
-from webhook.admission.owners import WORKLOAD_KINDS
+from gpuledger.webhook.admission.owners import WORKLOAD_KINDS
 
 
 def test_every_kubeflow_kind_the_webhook_reads_has_a_crd():

@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 from cryptography.x509.oid import NameOID
 
-from certs import pki
 from devcluster import images, kubelet_api
 from devcluster.containerd import Containerd
 from devcluster.kubelet import node_credentials, node_rbac
+from gpuledger.certs import pki
 
 BUSYBOX = images.BUSYBOX
 
@@ -96,7 +96,7 @@ def test_strip_gogo_drops_only_the_go_options():
 
 @pytest.mark.skipif(not shutil.which("go"), reason="needs go to fetch the k8s.io/kubelet module")
 def test_vendored_protos_are_the_kubelet_modules_minus_gogo_options():
-    """allocator/node_agent/protos/ is the module's .proto files, gogoproto options dropped, and a header."""
+    """gpuledger/node_agent/protos/ is the module's .proto files, gogoproto options dropped, and a header."""
     module = kubelet_api.kubelet_module_dir()
     for folder, path in kubelet_api.PROTOS.items():
         ours = (kubelet_api.PROTOS_DIR / folder / "api.proto").read_text()

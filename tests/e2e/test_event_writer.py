@@ -1,5 +1,7 @@
-"""webhook.event_writer and the owner reader against the real kube-apiserver: the pod look-up, the Event POST
-and the owners' reads over the webhook's own connections (webhook.kube_api), with the credentials of a
+"""gpuledger.webhook.kube.event_writer and the owner reader against the real kube-apiserver: the pod look-up,
+the Event POST
+and the owners' reads over the webhook's own connections (gpuledger.webhook.kube.api), with the credentials
+of a
 kubeconfig (the admin's token), and a refusal named as such."""
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
-from allocator.service import RESERVATION_ID_KEY
 from devcluster.kubeclient import ALICE
-from webhook.admission.owners import KubeObjectReader, OwnerLookupError
-from webhook.event_writer import ApiEventWriter
-from webhook.events import EventPoster, ObjectRef, placed
-from webhook.serve import _kube_client
+from gpuledger.service.ledger_service import RESERVATION_ID_KEY
+from gpuledger.webhook.admission.owners import KubeObjectReader, OwnerLookupError
+from gpuledger.webhook.kube.event_writer import ApiEventWriter
+from gpuledger.webhook.kube.events import EventPoster, ObjectRef, placed
+from gpuledger.webhook.serve import _kube_client
 
 
 @pytest.fixture

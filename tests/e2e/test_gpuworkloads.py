@@ -22,7 +22,7 @@ import yaml
 
 from devcluster.cluster import REPO, free_port
 from devcluster.stack import placements_by_device
-from gpucontroller.mapping import LABEL_UID
+from gpuledger.controller.mapping import LABEL_UID
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +30,7 @@ IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 
 
 class ControllerProcess:
-    """`python -m webhook.cli controller` on the stack's Ray and ledger actor, with short Lease times."""
+    """`python -m gpuledger controller` on the stack's Ray and ledger actor, with short Lease times."""
 
     def __init__(self, cp, stack, lease_namespace: str, identity: str, lease_name: str, *extra: str):
         import ray
@@ -42,7 +42,7 @@ class ControllerProcess:
         argv = [
             sys.executable,
             "-m",
-            "webhook.cli",
+            "gpuledger",
             "controller",
             "--kubeconfig",
             cp.kubeconfig,

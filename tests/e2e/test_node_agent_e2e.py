@@ -14,14 +14,14 @@ from unittest.mock import ANY
 import pytest
 import yaml
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Denial, Placement, Request, Taint, Toleration
-from allocator.core.objects import node_from_object
-from allocator.node_agent.agent import NodeAgent
-from allocator.node_agent.pod_resources import PodResourcesClient
-from allocator.node_agent.probes import FakeProbe
-from allocator.node_agent.xids import ANNOTATION as XIDS
 from devcluster.nodes import create_nodes, make_node
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Denial, Placement, Request, Taint, Toleration
+from gpuledger.core.objects import node_from_object
+from gpuledger.node_agent.agent import NodeAgent
+from gpuledger.node_agent.pod_resources import PodResourcesClient
+from gpuledger.node_agent.probes import FakeProbe
+from gpuledger.node_agent.xids import ANNOTATION as XIDS
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_agent_patch_marks_an_unhealthy_device_the_ledger_then_avoids(apiserver,
         [
             sys.executable,
             "-m",
-            "webhook.cli",
+            "gpuledger",
             "node-agent",
             "--node",
             agent_node,
@@ -76,7 +76,7 @@ def test_agent_patch_marks_an_unhealthy_device_the_ledger_then_avoids(apiserver,
 
 def run_agent_once(apiserver, node: str, spec: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "webhook.cli", "node-agent", "--node", node, "--once", "--fake", spec,
+        [sys.executable, "-m", "gpuledger", "node-agent", "--node", node, "--once", "--fake", spec,
          "--kubeconfig", apiserver.kubeconfig],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )  # fmt: skip

@@ -2,7 +2,7 @@
 `agentaflow.gpu/device-holders` naming the pod on exactly the devices the device plugin gave it.
 
 kubelet v1.32 + containerd + runc (devcluster/kubelet.py) with the fake GPU plugin; the agent runs as its own
-process (`python -m allocator.node_agent`) with the fake probe reporting the plugin's UUIDs, and GPU processes
+process (`python -m gpuledger.node_agent`) with the fake probe reporting the plugin's UUIDs, and GPU processes
 whose pids are real: this test's own (outside Kubernetes) and the pod's (inside it), so the /proc cgroup
 mapping is checked against the cgroups a real kubelet made. The pod's namespace is not opted in to admission.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from allocator.node_agent.holders import ANNOTATION
 from devcluster.agent_process import AgentProcess
 from devcluster.device_plugin import FakeGPUPlugin
 from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
+from gpuledger.node_agent.holders import ANNOTATION
 from tests.conftest import require_real_node
 from tests.e2e.conftest import busybox_pod
 

@@ -1,9 +1,9 @@
-"""The published figures a workload is compared with (allocator/sim/published.py)."""
+"""The published figures a workload is compared with (gpuledger/sim/published.py)."""
 
 from __future__ import annotations
 
-from allocator.sim.published import ALL_KINDS, PUBLISHED, QUICK_KINDS, published_for
-from allocator.sim.variants import parse_variant
+from gpuledger.sim.published import ALL_KINDS, PUBLISHED, QUICK_KINDS, published_for
+from gpuledger.sim.variants import parse_variant
 
 
 def test_each_workload_maps_to_its_kind_in_the_artifact():

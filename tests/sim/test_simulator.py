@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.model import Device, NodeInfo, Request
-from allocator.sim import simulator
-from allocator.sim.simulator import build_arrivals, replay, simulate
-from webhook import cli
+from gpuledger.cli import main as cli
+from gpuledger.core.model import Device, NodeInfo, Request
+from gpuledger.sim import simulator
+from gpuledger.sim.simulator import build_arrivals, replay, simulate
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
 needs_trace = pytest.mark.skipif(not SHARED.is_dir(), reason="shared openb traces not present")
@@ -194,8 +194,8 @@ def test_replay_with_placements_admitted_ahead():
 
 
 def test_placements_ahead_are_taken_in_order_and_released_on_a_denial():
-    from allocator.core.ledger import Ledger, LedgerConfig
-    from allocator.sim.ahead import AheadPools
+    from gpuledger.core.ledger import Ledger, LedgerConfig
+    from gpuledger.sim.ahead import AheadPools
 
     ledger = Ledger(LedgerConfig(default_strategy="best_fit"))
     ledger.upsert_node(NodeInfo("n", 64_000, 256_000, tuple(Device(d) for d in range(4))))

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from allocator.core.model import Device, NodeInfo, Request
-from allocator.sim.simulator import Run, StrategyResult, build_arrivals, gpu_capacity_milli, requested_milli
+from gpuledger.core.model import Device, NodeInfo, Request
+from gpuledger.sim.simulator import Run, StrategyResult, build_arrivals, gpu_capacity_milli, requested_milli
 
 POOL = [Request("w", gpus=1), Request("s", gpu_milli=460), Request("c", cpu_milli=4000), Request("e", gpus=8)]
 

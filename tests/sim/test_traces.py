@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.model import Request
-from allocator.sim.traces import (
+from gpuledger.core.model import Request
+from gpuledger.sim.traces import (
     TraceError,
     TracePod,
     limit_nodes,
@@ -184,7 +184,7 @@ spec:
 
 
 def test_yaml_cluster_and_pods(tmp_path):
-    pytest.importorskip("allocator.core.objects")
+    pytest.importorskip("gpuledger.core.objects")
     nodes, requests = load_yaml(
         write(tmp_path, "cluster.yaml", CLUSTER_YAML), write(tmp_path, "pods.yaml", PODS_YAML)
     )
@@ -201,7 +201,7 @@ def test_yaml_cluster_and_pods(tmp_path):
 
 
 def test_yaml_errors_are_clear(tmp_path):
-    pytest.importorskip("allocator.core.objects")
+    pytest.importorskip("gpuledger.core.objects")
     with pytest.raises(TraceError, match="no objects of kind Node"):
         load_yaml(
             write(tmp_path, "c.yaml", "kind: Pod\nmetadata: {name: x}\n"),

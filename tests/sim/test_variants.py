@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.model import Device, NodeInfo
-from allocator.sim import simulator
-from allocator.sim.traces import TraceError, TracePod
-from allocator.sim.variants import (
+from gpuledger.core.model import Device, NodeInfo
+from gpuledger.sim import simulator
+from gpuledger.sim.traces import TraceError, TracePod
+from gpuledger.sim.variants import (
     VARIANT_EXAMPLES,
     cpu_scale_variant,
     cpu_variant,

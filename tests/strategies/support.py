@@ -4,9 +4,9 @@ strategy, and a strategy with its candidate walk switched off. Test support: pro
 
 from __future__ import annotations
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Device, NodeInfo, PinnedDevices, Placement, Request
-from allocator.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Device, NodeInfo, PinnedDevices, Placement, Request
+from gpuledger.strategies.fragmentation import WORKLOAD_KEY, TargetWorkload
 
 
 def make(*nodes, **config) -> Ledger:

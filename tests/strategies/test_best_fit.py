@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Request
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Request
 from tests.core.core_factory import node
 from tests.strategies.support import make, take
 
@@ -19,7 +19,7 @@ def test_best_fit_packs_and_least_utilized_spreads():
 def test_best_fit_counts_cpu_so_cpu_pods_leave_gpu_nodes_alone():
     """A CPU-only pod goes to the CPU node, not to the GPU node with less free CPU (stranding its GPUs);
     among GPU nodes, the one whose CPU and GPUs are both fullest after placement wins."""
-    from allocator.core.model import Device, NodeInfo
+    from gpuledger.core.model import Device, NodeInfo
 
     led = Ledger(LedgerConfig())
     gpus = tuple(Device(index=d) for d in range(8))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.core.model import Request
+from gpuledger.core.model import Request
 from tests.core.core_factory import node
 from tests.strategies.support import make
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.core.model import Denial, PinnedDevices, Placement, Reason, Request
+from gpuledger.core.model import Denial, PinnedDevices, Placement, Reason, Request
 from tests.core.core_factory import node
 from tests.strategies.support import make
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.model import Denial, Device, NodeInfo, Placement, Request
-from allocator.strategies.fgd_host import HostAwareFGD
-from allocator.strategies.fragmentation import PodShape, TargetWorkload
+from gpuledger.core.model import Denial, Device, NodeInfo, Placement, Request
+from gpuledger.strategies.fgd_host import HostAwareFGD
+from gpuledger.strategies.fragmentation import PodShape, TargetWorkload
 from tests.strategies.support import ledger, node_info
 
 
@@ -77,7 +77,7 @@ def test_a_gpu_spec_or_list_admits_either_model(strategy):
 
 
 def test_pods_ask_for_them_by_annotation_and_live_admission_learns_the_workload():
-    from allocator.core.request import request_from_pod
+    from gpuledger.core.request import request_from_pod
 
     def pod(name: str, strategy: str, gpus: int) -> dict:
         return {
@@ -112,7 +112,7 @@ def test_the_fast_path_decides_exactly_as_a_plain_scan(seed):
     devices, CPU-only pods and product constraints in the mix."""
     import random
 
-    from allocator.strategies import register
+    from gpuledger.strategies import register
 
     register("fgd_host_unmemoised", _Unmemoised)
     rng = random.Random(seed)

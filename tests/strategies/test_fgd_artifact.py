@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from allocator.core.model import Placement, Request
-from allocator.strategies import register
-from allocator.strategies.fgd_artifact import VARIANTS, ArtifactFGD, artifact_score, register_variants
-from allocator.strategies.fragmentation import PodShape, TargetWorkload
+from gpuledger.core.model import Placement, Request
+from gpuledger.strategies import register
+from gpuledger.strategies.fgd_artifact import VARIANTS, ArtifactFGD, artifact_score, register_variants
+from gpuledger.strategies.fragmentation import PodShape, TargetWorkload
 from tests.strategies.support import ledger, node_info
 from tests.strategies.test_fgd_classes import decisions, make_nodes, make_request
 

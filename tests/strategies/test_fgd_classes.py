@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.core.model import Device, GroupSpec, NodeInfo, Placement, Request
-from allocator.core.plugin import ScoreContext
-from allocator.strategies import register
-from allocator.strategies.fgd import FragmentationGradientDescent
-from allocator.strategies.fgd_host import HostAwareFGD
-from allocator.strategies.fragmentation import PodShape, TargetWorkload
+from gpuledger.core.model import Device, GroupSpec, NodeInfo, Placement, Request
+from gpuledger.core.plugin import ScoreContext
+from gpuledger.strategies import register
+from gpuledger.strategies.fgd import FragmentationGradientDescent
+from gpuledger.strategies.fgd_host import HostAwareFGD
+from gpuledger.strategies.fragmentation import PodShape, TargetWorkload
 from tests.strategies.support import ledger, node_info
 
 
@@ -159,7 +159,7 @@ def test_identical_nodes_share_one_class():
 
 
 def led_strategy(name: str):
-    from allocator.core import registry
+    from gpuledger.core import registry
 
     return registry.get_strategy(name)
 
@@ -168,7 +168,7 @@ def led_strategy(name: str):
 def test_fgd_denials_from_the_kept_diagnosis_equal_the_full_walk(seed):
     """fgd refuses a node exactly when the default device choice does, so the ledger answers its denials from
     the per-shape diagnosis (O(changes)); the answer is the full walk's, with the fgd strategy itself."""
-    from allocator.core import registry
+    from gpuledger.core import registry
 
     rng = random.Random(seed)
     nodes = make_nodes(rng, 12)
@@ -200,7 +200,7 @@ def test_a_gang_on_one_node_gets_distinct_devices(strategy):
 def test_per_model_totals_survive_nodes_that_hold_nothing_free():
     # a full node holds (model, 0); when the model's last free milli leaves, its total goes, and the full node
     # must still be able to move later
-    from allocator.strategies.fgd_classes import _move
+    from gpuledger.strategies.fgd_classes import _move
 
     totals: dict[str, int] = {}
     held: dict[str, tuple[str, int]] = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.model import NodeInfo, Request
-from allocator.strategies import register
-from allocator.strategies.fgd_host import HostAwareFGD
-from allocator.strategies.fragmentation import PodShape, TargetWorkload
+from gpuledger.core.model import NodeInfo, Request
+from gpuledger.strategies import register
+from gpuledger.strategies.fgd_host import HostAwareFGD
+from gpuledger.strategies.fragmentation import PodShape, TargetWorkload
 from tests.strategies.support import ledger, node_info
 
 
@@ -24,7 +24,7 @@ def test_host_aware_variant_keeps_cpu_pods_off_gpu_nodes_that_need_their_cpu():
 
 
 def test_model_pressure_is_pinned_demand_share_over_capacity_share():
-    from allocator.strategies.fgd_host import model_pressure
+    from gpuledger.strategies.fgd_host import model_pressure
 
     pinned_to_v100 = PodShape(0, 1, 1000, ("V100",))
     free = PodShape(0, 1, 1000)
@@ -84,8 +84,8 @@ def test_the_model_term_follows_free_capacity_not_only_capacity():
 
 def test_model_offsets_are_empty_without_pinned_demand():
     # every workload without pins places exactly as the host term alone: no offset is ever added
-    from allocator.strategies.fgd_classes import StateClasses
-    from allocator.strategies.fragmentation import FragmentationMeter
+    from gpuledger.strategies.fgd_classes import StateClasses
+    from gpuledger.strategies.fragmentation import FragmentationMeter
 
     led = ledger(
         "fgd_host", [node_info("a", 2, product="T4")], TargetWorkload.from_shapes([PodShape(0, 1, 1000)])

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.model import Request
-from allocator.strategies.fragmentation import (
+from gpuledger.core.model import Request
+from gpuledger.strategies.fragmentation import (
     FragmentationMeter,
     PodShape,
     TargetWorkload,

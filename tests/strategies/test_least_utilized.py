@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.core.model import Request
+from gpuledger.core.model import Request
 from tests.core.core_factory import node
 from tests.strategies.support import make, take
 
@@ -36,7 +36,7 @@ def agent_node(name, utilization, stamp="2025-01-01T00:00:00Z", gpus=4):
 
 
 def test_node_parsing_keeps_utilization_and_its_time():
-    from allocator.core.objects import node_from_object
+    from gpuledger.core.objects import node_from_object
 
     info = node_from_object(agent_node("a", [5, 90, 0, 100]))
     assert [d.utilization_pct for d in info.devices] == [5, 90, 0, 100]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from allocator import strategies
-from allocator.core.model import Request
-from allocator.strategies import canonical_name, get_strategy
+from gpuledger import strategies
+from gpuledger.core.model import Request
+from gpuledger.strategies import canonical_name, get_strategy
 from tests.core.core_factory import node
 from tests.strategies.support import make
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.core.model import Request
+from gpuledger.core.model import Request
 from tests.core.core_factory import node
 from tests.strategies.support import make, take
 
@@ -19,8 +19,8 @@ def test_round_robin_rotates_deterministically():
 def test_the_ring_starts_after_the_cursor_and_wraps_once_in_every_leaf_set():
     """Candidates are every node by name after the cursor, then from the first, each once (for any cursor,
     with and without a leaf restriction)."""
-    from allocator.core.plugin import ScoreContext
-    from allocator.strategies.round_robin import RoundRobin
+    from gpuledger.core.plugin import ScoreContext
+    from gpuledger.strategies.round_robin import RoundRobin
 
     names = [f"n{i}" for i in range(7)]
     led = make(*(node(n, 8, leaf=f"l{i % 3}", spine="s") for i, n in enumerate(names)))

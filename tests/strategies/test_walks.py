@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator import strategies
-from allocator.core import registry as core_registry
-from allocator.core.ledger import Ledger, LedgerConfig
-from allocator.core.model import Placement, Request
+from gpuledger import strategies
+from gpuledger.core import registry as core_registry
+from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.model import Placement, Request
 from tests.core.core_factory import node
 from tests.strategies.support import FullScan, make, take
 
@@ -72,8 +72,8 @@ def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
     """Heterogeneous CPU and GPU counts, unhealthy devices, shares, CPU-only pods, releases, GPUs held by
     pods of unknown identity, nodes added later (maxima change) and soft domains: the best-fit walk places
     every request exactly where scoring every node with the same score does."""
-    from allocator.core.model import Device, NodeInfo
-    from allocator.core.node_state import Holding
+    from gpuledger.core.model import Device, NodeInfo
+    from gpuledger.core.node_state import Holding
 
     def info(i, cpu, gpus, unhealthy, leaf):
         devices = tuple(Device(index=d, memory_mib=40960, healthy=d >= unhealthy) for d in range(gpus))

@@ -1,4 +1,5 @@
-"""webhook.api_http against real servers: an aiohttp server over TLS (keep-alive, chunked answers, a
+"""gpuledger.webhook.kube.http against real servers: an aiohttp server over TLS (keep-alive, chunked answers,
+a
 `Connection: close`), raw asyncio servers for what aiohttp would not do (close an idle kept-alive connection,
 stop mid-answer, answer something that is not HTTP) and a CONNECT proxy in front of the TLS server."""
 
@@ -12,8 +13,8 @@ import ssl
 import pytest
 from aiohttp import web
 
-from certs.pki import make_ca, make_serving_cert
-from webhook.api_http import ApiHttp, ApiHttpError
+from gpuledger.certs.pki import make_ca, make_serving_cert
+from gpuledger.webhook.kube.http import ApiHttp, ApiHttpError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.service import AdmitCall, LedgerService, LedgerSettings, Placement, Request
+from gpuledger.service.ledger_service import AdmitCall, LedgerService, LedgerSettings, Placement, Request
+from gpuledger.webhook.admission.handler import AdmissionHandler
+from gpuledger.webhook.admission.owners import StaticOwners
+from gpuledger.webhook.config import WebhookConfig
+from gpuledger.webhook.config_watch import ConfigWatcher
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.serve import build_parser, load_config
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, review
-from webhook.admission.handler import AdmissionHandler
-from webhook.admission.owners import StaticOwners
-from webhook.config import WebhookConfig
-from webhook.config_watch import ConfigWatcher
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.serve import build_parser, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1000.0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core.model import BindingMode, Placement
-from allocator.core.objects import PLACEMENT_ANNOTATION, encode_placement
+from gpuledger.core.model import BindingMode, Placement
+from gpuledger.core.objects import PLACEMENT_ANNOTATION, encode_placement
+from gpuledger.webhook.admission import env_guard
+from gpuledger.webhook.admission.patch import apply_placement, shallow_pod, strip_ledger_keys
 from tests.webhook.webhook_support import HMAC_KEY, config, gpu_pod
-from webhook.admission import env_guard
-from webhook.admission.patch import apply_placement, shallow_pod, strip_ledger_keys
 
 KEY = HMAC_KEY.encode()
 PLACEMENT = Placement(id="r1", node="node-0000", devices=(2, 5), uuids=("GPU-a", "GPU-b"))

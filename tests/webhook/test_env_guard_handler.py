@@ -9,13 +9,13 @@ import ssl
 import aiohttp
 import pytest
 
-from certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.webhook.admission.review import decode_patch, make_review
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.transport.app import create_app
+from gpuledger.webhook.transport.server import start_server
+from gpuledger.webhook.transport.tls import ReloadingTLS
 from tests.webhook.webhook_support import Clock, apply_patch, cluster, config, gpu_pod, service
-from webhook.admission.review import decode_patch, make_review
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.transport.app import create_app
-from webhook.transport.server import start_server
-from webhook.transport.tls import ReloadingTLS
 
 ACCEPTED = "ask for GPUs with resources.limits nvidia.com/gpu or the annotation topology.scheduler/gpu-count"
 

@@ -9,6 +9,11 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuledger.webhook.admission.review import decode_patch, make_review
+from gpuledger.webhook.kube import events
+from gpuledger.webhook.kube.events import DENIED, PLACED, EventPoster, EventSettings, ObjectRef, TokenBucket
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.transport.app import EVENTS_KEY, create_app
 from tests.webhook.test_owner_chain import NS, deployment, lookup, owned_pod, ref
 from tests.webhook.webhook_support import (
     Clock,
@@ -20,11 +25,6 @@ from tests.webhook.webhook_support import (
     review,
     service,
 )
-from webhook import events
-from webhook.admission.review import decode_patch, make_review
-from webhook.events import DENIED, PLACED, EventPoster, EventSettings, ObjectRef, TokenBucket
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.transport.app import EVENTS_KEY, create_app
 
 
 def run(coro):

@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonpatch
 import yaml
 
-from allocator.core.objects import PLACEMENT_ANNOTATION
-from webhook import cli
+from gpuledger.cli import main as cli
+from gpuledger.core.objects import PLACEMENT_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_CLUSTER = ROOT / "devcluster" / "samples" / "cluster.yaml"

@@ -11,12 +11,13 @@ import logging
 
 import pytest
 
+from gpuledger.webhook import logs
+from gpuledger.webhook.admission.review import make_review
+from gpuledger.webhook.ledger import batcher
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.serve import build_parser
+from gpuledger.webhook.transport.app import create_app
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, service
-from webhook import batcher, logs
-from webhook.admission.review import make_review
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.serve import build_parser
-from webhook.transport.app import create_app
 
 
 class Tty(io.StringIO):

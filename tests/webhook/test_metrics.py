@@ -9,13 +9,13 @@ from itertools import count
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.service import LedgerService, Recoveries, ServedCalls
-from allocator.sync_config import SyncStats
+from gpuledger.service.ledger_service import LedgerService, Recoveries, ServedCalls
+from gpuledger.sync.config import SyncStats
+from gpuledger.webhook.admission.review import make_review
+from gpuledger.webhook.ledger.client import InProcessLedgerClient, LedgerUnavailable
+from gpuledger.webhook.metrics import METRIC_NAMES, WebhookMetrics
+from gpuledger.webhook.transport.app import create_app
 from tests.webhook.webhook_support import apply_patch, cluster, config, gpu_pod, service
-from webhook.admission.review import make_review
-from webhook.ledger_client import InProcessLedgerClient, LedgerUnavailable
-from webhook.metrics import METRIC_NAMES, WebhookMetrics
-from webhook.transport.app import create_app
 
 NOW = 1000.0
 

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
+from gpuledger.webhook.admission import chain
+from gpuledger.webhook.admission.owners import CachedOwners, OwnerLookupError, StaticOwners
 from tests.webhook.webhook_support import Clock, cluster, gpu_pod, handler, review
-from webhook.admission import chain
-from webhook.admission.owners import CachedOwners, OwnerLookupError, StaticOwners
 
 NS = "ml"
 

@@ -11,7 +11,7 @@ import socket
 import pytest
 from kubernetes import client
 
-from webhook.admission.owners import KubeObjectReader, OwnerLookupError
+from gpuledger.webhook.admission.owners import KubeObjectReader, OwnerLookupError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from allocator.core.model import Placement
-from allocator.core.placement_codec import (
+from gpuledger.core.model import Placement
+from gpuledger.core.placement_codec import (
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
     Binding,

@@ -1,5 +1,6 @@
 """Pods of one shape: what the mutating handler reads before the ledger is worked out once per shape
-(webhook.admission.shapes), and every pod still gets exactly what parsing it alone gives (issue 13)."""
+(gpuledger.webhook.admission.shapes), and every pod still gets exactly what parsing it alone gives (issue
+13)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.request import ANNOTATIONS, SCHEDULING_MAP
-from allocator.service import (
+from gpuledger.core.request import ANNOTATIONS, SCHEDULING_MAP
+from gpuledger.service.ledger_service import (
     PLACEMENT_ANNOTATION,
     AnnotationError,
     PodRequestConfig,
@@ -20,11 +21,11 @@ from allocator.service import (
     pod_name,
     request_from_pod,
 )
+from gpuledger.webhook.admission.handler import AdmissionHandler
+from gpuledger.webhook.admission.owners import StaticOwners
+from gpuledger.webhook.admission.shapes import LAST_APPLIED, PodShapes
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
 from tests.webhook.webhook_support import HMAC_KEY, Clock, cluster, config, gpu_pod, review, service
-from webhook.admission.handler import AdmissionHandler
-from webhook.admission.owners import StaticOwners
-from webhook.admission.shapes import LAST_APPLIED, PodShapes
-from webhook.ledger_client import InProcessLedgerClient
 
 PARSE = PodRequestConfig()
 

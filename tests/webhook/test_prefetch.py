@@ -1,4 +1,5 @@
-"""Placements admitted ahead (webhook.prefetch), driven through the real handler and an in-process ledger:
+"""Placements admitted ahead (gpuledger.webhook.ledger.prefetch), driven through the real handler and an
+in-process ledger:
 the next pod of a shape skips the ledger call, and every guarantee of the ordinary path still holds."""
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ import json
 
 import pytest
 
-from allocator.core.objects import PLACEMENT_ANNOTATION, decode_placement
+from gpuledger.core.objects import PLACEMENT_ANNOTATION, decode_placement
+from gpuledger.webhook.config import WebhookConfig
+from gpuledger.webhook.ledger.prefetch import PrefetchSettings
 from tests.webhook.webhook_support import (
     HMAC_KEY,
     Clock,
@@ -19,8 +22,6 @@ from tests.webhook.webhook_support import (
     handler,
     review,
 )
-from webhook.config import WebhookConfig
-from webhook.prefetch import PrefetchSettings
 
 KEY = HMAC_KEY.encode()
 

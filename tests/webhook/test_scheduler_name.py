@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from gpuledger.webhook.admission import scheduler_name
+from gpuledger.webhook.config import WebhookConfig
 from tests.webhook.webhook_support import apply_patch, cluster, config, gpu_pod, handler, review
-from webhook.admission import scheduler_name
-from webhook.config import WebhookConfig
 
 
 def run(coro):

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from allocator.service import LedgerService
+from gpuledger.service.ledger_service import LedgerService
+from gpuledger.webhook.admission.review import decode_patch, make_review
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.metrics import METRIC_NAMES
+from gpuledger.webhook.transport.app import create_app
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, service
-from webhook.admission.review import decode_patch, make_review
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.metrics import METRIC_NAMES
-from webhook.transport.app import create_app
 
 
 class ExplodingLedger:
@@ -164,7 +164,7 @@ def test_the_admission_counters_count_through_their_remembered_children():
     labels() would have counted, per label set."""
     from prometheus_client import generate_latest
 
-    from webhook.metrics import WebhookMetrics
+    from gpuledger.webhook.metrics import WebhookMetrics
 
     m = WebhookMetrics()
     for strategy, result in [("best_fit", "placed"), ("best_fit", "placed"), ("none", "invalid")]:

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.core.request import ANNOTATIONS, AnnotationError, request_from_pod
+from gpuledger.core.request import ANNOTATIONS, AnnotationError, request_from_pod
+from gpuledger.webhook.admission.review import make_review
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.transport.app import create_app
+from gpuledger.webhook.transport.server import ServerThread
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, handler, review, service
-from webhook.admission.review import make_review
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.transport.app import create_app
-from webhook.transport.server import ServerThread
 
 json_values = st.recursive(
     st.none()
@@ -272,9 +272,9 @@ def test_the_patch_turns_the_pod_into_the_mutated_pod_exactly(
     applying it to the original gives the mutated pod, and the original is never touched."""
     import jsonpatch
 
-    from allocator.service import BindingMode, Placement, Taint
-    from webhook.admission import scheduler_name
-    from webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
+    from gpuledger.service.ledger_service import BindingMode, Placement, Taint
+    from gpuledger.webhook.admission import scheduler_name
+    from gpuledger.webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
 
     placement = Placement(
         id="r1",

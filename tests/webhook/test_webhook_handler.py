@@ -8,13 +8,16 @@ import json
 
 import pytest
 
-from allocator.core.model import BindingMode, Placement
-from allocator.core.objects import (
+from gpuledger.core.model import BindingMode, Placement
+from gpuledger.core.objects import (
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
     decode_placement,
     encode_placement,
 )
+from gpuledger.webhook.admission.handler import AdmissionHandler
+from gpuledger.webhook.admission.owners import StaticOwners
+from gpuledger.webhook.ledger.client import LedgerUnavailable
 from tests.webhook.webhook_support import (
     HMAC_KEY,
     Clock,
@@ -25,9 +28,6 @@ from tests.webhook.webhook_support import (
     handler,
     review,
 )
-from webhook.admission.handler import AdmissionHandler
-from webhook.admission.owners import StaticOwners
-from webhook.ledger_client import LedgerUnavailable
 
 KEY = HMAC_KEY.encode()
 
@@ -485,8 +485,8 @@ def test_clock_is_an_input():
 
 
 def test_unsynced_ledger_is_unavailable_not_a_decision():
-    from allocator.service import LedgerService
-    from webhook.ledger_client import InProcessLedgerClient
+    from gpuledger.service.ledger_service import LedgerService
+    from gpuledger.webhook.ledger.client import InProcessLedgerClient
 
     nodes = cluster(1, 8)
     svc = LedgerService(config().ledger_config(), {"kind": "kubernetes"})

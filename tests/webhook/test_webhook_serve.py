@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.webhook.admission.review import decode_patch, make_review
+from gpuledger.webhook.config import WebhookConfig
 from tests.webhook.webhook_support import cluster, gpu_pod
-from webhook.admission.review import decode_patch, make_review
-from webhook.config import WebhookConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_serve_process_end_to_end(tmp_path):
         [
             sys.executable,
             "-m",
-            "webhook.cli",
+            "gpuledger",
             "serve",
             "--port",
             str(port),

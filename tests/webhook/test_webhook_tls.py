@@ -1,4 +1,4 @@
-"""A real aiohttp server over real TLS: certificates from certs/pki.py, rotation under load,
+"""A real aiohttp server over real TLS: certificates from gpuledger/certs/pki.py, rotation under load,
 mTLS, TLS >= 1.2."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from certs.pki import make_ca, make_client_cert, make_serving_cert, write_bundle
+from gpuledger.certs.pki import make_ca, make_client_cert, make_serving_cert, write_bundle
+from gpuledger.webhook.admission.review import make_review
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
+from gpuledger.webhook.transport.app import create_app
+from gpuledger.webhook.transport.server import start_server
+from gpuledger.webhook.transport.tls import ReloadingTLS
 from tests.webhook.webhook_support import Clock, cluster, config, gpu_pod, service
-from webhook.admission.review import make_review
-from webhook.ledger_client import InProcessLedgerClient
-from webhook.transport.app import create_app
-from webhook.transport.server import start_server
-from webhook.transport.tls import ReloadingTLS
 
 
 def client_context(ca_pem: bytes, client=None) -> ssl.SSLContext:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 import uuid
 
-from allocator.service import LedgerService
 from devcluster.nodes import make_node
-from webhook.admission.handler import AdmissionHandler
-from webhook.admission.review import make_review, parse_review
-from webhook.config import WebhookConfig
-from webhook.ledger_client import InProcessLedgerClient
+from gpuledger.service.ledger_service import LedgerService
+from gpuledger.webhook.admission.handler import AdmissionHandler
+from gpuledger.webhook.admission.review import make_review, parse_review
+from gpuledger.webhook.config import WebhookConfig
+from gpuledger.webhook.ledger.client import InProcessLedgerClient
 
 HMAC_KEY = "test-placement-key"
 _names = itertools.count()

@@ -1,8 +1,0 @@
-"""`python -m allocator.node_agent`: the node agent's entry point (the DaemonSet runs
-`gpuledger node-agent`)."""
-
-import sys
-
-from allocator.node_agent.agent import main
-
-raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,291 @@
+"""The ledger's books: the nodes, and every record of what is held on them (holdings, reservations, gangs,
+counted pods), changed only through `hold`/`unhold` so a node's free state equals what its holders use.
+Shared by every part of the ledger; the books never decide a placement, read a clock or parse an object.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuledger.core import objects as kube
+from gpuledger.core.inventory import ClusterIndex
+from gpuledger.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
+from gpuledger.core.node_state import Holding, NodeState
+from gpuledger.core.plugin import DEFAULT_BALANCED_WEIGHTS
+from gpuledger.core.topology import Topology
+
+if TYPE_CHECKING:  # claims.py builds on the books: the type only, no import cycle at run time
+    from gpuledger.core.claims import Claim
+
+
+@dataclass
+class LedgerConfig:
+    default_strategy: str = "best_fit"
+    reservation_ttl_s: float = 30.0  # unconfirmed reservations expire after this
+    tolerated_gpu_taint_keys: tuple[str, ...] = ("nvidia.com/gpu",)  # tolerated on the pod's behalf
+    spine_label: str = "topology.scheduler/spine"
+    leaf_label: str = "topology.scheduler/leaf"
+    leaf_order: tuple[str, ...] = ()  # empty = natural sort of label values
+    priority_headroom: float = 0.1  # share of GPU capacity kept for priority >= 1 (strategy `priority`)
+    balanced_weights: dict = field(default_factory=lambda: dict(DEFAULT_BALANCED_WEIGHTS))
+    placement_key: bytes = b""  # HMAC key for placement annotations (empty = unsigned, dev only)
+    utilization_max_age_s: float = 120.0  # node agent utilization older than this is stale (least_utilized)
+    # a device whose GPU memory processes outside Kubernetes use at or above this is not placed on (0 = off)
+    external_memory_threshold_mib: int = 1024
+
+
+@dataclass(slots=True)  # no per-object __dict__: one per placement held (500,000 at --scale)
+class Reservation:
+    placement: Placement
+    state: ReservationState
+    created: float
+    # the placement as admission issued it, when the node's truth moved it since (gpuledger.core.truth): the
+    # pod carries this one, so the validating webhook checks the pod against it
+    issued: Placement | None = None
+
+
+@dataclass
+class GroupState:
+    """A gang: its slots (slot -> GroupSlot) and who claimed each (None = unclaimed, held for the group)."""
+
+    key: str
+    slots: dict[int, GroupSlot]
+    claims: dict[int, str | None]
+    deadline: float
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    strategy: str = ""
+    slot_taints: dict[int, tuple[Taint, ...]] = field(default_factory=dict)  # taints tolerated per slot
+
+    def plan(self) -> tuple[GroupSlot, ...]:
+        return tuple(self.slots[s] for s in sorted(self.slots))
+
+
+TRUTH = "truth:"  # holder id prefix of the devices a node's kubelet says pods the ledger does not own hold
+
+
+def truth_view(truth: DeviceTruth, blocked: dict[int, int]) -> dict:
+    """What a node's agent says of its devices, as the snapshot and `explain` show it."""
+    return {
+        "source": truth.source,
+        "holders": {str(d): [key, list(containers)] for d, key, containers in truth.holders},
+        "external": {str(d): [mib, list(pids), d in blocked] for d, mib, pids in truth.external},
+        "unmapped": list(truth.unmapped),
+    }
+
+
+def slot_hid(group: str, slot: int) -> str:
+    """Holder id of an unclaimed group slot (also what `expiry_candidates` lists for it)."""
+    return f"{group}#slot{slot}"
+
+
+# static filter verdicts for one request shape: node -> (reason or None, taints tolerated for the pod)
+StaticVerdicts = dict[str, tuple[Reason | None, tuple[Taint, ...]]]
+
+
+class Books:
+    """The state every part of the ledger shares. Holders are keyed by the caller's id."""
+
+    def __init__(self, config: LedgerConfig):
+        self.config = config
+        self.index = ClusterIndex()
+        self.performance: dict[str, float] = {}  # node -> historical performance in [0, 1] (balanced)
+        self.context_extra: dict[str, Any] = {}  # inputs for plug-in strategies
+        self.problems: deque[str] = deque(maxlen=200)  # malformed cluster data seen, newest last
+        self.holdings: dict[str, Holding] = {}
+        self.node_holders: dict[str, set[str]] = {}
+        self.reservations: dict[str, Reservation] = {}
+        # the RESERVED ones (no stored pod seen yet) -> created: what expiry scans, without walking every
+        # confirmed reservation (the sync asks every few seconds; 76,000 pods took ~11 ms a walk)
+        self.pending: dict[str, float] = {}
+        self.groups: dict[str, GroupState] = {}
+        self.slot_of: dict[
+            str, tuple[str, int]
+        ] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
+        self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
+        self.pod_gpus: dict[str, int] = {}  # pod key -> GPUs a pod counted by its requests asks for
+        # pods carrying a validly signed placement (gpuledger.core.claims): pod key -> its claim, the holders
+        # of each reservation id, the owner chosen among them, and the other holders by the node they use
+        self.claims: dict[str, Claim] = {}
+        self.holders_of: dict[str, tuple[str, ...]] = {}
+        self.owner_of: dict[str, Claim] = {}
+        self.foreign_on: dict[str, set[str]] = {}
+        self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
+        self.on_truth: Any = None  # called with (node, old truth, new truth): a node's device truth changed
+        self.on_overlap: Any = None  # called with (node, holder ids): a node arrived whose holdings overlap
+        self.on_truth_yield: Any = (
+            None  # called with a node whose "truth:" holding gave way to another holding
+        )
+        self.pending_moved = 0  # pending reservations moved off a device the node says another pod holds
+        self.rr_cursor = ""
+        self.last_now = float("-inf")
+        # caches of what only node changes invalidate: kept here, where nodes change
+        self.filter_cache: dict[tuple, StaticVerdicts] = {}  # static filter signature -> verdicts
+        self.topology_cache: Topology | None = None
+
+    # ------------------------------------------------------------------------------------------ inventory
+    def upsert_node(self, node: NodeInfo) -> None:
+        old = self.index.nodes.get(node.name)
+        if old is not None and old.info == node:
+            return
+        # the topology is the set of leaves: it is rebuilt only when a leaf appears or empties, not for every
+        # node that joins or leaves one (at 65,000 nodes a rebuild of it, and of every gang shape's leaf
+        # bounds, costs the next gang ~40 ms)
+        members, leaf = self.index.leaf_members, (node.spine, node.leaf)
+        if leaf not in members or (
+            old is not None and old.leaf_key != leaf and members.get(old.leaf_key, 0) <= 1
+        ):
+            self.topology_cache = None
+        if old is not None:
+            self.index.remove(node.name)
+        state = NodeState(node, self.config.external_memory_threshold_mib)
+        overlap: set[str] = set()  # holdings recorded while the node was unknown may name one device twice
+        for hid in sorted(self.node_holders.get(node.name, ())):
+            h = self.holdings[hid]
+            for d in h.devices:
+                p = state.pos.get(d)
+                if p is not None and state.dev_owner[p] is not None:
+                    overlap |= {hid, state.dev_owner[p] or ""}
+            state.apply(h)
+        self.index.add(state)
+        for cache in self.filter_cache.values():
+            cache.pop(node.name, None)
+        if overlap and self.on_overlap is not None:
+            self.on_overlap(node.name, overlap)
+        was = old.info.truth if old is not None else None
+        if was != node.truth and self.on_truth is not None:
+            self.on_truth(node.name, was, node.truth)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node's capacity; what is held on it stays recorded and returns if the node does."""
+        old = self.index.remove(name)
+        if old is not None:
+            if old.leaf_key not in self.index.leaf_members:  # its leaf emptied (see upsert_node)
+                self.topology_cache = None
+            for cache in self.filter_cache.values():
+                cache.pop(name, None)
+            if old.info.truth is not None and self.on_truth is not None:
+                self.on_truth(name, old.info.truth, None)
+
+    def renew_external(self) -> None:
+        """Re-read every node's outside-Kubernetes GPU use against the (changed) threshold."""
+        for name in sorted(self.index.nodes):
+            state = self.index.nodes[name]
+            if state.info.truth is not None and state.info.truth.external:
+                info = state.info
+                self.index.remove(name)
+                fresh = NodeState(info, self.config.external_memory_threshold_mib)
+                for hid in sorted(self.node_holders.get(name, ())):
+                    fresh.apply(self.holdings[hid])
+                self.index.add(fresh)
+                for cache in self.filter_cache.values():
+                    cache.pop(name, None)
+
+    def topology(self) -> Topology:
+        if self.topology_cache is None:
+            leaves = list(self.index.leaf_members)
+            self.topology_cache = Topology.build(leaves, self.config.leaf_order)
+        return self.topology_cache
+
+    # ------------------------------------------------------------------------------------------ holdings
+    def hold(self, h: Holding) -> None:
+        truth = TRUTH + h.node
+        node = self.index.nodes.get(h.node)
+        yielded = (
+            truth in self.holdings
+            and h.id != truth
+            and node is not None
+            and truth in node.conflicts(h.devices, h.shares)
+        )
+        if yielded:  # what the node's kubelet lists for others is recounted around what the ledger holds
+            self.unhold(truth)
+        self.holdings[h.id] = h
+        holders = self.node_holders.get(h.node)
+        if holders is None:
+            self.node_holders[h.node] = {h.id}
+        else:
+            holders.add(h.id)
+        if node is not None:
+            self.index.change(node, node.apply, h)
+        if yielded and self.on_truth_yield is not None:
+            self.on_truth_yield(h.node)
+
+    def unhold(self, hid: str) -> Holding | None:
+        h = self.holdings.pop(hid, None)
+        if h is None:
+            return None
+        holders = self.node_holders.get(h.node)
+        if holders is not None:
+            holders.discard(hid)
+            if not holders:
+                del self.node_holders[h.node]
+        node = self.index.nodes.get(h.node)
+        if node is not None:
+            self.index.change(node, node.remove, hid)
+        if self.on_freed is not None and h.node in self.foreign_on:
+            self.on_freed(h.node, hid)
+        return h
+
+    def drop_slot(self, group: GroupState, slot: int) -> None:
+        """Forget a slot of a gang; a gang left without slots is forgotten."""
+        group.slots.pop(slot, None)
+        group.claims.pop(slot, None)
+        if not group.slots:
+            del self.groups[group.key]
+
+    # ------------------------------------------------------------------------------------------ views
+    def snapshot(self) -> dict:
+        """Canonical state (no timestamps, no rotation cursor): equal for a live ledger and its rebuild."""
+        nodes = {}
+        for name in sorted(self.index.nodes):
+            n = self.index.nodes[name]
+            nodes[name] = node_view = {
+                "cpu_free": n.cpu_free,
+                "mem_free": n.mem_free,
+                "unknown_gpus": n.unknown_gpus,
+                "devices": [
+                    [
+                        n.dev_index[p],
+                        n.dev_free_milli[p],
+                        n.dev_free_mem[p],
+                        n.dev_owner[p],
+                        sorted([hid, s.milli, s.memory_mib] for hid, s in (n.dev_shares[p] or {}).items()),
+                    ]
+                    for p in range(len(n.dev_index))
+                ],
+            }
+            if n.info.truth is not None:
+                node_view["truth"] = truth_view(n.info.truth, n.external)
+        reservations = {
+            rid: [res.state.value, kube.placement_to_dict(res.placement)]
+            for rid, res in sorted(self.reservations.items())
+        }
+        groups = {
+            key: {
+                "deadline": g.deadline,
+                "slots": {
+                    s: [
+                        g.slots[s].node,
+                        list(g.slots[s].devices),
+                        [[x.device, x.milli] for x in g.slots[s].shares],
+                        g.claims.get(s),
+                    ]
+                    for s in sorted(g.slots)
+                },
+            }
+            for key, g in sorted(self.groups.items())
+        }
+        holdings = {
+            hid: [
+                h.node,
+                list(h.devices),
+                [[s.device, s.milli, s.memory_mib] for s in h.shares],
+                h.cpu_milli,
+                h.memory_mib,
+                h.unknown_gpus,
+            ]
+            for hid, h in sorted(self.holdings.items())
+        }
+        return {"nodes": nodes, "reservations": reservations, "groups": groups, "holdings": holdings}

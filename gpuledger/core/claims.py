@@ -1,0 +1,444 @@
+"""Who holds a reservation id. Every stored pod carrying a validly signed placement claims its id; one rule
+picks the owner among the claims whose binding matches their pod, and every other holder is a conflict,
+counted as foreign use on its node. Owners and foreign use are pure functions of the set of holders (never of
+the order they arrived in), so a live ledger and its rebuild agree; nothing here places a pod.
+
+The rule: the owner of a reservation id is its bound holder with the earliest creationTimestamp, ties broken
+by the smallest uid, then by namespace/name. A foreign holder (a copy issued for another pod, or a bound
+holder that is not the owner) holds the devices its placement names by identity where no other holding on
+the node has them, in the same order, and counts as GPUs of unknown identity where they are held already.
+Owners of different ids naming one device contend in the same order (`contend`): the earlier holds it, the
+later is counted instead until it frees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuledger.core import objects as kube
+from gpuledger.core.books import TRUTH, Books
+from gpuledger.core.leases import Leases
+from gpuledger.core.model import DeviceShare, Placement, ReservationState
+from gpuledger.core.node_state import Holding
+from gpuledger.core.slots_init import slots_init
+
+FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
+_NO_TIME = "~"  # sorts after every RFC 3339 timestamp: a pod without creationTimestamp comes last
+
+
+@slots_init
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One stored pod's claim on the reservation id its placement carries."""
+
+    key: str  # the pod's namespace/name
+    placement: Placement
+    bound: bool  # the placement was issued for this pod (or is a legacy one, bound to nothing)
+    why: str  # why it was not issued for this pod ("" when bound)
+    node: str  # where its use counts: spec.nodeName, else the placement's node
+    order: tuple[str, str, str]  # (creationTimestamp, uid, key): the smallest bound claim owns the id
+    # set by gpuledger.core.truth from the node's agentaflow.gpu/device-holders: the placement the pod carries
+    # when `placement` is the kubelet's devices instead, and why its devices are another pod's (then counted
+    # as GPUs of unknown identity)
+    recorded: Placement | None = None
+    displaced: str = ""
+
+    @property
+    def rid(self) -> str:
+        return self.placement.id
+
+
+def claim_of(
+    key: str,
+    placement: Placement | None,
+    unbound: Placement | None,
+    problem: str,
+    node: str,
+    created: str,
+    uid: str,
+) -> Claim | None:
+    """The claim of a pod (its PodUsage's fields), or None when it carries no valid placement."""
+    p = placement or unbound
+    if p is None:
+        return None
+    return Claim(
+        key,
+        p,
+        placement is not None,
+        "" if placement is not None else problem,
+        node or p.node,
+        (created or _NO_TIME, uid, key),
+    )
+
+
+def bound_claim_of_pod(pod: dict, key: bytes | str) -> Claim | None:
+    """The claim of a stored pod that is not terminal and carries a placement validly signed with `key` and
+    issued for it, read straight from the object: `claim_of` of its `kube.pod_usage`, without the usage (a
+    rebuild's pods are nearly all such). None for every other pod, a malformed one included: the general
+    path reads those (the integrity property tests compare both)."""
+    meta = pod.get("metadata")
+    if type(meta) is not dict:
+        return None
+    annotations = meta.get("annotations")
+    if type(annotations) is not dict:
+        return None
+    text = annotations.get(kube.PLACEMENT_ANNOTATION)
+    if type(text) is not str:
+        return None
+    status = pod.get("status")
+    if status and (type(status) is not dict or status.get("phase") in kube.TERMINAL_PHASES):
+        return None
+    spec = pod.get("spec")
+    if spec:
+        if type(spec) is not dict:
+            return None
+        node = spec.get("nodeName") or ""
+    else:
+        node = ""
+    created = meta.get("creationTimestamp") or ""
+    uid = meta.get("uid") or ""
+    if type(node) is not str or type(created) is not str or type(uid) is not str:
+        return None
+    placement = kube.decode_issued_for(text, key, pod)
+    if placement is None:
+        return None
+    pod_key = kube.pod_key_of(meta)
+    return Claim(pod_key, placement, True, "", node or placement.node, (created or _NO_TIME, uid, pod_key))
+
+
+def same_place(a: Placement, b: Placement) -> bool:
+    """Whether two placements hold the same things on the same node."""
+    return (a.node, a.devices, a.shares) == (b.node, b.devices, b.shares)
+
+
+class Claims:
+    """Keeps `books.owner_of` and the foreign holdings true to `books.claims` after every change.
+
+    `adopt(key, placement)` takes over an owner's placement (the adoption module's), `count(key)` is the
+    holder id a colliding owner was counted under instead (dropped when it stops being the owner)."""
+
+    def __init__(
+        self,
+        books: Books,
+        leases: Leases,
+        adopt: Callable[[str, Placement, float, str, Placement | None], None],
+    ):
+        self.books = books
+        self.leases = leases
+        self.adopt = adopt
+        self._settling = False
+        self._freed: set[str] = set()
+        self.truth: Any = None  # gpuledger.core.truth.Truth, told of every claim change
+        # node -> owners counted instead because another holding had their devices (`contend` revisits them)
+        self.bumped: dict[str, set[str]] = {}
+        self.deferred: set[str] | None = None  # nodes to `contend` on once a batch of changes is done
+        self._contending = False
+        books.on_freed = self._on_freed
+        books.on_overlap = self.overlapped
+
+    def _on_freed(self, node: str, hid: str) -> None:
+        if hid.startswith(FOREIGN):
+            return
+        if self._settling:
+            self._freed.add(node)
+        else:
+            self.refresh(node)
+
+    # ------------------------------------------------------------------------------------------ changes
+    def put(self, key: str, claim: Claim | None, now: float) -> None:
+        """The pod `key` now carries `claim` (None: it carries none, or is gone)."""
+        books = self.books
+        if claim is not None and self._first_holder(key, claim):
+            self._own(key, claim, now)
+            return
+        old = books.claims.pop(key, None)
+        if old is None and claim is not None:
+            counted = books.pods.pop(key, None)  # it was counted by its requests until now
+            if counted is not None:
+                self.leases.release(counted)
+        nodes: set[str] = set()
+        rids: list[str] = []
+        if old is not None:
+            holders = tuple(k for k in books.holders_of.get(old.rid, ()) if k != key)
+            if holders:
+                books.holders_of[old.rid] = holders
+            else:
+                books.holders_of.pop(old.rid, None)
+            self._unforeign(old)
+            nodes |= {old.node, old.placement.node}
+            rids.append(old.rid)
+        if claim is not None:
+            books.claims[key] = claim
+            holders = books.holders_of.get(claim.rid, ())
+            if key not in holders:  # a tuple, not a set: most ids have one holder (48 bytes, not 216)
+                books.holders_of[claim.rid] = (*holders, key)
+            if claim.rid not in rids:
+                rids.append(claim.rid)
+        if self.truth is not None:  # a pod the kubelet lists: its devices leave (or join) the node's truth
+            self.truth.claim_changed(key, old, claim)
+        for rid in rids:
+            self.settle(rid, now, nodes)
+        if self.truth is not None:
+            self.truth.refresh_listing(key, {c.node for c in (old, claim) if c is not None})
+        if self.deferred is None and not self.bumped:  # (nothing to defer, nothing to contend)
+            return
+        for node in sorted({c.placement.node for c in (old, claim) if c is not None}):
+            if self.deferred is not None:
+                self.deferred.add(node)
+            elif node in self.bumped:
+                self.contend(now, node)
+
+    def _first_holder(self, key: str, claim: Claim) -> bool:
+        """Whether `put` is the common case of a rebuild: a pod that held nothing, bound to an id nobody holds
+        or has reserved, on nodes without foreign holders or a kubelet's truth. `settle` would then make it
+        the owner and adopt its placement, touching nothing else; `_own` does just that, without the walks
+        (a third of a 500,000-pod rebuild's time). The integrity property tests compare both paths."""
+        books = self.books
+        rid = claim.placement.id
+        return (
+            claim.bound
+            and not claim.displaced
+            and claim.recorded is None
+            and key not in books.claims
+            and key not in books.pods
+            and rid not in books.holders_of
+            and rid not in books.owner_of
+            and rid not in books.reservations
+            and claim.node not in books.foreign_on
+            and claim.placement.node not in books.foreign_on
+            and (self.truth is None or self.truth.quiet(key, claim.node))
+        )
+
+    def _own(self, key: str, claim: Claim, now: float) -> None:
+        """`put` of a first holder (`_first_holder`): what `settle` does for it, in the same order."""
+        books = self.books
+        rid = claim.placement.id
+        books.claims[key] = claim
+        books.holders_of[rid] = (key,)
+        if self.truth is not None:
+            self.truth.claim_changed(key, None, claim)
+        books.owner_of[rid] = claim
+        self._settling = True
+        try:
+            self.adopt(key, claim.placement, now, "", None)
+        finally:
+            self._settling = False
+        freed = self._freed
+        if freed:
+            self._freed = set()
+        if books.foreign_on:  # (a node without foreign holders has nothing to refresh: every rebuild's pod)
+            for node in sorted({claim.node, claim.placement.node} | freed):
+                if node in books.foreign_on:
+                    self.refresh(node)
+        if self.deferred is not None:
+            self.deferred.add(claim.placement.node)
+        elif claim.placement.node in self.bumped:
+            self.contend(now, claim.placement.node)
+
+    def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
+        """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
+        books = self.books
+        keys = books.holders_of.get(rid, ())
+        if len(keys) == 1:  # almost always (a rebuild: every id): no sort
+            holders = [books.claims[keys[0]]]
+        else:
+            holders = sorted((books.claims[k] for k in keys), key=lambda c: c.order)
+        owner = next((c for c in holders if c.bound), None)
+        nodes = set(nodes)
+        for c in holders:
+            nodes.add(c.node)
+            nodes.add(c.placement.node)
+        old = books.owner_of.get(rid)
+        if old is not None:
+            nodes.add(old.placement.node)
+        foreign_on = books.foreign_on
+        self._settling = True
+        try:
+            for node in sorted(nodes):
+                if node in foreign_on:  # (clearing a node without foreign holders does nothing)
+                    self._clear(node)
+            if old is not None and (
+                owner is None
+                or owner.key != old.key
+                or owner.placement != old.placement
+                or owner.displaced != old.displaced
+            ):
+                del books.owner_of[rid]
+                counted = books.pods.pop(old.key, None)
+                if counted is not None:
+                    self.leases.release(counted)
+                if owner is None or owner.placement != old.placement:
+                    self.leases.release(rid)
+            if owner is not None:
+                books.owner_of[rid] = owner
+                res = books.reservations.get(rid)
+                if res is not None and not owner.displaced and same_place(res.placement, owner.placement):
+                    self.leases.confirm(rid, now)
+                elif owner.key not in books.pods:
+                    if res is not None:  # held elsewhere than the pod is (a pending one moved): the pod wins
+                        self.leases.release(rid)
+                    self.adopt(owner.key, owner.placement, now, owner.displaced, owner.recorded)
+            for c in holders:
+                if owner is not None and c.key == owner.key:
+                    self._unforeign(c)
+                else:
+                    books.foreign_on.setdefault(c.node, set()).add(c.key)
+        finally:
+            self._settling = False
+        nodes |= self._freed
+        self._freed = set()
+        for node in sorted(nodes):
+            if node in foreign_on:  # (refreshing a node without foreign holders does nothing)
+                self.refresh(node)
+
+    # ------------------------------------------------------------------------------------------ contention
+    def bump(self, key: str, node: str) -> None:
+        """The owner `key` is counted instead: another holding has devices its placement names on `node`."""
+        self.bumped.setdefault(node, set()).add(key)
+
+    def overlapped(self, node: str, hids: set[str]) -> None:
+        """A node (re)appeared with holdings that overlap (held while the ledger did not know the node)."""
+        keys = {self.books.owner_of[h].key for h in hids if h in self.books.owner_of}
+        self.contend(self.books.last_now if self.books.last_now > float("-inf") else 0.0, node, keys)
+
+    def contend(self, now: float, node: str, extra: Iterable[str] = ()) -> None:
+        """Give the devices of `node` that owners of different ids contend for canonically: in claim order
+        (creation time, uid, key), each owner holds its devices where no earlier one (and no confirmed holding
+        outside the contest) has them, and the others are counted instead, whatever order the changes came in.
+        Only the bumped owners and the owners holding what they want take part: a rebuild stays linear."""
+        books = self.books
+        state = books.index.nodes.get(node)
+        if self._contending or state is None:
+            return
+        members = {k: c for k in self.bumped.pop(node, set()) | set(extra) if (c := self._member(k, node))}
+        for c in list(members.values()):
+            for d in c.placement.devices:
+                pos = state.pos.get(d)
+                hid = state.dev_owner[pos] if pos is not None else None
+                owner = books.owner_of.get(hid) if hid is not None else None
+                if owner is not None and owner.key not in members and self._member(owner.key, node):
+                    members[owner.key] = owner
+        if not members:
+            return
+        contest = sorted(members.values(), key=lambda c: c.order)
+        rids = {c.rid for c in contest}
+        taken: set[int] = set()
+        for hid in books.node_holders.get(node, ()):
+            if hid not in rids and not self._gives_way(hid):
+                h = books.holdings[hid]
+                taken.update(h.devices)
+                taken.update(s.device for s in h.shares)
+        changed = False
+        for c in contest:
+            wins = not taken.intersection(c.placement.devices)
+            taken.update(c.placement.devices)
+            changed |= wins != (c.key not in books.pods and c.rid in books.holdings)
+            if not wins:
+                self.bump(c.key, node)
+        if not changed:
+            return
+        self._contending = True
+        try:
+            self.bumped.pop(node, None)
+            for c in contest:  # all out, then back in claim order (adopting counts a loser instead again)
+                counted = books.pods.pop(c.key, None)
+                if counted is not None:
+                    self.leases.release(counted)
+                self.leases.release(c.rid)
+            for c in contest:
+                self.settle(c.rid, now)
+        finally:
+            self._contending = False
+        if self.truth is not None:
+            self.truth.refresh(node)
+
+    def _member(self, key: str, node: str) -> Claim | None:
+        """The claim of `key` when it owns its id and holds (or would hold) whole devices of `node` alone."""
+        c = self.books.claims.get(key)
+        if c is None or c.displaced or c.placement.node != node or c.placement.shares or c.placement.group:
+            return None
+        owner = self.books.owner_of.get(c.rid)
+        return c if owner is not None and owner.key == key else None
+
+    def _gives_way(self, hid: str) -> bool:
+        """Whether an owner's adoption moves the holding `hid` aside (or, foreign use, recounts it after)."""
+        books = self.books
+        if hid.startswith((TRUTH, FOREIGN)) or (hid in books.slot_of and hid not in books.reservations):
+            return True
+        res = books.reservations.get(hid)
+        return res is not None and res.state == ReservationState.RESERVED
+
+    def _unforeign(self, c: Claim) -> None:
+        books = self.books
+        keys = books.foreign_on.get(c.node)
+        if keys is not None and c.key in keys:
+            books.unhold(FOREIGN + c.key)
+            keys.discard(c.key)
+            if not keys:
+                del books.foreign_on[c.node]
+
+    def _clear(self, node: str) -> None:
+        for key in sorted(self.books.foreign_on.get(node, ())):
+            self.books.unhold(FOREIGN + key)
+
+    def refresh(self, node: str) -> None:
+        """Recount the foreign holders on `node` from scratch, in claim order, around what else is held."""
+        books = self.books
+        self._clear(node)
+        keys = books.foreign_on.get(node)
+        if not keys:
+            books.foreign_on.pop(node, None)
+            return
+        taken: set[int] = set()
+        for hid in books.node_holders.get(node, ()):
+            h = books.holdings[hid]
+            taken.update(h.devices)
+            taken.update(s.device for s in h.shares)
+        for c in sorted((books.claims[k] for k in keys), key=lambda c: c.order):
+            p = c.placement
+            devices: list[int] = []
+            shares: tuple[DeviceShare, ...] = ()
+            unknown = 0
+            if c.displaced:  # the node's kubelet says another pod holds its devices
+                unknown = len(p.devices) + (1 if p.shares else 0)
+            elif c.node == p.node:
+                for d in p.devices:
+                    if d in taken:
+                        unknown += 1
+                    else:
+                        devices.append(d)
+                        taken.add(d)
+                if p.shares:
+                    if any(s.device in taken for s in p.shares):
+                        unknown += 1
+                    else:
+                        shares = p.shares
+                        taken.update(s.device for s in p.shares)
+            else:  # running somewhere its placement does not name: which GPUs it uses is unknown
+                unknown = len(p.devices) + (1 if p.shares else 0)
+            books.hold(
+                Holding(FOREIGN + c.key, node, tuple(devices), shares, p.cpu_milli, p.memory_mib, unknown)
+            )
+
+    # ------------------------------------------------------------------------------------------ views
+    def conflicts(self) -> list[list[str]]:
+        """[pod, reservation id, why] for every holder that is not its id's owner, sorted."""
+        books = self.books
+        if len(books.claims) == len(books.owner_of):  # every holder owns its id (stats counts it so too)
+            return []  # the common case, without a walk over every reservation (status reports it often)
+        out = []
+        for rid, keys in books.holders_of.items():
+            owner = books.owner_of.get(rid)
+            for key in keys:
+                if owner is not None and owner.key == key:
+                    continue
+                c = books.claims[key]
+                why = c.why or (
+                    f"reservation {rid} belongs to pod {owner.key}, its earliest created holder"
+                    if owner is not None
+                    else "no holder was issued this placement"
+                )
+                out.append([key, rid, why])
+        return sorted(out)

@@ -1,0 +1,179 @@
+"""Per-node filters: the static verdicts (readiness, product, GPU memory, selectors, taints), cached per
+request shape and node, and the dynamic one (free cpu, memory and devices), read from the node's free state.
+Filters judge one node for one request: they never choose between nodes and never change what is held.
+"""
+
+from __future__ import annotations
+
+from gpuledger.core import objects as kube
+from gpuledger.core.annotation_values import NETWORK_BANDWIDTH_LABEL, node_bandwidth_gbps
+from gpuledger.core.books import Books, StaticVerdicts
+from gpuledger.core.model import MILLI_PER_GPU, Reason, Request, Taint
+from gpuledger.core.node_state import NodeState
+from gpuledger.core.plugin import ScoreContext, Strategy, device_ok, product_matches
+
+HARD_EFFECTS = ("NoSchedule", "NoExecute")
+FILTER_CACHE_LIMIT = 256
+
+
+class Filters:
+    """The static filter cache over the books' nodes, and what a strategy may know beyond one node."""
+
+    def __init__(self, books: Books):
+        self.books = books
+
+    def context(self, request: Request) -> ScoreContext:
+        books = self.books
+        return ScoreContext(
+            index=books.index,
+            seed=request.seed,
+            request_id=request.id,
+            rr_cursor=books.rr_cursor,
+            priority_headroom=books.config.priority_headroom,
+            balanced_weights=books.config.balanced_weights,
+            performance=books.performance,
+            extra=books.context_extra,
+            now=books.last_now,
+            utilization_max_age_s=getattr(books.config, "utilization_max_age_s", 120.0),
+        )
+
+    def static(self, node: NodeState, req: Request) -> tuple[Reason | None, tuple[Taint, ...]]:
+        """Reasons that do not change with allocations (cached per request shape and node)."""
+        cache = self.static_cache(req)
+        hit = cache.get(node.name)
+        if hit is None:
+            hit = cache[node.name] = self.static_uncached(node, req)
+        return hit
+
+    def static_cache(self, req: Request) -> StaticVerdicts:
+        sig = static_signature(req)
+        filter_cache = self.books.filter_cache
+        cache = filter_cache.get(sig)
+        if cache is None:
+            if len(filter_cache) >= FILTER_CACHE_LIMIT:
+                filter_cache.clear()
+            cache = filter_cache[sig] = {}
+        return cache
+
+    def static_uncached(self, node: NodeState, req: Request) -> tuple[Reason | None, tuple[Taint, ...]]:
+        info = node.info
+        if not info.ready or info.unschedulable:
+            return Reason.NOT_READY, ()
+        if req.needs_gpu and not info.gpu_schedulable:
+            return Reason.NOT_GPU_SCHEDULABLE, ()
+        if req.product and not product_matches(
+            req.product,
+            info.product,
+            info.label(kube.ACCELERATOR_LABEL, "") or "",
+            *(d.product for d in info.devices),
+        ):
+            return Reason.PRODUCT_MISMATCH, ()
+        if req.gpu_memory_mib and req.needs_gpu:
+            sizes = [d.memory_mib for d in info.devices if d.healthy]
+            if sizes and all(s and s < req.gpu_memory_mib for s in sizes):
+                return Reason.GPU_MEMORY_TOO_SMALL, ()
+        if req.network_bandwidth_gbps is not None:
+            have = node_bandwidth_gbps(info.label(NETWORK_BANDWIDTH_LABEL))
+            if have is None or have < req.network_bandwidth_gbps:
+                return Reason.NETWORK_BANDWIDTH, ()
+        if req.node_selector or req.affinity_terms:
+            labels = info.label_map
+            if any(labels.get(k) != v for k, v in req.node_selector):
+                return Reason.SELECTOR, ()
+            if req.affinity_terms and not any(
+                all(requirement_matches(r, labels) for r in term) for term in req.affinity_terms
+            ):
+                return Reason.SELECTOR, ()
+        tolerated: list[Taint] = []
+        for taint in info.taints:
+            if taint.effect not in HARD_EFFECTS or any(t.tolerates(taint) for t in req.tolerations):
+                continue
+            if req.needs_gpu and taint.key in self.books.config.tolerated_gpu_taint_keys:
+                tolerated.append(taint)
+                continue
+            return Reason.TAINT, ()
+        return None, tuple(tolerated)
+
+
+def dynamic(node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):
+    """(fit, reasons) from the node's current free state."""
+    reasons = []
+    if req.latency_sensitive and any(node.dev_nshares):
+        reasons.append(Reason.SHARED_GPUS)  # a latency-sensitive pod takes no node whose GPUs others share
+    if node.cpu_free < req.cpu_milli:
+        reasons.append(Reason.NOT_ENOUGH_CPU)
+    if node.mem_free < req.memory_mib:
+        reasons.append(Reason.NOT_ENOUGH_MEMORY)
+    fit = strategy.choose_devices(node, req, ctx)
+    if fit is None:
+        if req.gpus > 0:
+            ndev = len(node.dev_index)
+            if not req.product and not req.gpu_memory_mib and node.total_milli == ndev * MILLI_PER_GPU:
+                usable = ndev  # every device healthy and nothing else asked of them
+            else:
+                usable = sum(1 for p in range(ndev) if device_ok(node, p, req))
+            if node.external and node.whole_free + external_free(node) >= req.gpus:
+                reasons.append(Reason.EXTERNAL_GPU_USE)  # it would fit but for processes outside Kubernetes
+            elif usable < req.gpus <= ndev:
+                reasons.append(Reason.UNHEALTHY_DEVICE)
+            else:
+                reasons.append(Reason.NOT_ENOUGH_GPUS)
+        else:
+            reasons.append(Reason.NOT_ENOUGH_GPU_SHARE)
+    return fit, reasons
+
+
+def external_free(node: NodeState) -> int:
+    """Devices nobody in the ledger holds that processes outside Kubernetes use (not placed on)."""
+    pos = node.pos
+    return sum(
+        1
+        for d in node.external
+        if d in pos and node.dev_owner[pos[d]] is None and not node.dev_nshares[pos[d]]
+    )
+
+
+def unplaceable_reason(node: NodeState) -> Reason:
+    """Why a node that is not placeable takes nothing."""
+    info = node.info
+    return Reason.NOT_READY if (not info.ready or info.unschedulable) else Reason.NOT_GPU_SCHEDULABLE
+
+
+def tolerated_gpu_taints(node: NodeState, keys: tuple[str, ...]) -> tuple[Taint, ...]:
+    """The node's hard GPU taints the ledger tolerates on a pod's behalf."""
+    return tuple(t for t in node.info.taints if t.effect in HARD_EFFECTS and t.key in keys)
+
+
+def static_signature(req: Request) -> tuple:
+    """What the static filters read from a request: requests equal here get the same static verdicts."""
+    return (
+        req.product,
+        req.gpu_memory_mib,
+        req.gpus > 0,
+        req.needs_gpu,
+        req.node_selector,
+        req.affinity_terms,
+        req.tolerations,
+        req.network_bandwidth_gbps,
+        req.latency_sensitive,
+    )
+
+
+def requirement_matches(req, labels: dict[str, str]) -> bool:
+    value = labels.get(req.key)
+    op = req.operator
+    if op == "In":
+        return value is not None and value in req.values
+    if op == "NotIn":
+        return value is None or value not in req.values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        try:
+            have, bound = int(value), int(req.values[0])  # type: ignore[arg-type]
+        except (TypeError, ValueError, IndexError):
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False

@@ -1,0 +1,366 @@
+"""Gangs: a multi-pod group placed all-or-nothing over the leaf/spine topology, held slot by slot until its
+pods claim them, and a missing slot re-placed near the group. Gangs only decide and commit: they never
+release or expire a slot (the leases do).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from gpuledger.core.annotation_values import GPU_COUNT, GPU_MEMORY, GPU_MILLI
+from gpuledger.core.books import Books, GroupState, Reservation, slot_hid
+from gpuledger.core.diagnosis import Diagnoser, describe
+from gpuledger.core.filters import dynamic, tolerated_gpu_taints
+from gpuledger.core.leaf_caps import LeafCaps
+from gpuledger.core.model import Denial, GroupSlot, Placement, Reason, Request, ReservationState, Taint
+from gpuledger.core.node_state import Holding, LeafKey
+from gpuledger.core.selection import Choice, Selector, device_uuids, placement
+from gpuledger.core.topology import plan_leaves
+
+
+@dataclass
+class GroupPlan:
+    key: str
+    slots: list[tuple[int, Choice]]
+    strategy: str
+    deadline: float
+
+
+@dataclass
+class SlotClaim:
+    group: str
+    slot: int
+    new: Choice | None  # None = an unclaimed slot of the plan; else a new slot placed now
+
+
+class Gangs:
+    """Plans a new gang over the topology, or a claim of one of a known gang's slots, and commits either."""
+
+    def __init__(self, books: Books, selector: Selector, diagnoser: Diagnoser):
+        self.books = books
+        self.selector = selector
+        self.diagnoser = diagnoser
+        self.leaf_caps = LeafCaps(books.index)  # per gang shape, each leaf's bound, kept current
+
+    def decide_group(self, req, strategy, name, ctx, now):
+        books = self.books
+        group = books.groups.get(req.group.key)
+        if group is not None:
+            return self.decide_claim(req, group, strategy, name, ctx)
+        spec = req.group
+        per_pod = req.gpus
+        # the leaf rules count nodes (max_nodes_per_leaf) and GPUs (max_gpus_per_leaf); pods of the gang may
+        # share a node whenever its free devices hold more than one of them
+        node_limit = spec.max_nodes_per_leaf or spec.size
+        pod_limit = spec.size
+        if spec.max_gpus_per_leaf and per_pod:
+            pod_limit = min(pod_limit, spec.max_gpus_per_leaf // per_pod)
+        if pod_limit <= 0:
+            return Denial(
+                id=req.id,
+                message=(
+                    f"group {spec.key}: max_gpus_per_leaf={spec.max_gpus_per_leaf} cannot hold even one pod "
+                    f"of {per_pod} GPU(s)"
+                ),
+                by_reason=((Reason.LEAF_CONSTRAINT, len(books.index.nodes)),),
+                strategy=name,
+            )
+        topo = books.topology()
+        spread = name == "distributed"
+        exact: dict[LeafKey, list[list[Choice]]] = {}  # leaf -> per node (best first) the pods it can take
+
+        def per_node(free: int) -> int:
+            return min(free // per_pod, pod_limit) if per_pod else 1  # a shared pod: one per node
+
+        def exact_choices(leaf: LeafKey) -> list[list[Choice]]:
+            got = exact.get(leaf)
+            if got is None:
+                got = []
+                b = books.index.leaves.get(leaf)
+                if b is not None:
+                    for k, names in b.by_free.items():
+                        if k < per_pod:
+                            continue
+                        for nm in names:
+                            fits = self.node_fits(books.index.nodes[nm], req, strategy, ctx, per_node(k))
+                            if fits:
+                                got.append(fits)
+                got.sort(key=lambda fits: (-fits[0].score, fits[0].node.name))
+                exact[leaf] = got
+            return got
+
+        def capacity(leaf: LeafKey) -> int:
+            return min(sum(len(fits) for fits in exact[leaf][:node_limit]), pod_limit)
+
+        def attempt(leaves_allowed: set[LeafKey] | None):
+            caps, spines = self.leaf_caps.bounds(topo, per_pod, node_limit, pod_limit)
+            if leaves_allowed is not None:
+                caps = {leaf: cap for leaf, cap in caps.items() if leaf in leaves_allowed}
+                spines = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
+            for leaf in exact:
+                if leaf in caps:
+                    new = capacity(leaf)
+                    spines[leaf[0]] += new - caps[leaf]
+                    caps[leaf] = new
+            while True:
+                plan = plan_leaves(topo, caps, spec.size, spread, req.latency_sensitive, spines)
+                if plan is None:
+                    return None
+                stale = [leaf for leaf, _ in plan if leaf not in exact]
+                if not stale:
+                    return plan
+                for leaf in stale:
+                    exact_choices(leaf)
+                    new = capacity(leaf)
+                    spines[leaf[0]] += new - caps[leaf]
+                    caps[leaf] = new
+
+        domain = self.selector.domain_leaves(req.preferred_domain)
+        plan = attempt(set(domain)) if domain else None
+        if plan is None:
+            plan = attempt(None)
+        if plan is None:
+            counts, near, fitting = self.diagnoser.diagnose(req, strategy, ctx)
+            if fitting:
+                counts[Reason.LEAF_CONSTRAINT] += fitting
+            limits = []
+            if spec.max_nodes_per_leaf:
+                limits.append(f"max {spec.max_nodes_per_leaf} node(s) per leaf")
+            if spec.max_gpus_per_leaf:
+                limits.append(f"max {spec.max_gpus_per_leaf} GPU(s) per leaf")
+            prefix = (
+                f"no placement for group {spec.key}: {spec.size} pods x {describe(req)}"
+                f"{' (' + ', '.join(limits) + ')' if limits else ''}, with strategy {name}; "
+                f"{fitting} node(s) could take one pod"
+            )
+            return self.diagnoser.denial(req, name, counts, near, prefix=prefix)
+        slots: list[tuple[int, Choice]] = []
+        for leaf, n in plan:
+            for choice in deal(exact[leaf][:node_limit], n, spread):
+                slots.append((len(slots), choice))
+        return GroupPlan(spec.key, slots, name, now + books.config.reservation_ttl_s)
+
+    def node_fits(self, node, req: Request, strategy, ctx, limit: int) -> list[Choice]:
+        """The successive places up to `limit` pods of one gang take on one node (its first pod's choice,
+        then each next one with the ones before it held). Holds are tried on the node and undone at once."""
+        first = self.selector.try_node(node, req, strategy, ctx)
+        if first is None:
+            return []
+        out = [first]
+        probes: list[str] = []
+        try:
+            while len(out) < limit:
+                last = out[-1]
+                hid = f"{req.id}#probe{len(out)}"
+                node.apply(
+                    Holding(hid, node.name, last.fit.devices, last.fit.shares, req.cpu_milli, req.memory_mib)
+                )
+                probes.append(hid)
+                fit, reasons = dynamic(node, req, strategy, ctx)
+                if reasons:
+                    break
+                out.append(Choice(node, fit, strategy.score(node, req, fit, ctx), first.taints))
+        finally:
+            for hid in reversed(probes):
+                node.remove(hid)
+        return out
+
+    def group_placement(self, gp: GroupPlan, req: Request, slot: int, pid: str, deadline: float) -> Placement:
+        plan = tuple(
+            GroupSlot(
+                i,
+                c.node.name,
+                c.fit.devices,
+                device_uuids(c.node, [*c.fit.devices, *(s.device for s in c.fit.shares)]),
+                c.fit.shares,
+            )
+            for i, c in gp.slots
+        )
+        choice = gp.slots[slot][1]
+        p = placement(
+            req, choice, gp.strategy, group=gp.key, slot=slot, group_plan=plan, group_deadline=deadline
+        )
+        return p
+
+    def commit_group(self, gp: GroupPlan, req: Request, now: float) -> Placement:
+        books = self.books
+        first = self.group_placement(gp, req, 0, req.id, gp.deadline)
+        group = GroupState(
+            key=gp.key,
+            slots={s.slot: s for s in first.group_plan},
+            claims={},
+            deadline=gp.deadline,
+            cpu_milli=req.cpu_milli,
+            memory_mib=req.memory_mib,
+            strategy=gp.strategy,
+        )
+        books.groups[gp.key] = group
+        group.slot_taints = {i: c.taints for i, c in gp.slots}
+        for s in first.group_plan:
+            hid = req.id if s.slot == 0 else slot_hid(gp.key, s.slot)
+            group.claims[s.slot] = req.id if s.slot == 0 else None
+            books.slot_of[hid] = (gp.key, s.slot)
+            books.hold(Holding(hid, s.node, s.devices, s.shares, req.cpu_milli, req.memory_mib))
+        books.reservations[req.id] = Reservation(first, ReservationState.RESERVED, now)
+        books.pending[req.id] = now
+        return first
+
+    def taints_for(self, group: GroupState, slot: int) -> tuple[Taint, ...]:
+        if slot in group.slot_taints:
+            return group.slot_taints[slot]
+        node = self.books.index.nodes.get(group.slots[slot].node)
+        if node is None:
+            return ()
+        return tolerated_gpu_taints(node, self.books.config.tolerated_gpu_taint_keys)
+
+    def decide_claim(self, req, group: GroupState, strategy, name, ctx):
+        differs = shape_mismatch(group, req)
+        if differs:
+            return Denial(id=req.id, message=differs, strategy=name)
+        free = sorted(s for s, who in group.claims.items() if who is None)
+        if free:
+            return SlotClaim(group.key, free[0], None)
+        size = len(group.slots) if group.slots else req.group.size
+        live = len([s for s in group.claims if group.claims[s] is not None])
+        if live >= max(size, req.group.size):
+            return Denial(
+                id=req.id,
+                message=(
+                    f"group {group.key} already has {live} pod(s) placed in {live} slot(s); a new pod of the "
+                    "group "
+                    "gets a slot when one of them is released"
+                ),
+                by_reason=((Reason.LEAF_CONSTRAINT, 1),),
+                strategy=name,
+            )
+        # re-place one missing slot near the group: its leaves first, leaf limits (nodes, GPUs per leaf) kept
+        nodes = self.books.index.nodes
+        leaf_nodes: dict[LeafKey, set[str]] = {}
+        leaf_gpus: Counter[LeafKey] = Counter()
+        for s in group.slots.values():
+            n = nodes.get(s.node)
+            if n is not None:
+                leaf_nodes.setdefault(n.leaf_key, set()).add(s.node)
+                leaf_gpus[n.leaf_key] += len(s.devices)
+        spec = req.group
+        exclude = set()
+        for n in nodes.values():
+            used = leaf_nodes.get(n.leaf_key, set())
+            gpus_full = spec.max_gpus_per_leaf and leaf_gpus[n.leaf_key] + req.gpus > spec.max_gpus_per_leaf
+            nodes_full = (
+                spec.max_nodes_per_leaf and len(used) >= spec.max_nodes_per_leaf and n.name not in used
+            )
+            if gpus_full or nodes_full:
+                exclude.add(n.name)
+        group_leaves = sorted(leaf_nodes)
+        select = self.selector.select
+        choice = select(req, strategy, ctx, group_leaves, exclude) if group_leaves else None
+        if choice is None:
+            choice = select(req, strategy, ctx, None, exclude)
+        if choice is None:
+            counts, near, _ = self.diagnoser.diagnose(req, strategy, ctx, exclude)
+            prefix = f"no node for a new pod of group {group.key}"
+            return self.diagnoser.denial(req, name, counts, near, prefix=prefix)
+        slot = next(i for i in range(len(group.slots) + 1) if i not in group.slots)
+        return SlotClaim(group.key, slot, choice)
+
+    def claim_placement(self, claim: SlotClaim, req: Request) -> Placement:
+        group = self.books.groups[claim.group]
+        if claim.new is not None:
+            c = claim.new
+            slot = GroupSlot(
+                claim.slot,
+                c.node.name,
+                c.fit.devices,
+                device_uuids(c.node, [*c.fit.devices, *(s.device for s in c.fit.shares)]),
+                c.fit.shares,
+            )
+            plan = tuple(sorted([*group.slots.values(), slot], key=lambda s: s.slot))
+            taints = c.taints
+        else:
+            slot = group.slots[claim.slot]
+            plan = group.plan()
+            taints = self.taints_for(group, claim.slot)
+        return Placement(
+            id=req.id,
+            node=slot.node,
+            devices=slot.devices,
+            shares=slot.shares,
+            uuids=slot.uuids,
+            cpu_milli=group.cpu_milli,
+            memory_mib=group.memory_mib,
+            group=group.key,
+            slot=claim.slot,
+            strategy=group.strategy,
+            tolerated_taints=taints,
+            group_plan=plan,
+            group_deadline=group.deadline,
+        )
+
+    def commit_claim(self, claim: SlotClaim, req: Request, now: float) -> Placement:
+        books = self.books
+        group = books.groups[claim.group]
+        placed = self.claim_placement(claim, req)
+        if claim.new is None:
+            books.unhold(slot_hid(group.key, claim.slot))
+            books.slot_of.pop(slot_hid(group.key, claim.slot), None)
+        else:
+            group.slots[claim.slot] = placed.group_plan[[s.slot for s in placed.group_plan].index(claim.slot)]
+        group.claims[claim.slot] = req.id
+        books.slot_of[req.id] = (group.key, claim.slot)
+        books.hold(
+            Holding(req.id, placed.node, placed.devices, placed.shares, group.cpu_milli, group.memory_mib)
+        )
+        books.reservations[req.id] = Reservation(placed, ReservationState.RESERVED, now)
+        books.pending[req.id] = now
+        return placed
+
+
+def pod_shape(gpus: int, shares: tuple[tuple[int, int], ...]) -> str:
+    """One gang pod's GPUs, (whole GPUs, ((milli, memory MiB) of each share)), in the words of a denial."""
+    if shares:
+        return " + ".join(f"a share of {milli} milli-GPU and {mem} MiB GPU memory" for milli, mem in shares)
+    return f"{gpus} whole GPU(s)"
+
+
+def shape_mismatch(group: GroupState, req: Request) -> str:
+    """Why `req` cannot take a slot of `group` ('' when it can): every slot of a gang was planned for one
+    pod shape (whole GPUs per pod, or one share's milli/memory), so a pod asking for another would be handed
+    a slot of the wrong size."""
+    if not group.slots:  # restored from a pod that could not keep its place (counted instead): no shape
+        return ""
+    first = group.slots[min(group.slots)]
+    have = (len(first.devices), tuple((s.milli, s.memory_mib) for s in first.shares))
+    want = (req.gpus, ((req.gpu_milli, req.gpu_memory_mib),) if req.is_shared else ())
+    if have == want:
+        return ""
+    if not have[1] and not want[1]:  # the count comes from gpu-count or the containers' GPU limits
+        what, accepted = f"{GPU_COUNT}={req.gpus}", f"{have[0]}, the group's GPU count per pod"
+    elif len(have[1]) == 1 and want[1]:
+        ((milli, memory),) = have[1]
+        if milli != req.gpu_milli:
+            what, accepted = f"{GPU_MILLI}={req.gpu_milli}", f"{milli}, the group's share per pod"
+        else:
+            what, accepted = f"{GPU_MEMORY}={req.gpu_memory_mib}MiB", f"{memory}MiB, the group's per pod"
+    else:  # whole GPUs against a share
+        what = f"{GPU_COUNT}={req.gpus}, {GPU_MILLI}={req.gpu_milli}, {GPU_MEMORY}={req.gpu_memory_mib}MiB"
+        accepted = f"{pod_shape(*have)} per pod, as the group's other pods"
+    return (
+        f"group {group.key}: {what} differs from the group's: its slots were planned for {pod_shape(*have)} "
+        f"per pod and this pod asks for {pod_shape(*want)}; accepted: {accepted}"
+    )
+
+
+def deal(nodes: list[list[Choice]], n: int, spread: bool) -> list[Choice]:
+    """`n` pods of a gang over one leaf's nodes (best first, each with the places it has for the gang's pods):
+    packed (each node filled before the next: fewest nodes) or, for `distributed`, one pod per node in
+    turn."""
+    if not spread:
+        return [c for fits in nodes for c in fits][:n]
+    out: list[Choice] = []
+    depth = 0
+    while len(out) < n and any(len(fits) > depth for fits in nodes):
+        out += [fits[depth] for fits in nodes if len(fits) > depth][: n - len(out)]
+        depth += 1
+    return out

@@ -1,0 +1,239 @@
+"""The GPU ledger: one consistent view of every node's free GPUs, and the reservations that use them.
+
+Admission asks `reserve`; the cluster's own objects (`apply_object`/`delete_object`) confirm, count and
+release; unconfirmed reservations `expire` after a TTL. Everything is keyed by the caller's id, `now` is an
+argument, and `rebuild(objects)` reproduces the live state from nodes and pods alone (`snapshot()`
+equality), because every placement is also written, signed, on its pod.
+
+This module is the facade only: it wires the parts over one set of books and keeps no logic of its own.
+The books (`books`), per-node filters (`filters`), candidate selection (`selection`), denials (`diagnosis`),
+decisions (`decisions`), gangs (`gangs`), leases (`leases`), following the cluster (`adoption`) and
+totals (`stats`) each live in their own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import is_dataclass, replace
+from typing import Any
+
+from gpuledger.core.adoption import Adoption
+from gpuledger.core.books import Books, GroupState, LedgerConfig, Reservation, slot_hid
+from gpuledger.core.decisions import Decider
+from gpuledger.core.diagnosis import Diagnoser
+from gpuledger.core.filters import Filters
+from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
+from gpuledger.core.leases import Leases
+from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
+from gpuledger.core.selection import Selector
+from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
+from gpuledger.core.steps import Steps, drain
+from gpuledger.core.topology import Topology
+
+__all__ = [
+    "DomainStats",
+    "GroupState",
+    "Ledger",
+    "LedgerConfig",
+    "LedgerStats",
+    "Reservation",
+    "slot_hid",
+]
+
+
+def _shared(name: str, doc: str) -> property:
+    """A ledger attribute that is the books' own (read and replaced there, where every part reads it)."""
+
+    def get(self: Ledger) -> Any:
+        return getattr(self._books, name)
+
+    def set(self: Ledger, value: Any) -> None:
+        setattr(self._books, name, value)
+
+    return property(get, set, doc=doc)
+
+
+def _parts(ledger: Ledger) -> list[object]:
+    """The ledger's parts: the objects of gpuledger.core's classes (not values: dataclasses) reachable from it
+    through attributes and callbacks (a bound method's object)."""
+    found: dict[int, object] = {}
+    todo: list[object] = [ledger]
+    while todo:
+        obj = todo.pop()
+        obj = getattr(obj, "__self__", obj)
+        if id(obj) in found or is_dataclass(obj) or not type(obj).__module__.startswith("gpuledger.core."):
+            continue
+        attributes = getattr(obj, "__dict__", None)
+        if attributes is None:
+            continue
+        found[id(obj)] = obj
+        todo.extend(attributes.values())
+    return list(found.values())
+
+
+class Ledger:
+    config = _shared("config", "the LedgerConfig")
+    index = _shared("index", "every node's free state (ClusterIndex)")
+    performance = _shared("performance", "node -> historical performance in [0, 1] (strategy balanced)")
+    context_extra = _shared("context_extra", "inputs for plug-in strategies (ScoreContext.extra)")
+    problems = _shared("problems", "malformed cluster data seen, newest last")
+
+    def __init__(self, config: LedgerConfig | None = None):
+        books = self._books = Books(config or LedgerConfig())
+        filters = self._filters = Filters(books)
+        selector = self._selector = Selector(books, filters)
+        diagnoser = self._diagnoser = Diagnoser(books, filters)
+        gangs = self._gangs = Gangs(books, selector, diagnoser)
+        self._decider = Decider(books, filters, selector, diagnoser, gangs)
+        leases = self._leases = Leases(books)
+        self._adoption = Adoption(books, leases)
+
+    # ------------------------------------------------------------------------------------------ inventory
+    def upsert_node(self, node: NodeInfo) -> None:
+        self._books.upsert_node(node)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node's capacity; what is held on it stays recorded and returns if the node does."""
+        self._books.remove_node(name)
+
+    def topology(self) -> Topology:
+        return self._books.topology()
+
+    # ------------------------------------------------------------------------------------------ admission
+    def reserve(self, request: Request, now: float) -> Placement | Denial:
+        """Reserve for `request.id` (idempotent: a known id returns its placement)."""
+        books = self._books
+        books.last_now = max(books.last_now, now)
+        existing = books.reservations.get(request.id)
+        if existing is not None:
+            return existing.placement
+        decision = self._decider.decide(request, now)
+        if isinstance(decision, Denial):
+            return decision
+        if isinstance(decision, GroupPlan):
+            return self._gangs.commit_group(decision, request, now)
+        if isinstance(decision, SlotClaim):
+            return self._gangs.commit_claim(decision, request, now)
+        return self._leases.hold_reserved(decision, now)
+
+    def explain(self, request: Request, with_scores: bool = True) -> Explanation:
+        """The decision `reserve` would make now, with every node's score or reasons; reserves nothing.
+        `with_scores=False` skips the per-node table (a dry run needs only the decision)."""
+        return self._decider.explain(request, with_scores)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def get(self, id: str) -> Placement | None:
+        res = self._books.reservations.get(id)
+        return None if res is None else res.placement
+
+    def issued(self, id: str) -> Placement | None:
+        """The placement as admission issued it (what its pod carries), even where the ledger has since moved
+        a pending reservation off a device the node's kubelet gives another pod."""
+        res = self._books.reservations.get(id)
+        return None if res is None else res.issued or res.placement
+
+    def state_of(self, id: str) -> ReservationState | None:
+        res = self._books.reservations.get(id)
+        return None if res is None else res.state
+
+    def confirm(self, id: str, now: float) -> bool:
+        """A stored pod carrying `id` was seen: the reservation no longer expires."""
+        return self._leases.confirm(id, now)
+
+    def release(self, id: str) -> bool:
+        """Free what `id` holds (a reservation, an unclaimed group slot id, or a counted pod). Idempotent."""
+        return self._leases.release(id)
+
+    def expiry_candidates(self, now: float) -> list[str]:
+        """Ids of unconfirmed reservations older than the TTL, and unclaimed group slots past the deadline."""
+        return self._leases.expiry_candidates(now)
+
+    def expire(self, now: float) -> list[str]:
+        return self._leases.expire(now)
+
+    # ---------------------------------------------------------------------------------------- cluster objects
+    def apply_object(self, obj: dict, now: float) -> None:
+        """An ADDED/MODIFIED Node or Pod (or a List of them)."""
+        self._adoption.apply_object(obj, now)
+
+    def delete_object(self, obj: dict) -> None:
+        self._adoption.delete_object(obj)
+
+    @classmethod
+    def rebuild(cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0) -> Ledger:
+        """A ledger holding exactly what the given nodes and pods say is held."""
+        return drain(cls.rebuild_in_steps(objects, config, now, 0))
+
+    @classmethod
+    def rebuild_in_steps(
+        cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0, step: int = 1000
+    ) -> Steps[Ledger]:
+        """`rebuild`, pausing after every `step` objects; the ledger is the generator's return value. Lets a
+        caller keep serving from the ledger this one replaces while it is built."""
+        ledger = cls(config)
+        ledger._books.last_now = now
+        yield from ledger._adoption.load_in_steps(objects, now, step)
+        return ledger
+
+    def discard(self) -> None:
+        """Break the references among this ledger's parts (each holds the books, the books call back into the
+        claims, ...), so that refcounting frees all of it once its holder lets go: otherwise only the cyclic
+        collector's full pass frees it, and that pass walks the whole heap (seconds at 500,000 pods, every
+        admission waiting). The ledger is unusable afterwards; values shared with another ledger (its
+        config, the strategies) are left as they are."""
+        drain(self.discard_in_steps(0))
+
+    def discard_in_steps(self, step: int) -> Steps[None]:
+        """`discard`, pausing after freeing every `step` entries of one of its large tables (0: never): a
+        500,000-pod ledger takes ~0.7 s to free."""
+        parts = _parts(self)
+        if step:
+            for part in parts:
+                for table in list(vars(part).values()):
+                    if type(table) is dict:
+                        while len(table) > step:
+                            for _ in range(step):
+                                table.popitem()
+                            yield
+        for part in parts:
+            vars(part).clear()
+
+    # ------------------------------------------------------------------------------------------ views
+    def snapshot(self) -> dict:
+        """Canonical state (no timestamps, no rotation cursor): equal for a live ledger and its rebuild."""
+        snap = self._books.snapshot()
+        snap["conflicts"] = self.conflicts()
+        return snap
+
+    def conflicts(self) -> list[list[str]]:
+        """[pod, reservation id, why] for every stored pod holding a placement it does not own (a copy, or a
+        second holder of one id): counted as foreign use on its node (gpuledger.core.claims)."""
+        return self._adoption.claims.conflicts()
+
+    def reservations(self) -> dict[str, Reservation]:
+        return dict(self._books.reservations)
+
+    def groups(self) -> dict[str, GroupState]:
+        return dict(self._books.groups)
+
+    def device_corrections(self) -> list[list]:
+        """[pod, reservation id, node, devices its placement names, devices its node's kubelet says it holds]
+        for every stored pod the ledger records on the kubelet's devices (gpuledger.core.truth)."""
+        return self._adoption.truth.corrections()
+
+    def device_conflicts(self) -> list[list[str]]:
+        """[pod, reservation id, why] for every stored pod whose devices its node's kubelet says another pod
+        holds: counted as GPUs of unknown identity."""
+        return self._adoption.truth.conflicts()
+
+    def renew_external(self) -> None:
+        """Apply a changed `config.external_memory_threshold_mib` to every node."""
+        self._books.renew_external()
+
+    def stats(self) -> LedgerStats:
+        truth = self._adoption.truth
+        return replace(
+            ledger_stats(self._books),
+            device_corrections=len(truth.corrected),
+            device_conflicts=len(truth.displaced),
+        )

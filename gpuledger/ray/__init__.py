@@ -1,0 +1,1 @@
+"""The Ray adapter: the named ledger actor and its direct socket channel."""

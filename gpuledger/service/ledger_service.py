@@ -1,0 +1,501 @@
+"""One ledger and the source it is rebuilt from, behind batched methods: what the Ray actor holds.
+
+The Ray actor (gpuledger.ray.actor) and the in-process client (gpuledger.webhook.ledger.client) both wrap
+this class, so
+the webhook's tests, `explain` and production run the same admission code. Pure: time comes in as `now`
+(and the clock that times rebuilds is an argument). The live settings (gpuledger.service.settings: default
+strategy,
+scoring weights, gang limits, label keys) change here, through `apply_config` or `set_default_strategy`, and
+every change is recorded (who, when, what): that half lives in gpuledger.service.live_settings (LiveSettings).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from gpuledger import strategies  # noqa: F401  (registers the built-in strategies with the core's registry)
+from gpuledger.core.ledger import Ledger, LedgerConfig, LedgerStats
+from gpuledger.core.model import (
+    BindingMode,
+    Denial,
+    Explanation,
+    PinnedDevices,
+    Placement,
+    Request,
+    ReservationState,
+    Taint,
+)
+from gpuledger.core.objects import (
+    PLACEMENT_ANNOTATION,
+    RESERVATION_ID_KEY,
+    Binding,
+    binding_mismatch,
+    binding_of,
+    decode_bound,
+    decode_placement,
+    encode_placement,
+    iter_objects,
+)
+from gpuledger.core.request import (
+    AnnotationError,
+    PodRequestConfig,
+    controller_owner,
+    for_another_pod,
+    pod_name,
+    request_from_pod,
+    seed_for,
+)
+from gpuledger.core.steps import Steps, drain
+from gpuledger.service.live_settings import SETTINGS_HISTORY, LiveSettings
+from gpuledger.service.settings import (
+    DEFAULT_SCORING_WEIGHTS,
+    LedgerSettings,
+    check_external_threshold,
+    check_label_key,
+    check_leaf_limit,
+    check_scoring_weights,
+    check_strategy,
+    strategy_names,
+)
+from gpuledger.service.sources import ExternalSource, reservation_ids, source_from_spec
+from gpuledger.service.sync_writer import DEFAULT_TERM_S, SyncFenced, SyncLeaseAnswer, SyncWriter
+
+# The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
+# from a core module, so the core can be rearranged without touching them.
+__all__ = [
+    "DEFAULT_SCORING_WEIGHTS",
+    "PLACEMENT_ANNOTATION",
+    "RESERVATION_ID_KEY",
+    "RESYNC_STEP",
+    "AdmitCall",
+    "AnnotationError",
+    "Binding",
+    "BindingMode",
+    "Denial",
+    "Explanation",
+    "Held",
+    "LedgerConfig",
+    "LedgerService",
+    "LedgerSettings",
+    "Placement",
+    "PodRequestConfig",
+    "Recoveries",
+    "Request",
+    "ServedCalls",
+    "ServiceStats",
+    "SyncFenced",
+    "SyncLeaseAnswer",
+    "Taint",
+    "Unavailable",
+    "binding_mismatch",
+    "binding_of",
+    "check_external_threshold",
+    "check_label_key",
+    "check_leaf_limit",
+    "check_scoring_weights",
+    "check_strategy",
+    "controller_owner",
+    "decode_bound",
+    "decode_placement",
+    "drain",
+    "encode_placement",
+    "for_another_pod",
+    "iter_objects",
+    "pod_name",
+    "request_from_pod",
+    "seed_for",
+    "strategy_names",
+]
+
+log = logging.getLogger("gpuledger.service")
+
+MAX_CONFLICTS_REPORTED = 500  # placement conflicts listed in status() (all are counted in stats())
+RECENT_RECOVERIES = 64  # rebuild durations kept for the webhook's histogram
+# objects a stepped resync applies between pauses: ~10-15 ms of building on a 2-core host (65,000 nodes,
+# 500,000 pods), so an admission arriving during a resync waits about that long for its turn
+RESYNC_STEP = 500
+
+
+@dataclass(frozen=True)
+class AdmitCall:
+    """One admission. `prior_id`: the id of a validly signed placement the pod already carries."""
+
+    request: Request
+    dry_run: bool = False
+    prior_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """The ledger cannot decide yet (restarted, inventory not synced): the webhook's fail-open/closed rule
+    applies. Deciding on a half-known cluster could hand out GPUs that stored pods hold."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Held:
+    """A live reservation as the validating webhook checks it. `claimed`: a pod's CREATE already passed
+    validation with it (a second pod carrying the same placement is a copy)."""
+
+    placement: Placement
+    confirmed: bool
+    claimed: bool = False
+
+
+@dataclass(frozen=True)
+class Recoveries:
+    """The ledger's rebuilds (a resync, or the rebuild from its source at start): how many this incarnation
+    made and how long the last few took (seconds, oldest first), for the webhook's recovery histogram."""
+
+    incarnation: str
+    count: int
+    recent: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ServedCalls:
+    """The calls the process holding the ledger served over the ledger channel since it started, by method,
+    and the seconds it spent on them (each from its frame read to its answer encoded): what the ledger's own
+    side of a round trip costs, told apart from the wait a caller sees, and how busy one ledger is."""
+
+    incarnation: str
+    calls: Mapping[str, int]
+    seconds: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class ServiceStats(LedgerStats):
+    """The ledger's totals plus what the service adds: its live settings and its rebuild times, and what the
+    actor adds (`served`; None where no channel serves the ledger)."""
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    recoveries: Recoveries | None = None
+    served: ServedCalls | None = None
+
+    def as_dict(self) -> dict:
+        d = super().as_dict()
+        for name in ("recoveries", "served"):
+            value = getattr(self, name)
+            d[name] = asdict(value) if value is not None else None
+        return d
+
+
+class LedgerService(LiveSettings):
+    def __init__(
+        self,
+        config: LedgerConfig,
+        source_spec: dict | None = None,
+        now: float = 0.0,
+        *,
+        settings: LedgerSettings | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+        incarnation: str = "",
+    ):
+        # `settings` (when given) win over the config's default strategy, weights and label keys
+        self.settings = settings or LedgerSettings.from_config(config)
+        self.config = self.settings.applied_to(config)
+        self.source = source_from_spec(source_spec)
+        self.ledger = Ledger(self.config)
+        self.synced = False
+        self.rebuilds = 0
+        self.timer, self.incarnation = timer, incarnation
+        self._recent_recoveries: deque[float] = deque(maxlen=RECENT_RECOVERIES)
+        # the config last pushed (apply_config): a replica pushing the same config again changes nothing, so a
+        # runtime change (set_default_strategy) lasts until the config itself changes
+        self._config_fingerprint = self.settings.fingerprint()
+        self.changed_by, self.changed_at = "config (ledger start)", now
+        self._history: deque[dict] = deque([self._record(now, self.changed_by, {})], maxlen=SETTINGS_HISTORY)
+        # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
+        self._pending: dict[str, Request] = {}
+        # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
+        # reservation id -> who claimed it (the admission request's uid; "" when the caller named none)
+        self._claimed: dict[str, str] = {}
+        # which cluster sync may write the ledger (one at a time; gpuledger.service.sync_writer)
+        self.sync_writer = SyncWriter(incarnation=incarnation)
+        self.rebuild_from_source(now)
+
+    # ---------------------------------------------------------------- sources
+    def rebuild_from_source(self, now: float) -> bool:
+        """Rebuild from the source's current objects; False for a source fed from outside (the API)."""
+        objects = self.source.objects()
+        if objects is None:
+            return False
+        self._rebuild(objects, now)
+        return True
+
+    def resync(self, objects: list[dict], now: float, holder: str | None = None) -> dict:
+        """A full list replaces the ledger; reservations whose pod is not stored yet are kept. `holder`: the
+        sync sending it (gpuledger.service.sync_writer), which may then stream events."""
+        return drain(self.resync_in_steps(objects, now, holder, step=0))
+
+    def resync_in_steps(
+        self, objects: list[dict], now: float, holder: str | None = None, step: int = RESYNC_STEP
+    ) -> Steps[dict]:
+        """`resync`, pausing after every `step` objects of the new ledger's build (0: never) so the caller can
+        serve admissions meanwhile, from the ledger being replaced: what they reserve is pending, and replayed
+        onto the new ledger with the swap, as any reservation whose pod the list does not hold yet. The swap
+        is one step, done at once; the replaced ledger is freed in steps after it (`Ledger.discard_in_steps`).
+        The caller runs one of these at a time, and no other write of the cluster's (apply_events, the sync's
+        confirm and release, a new config) until it ends: the actor holds its write lock for it. The answer's
+        `seconds` is the whole build's, pauses included."""
+        self.sync_writer.check(holder, now, "resync", listing=True)
+        result = yield from self._rebuild_in_steps(objects, now, step)
+        # a holder that lost the lease meanwhile is not marked listed: its successor's own list follows
+        self.sync_writer.listed_by(holder, now + result["seconds"])
+        return result
+
+    def _rebuild(self, objects: list[dict], now: float) -> dict:
+        return drain(self._rebuild_in_steps(objects, now, 0))
+
+    def _rebuild_in_steps(self, objects: list[dict], now: float, step: int) -> Steps[dict]:
+        started = self.timer()
+        objects = list(objects)
+        fresh = yield from Ledger.rebuild_in_steps(objects, self.config, now, step)
+        # which pending reservations the list holds a pod of: only worth a walk over every pod when there are
+        # any (none after a restart, the rebuild that matters most), and read once the admissions served
+        # during the build have added theirs
+        stored: set[str] = set()
+        if self._pending and step:
+            for start in range(0, len(objects), step):
+                stored |= reservation_ids(objects[start : start + step])
+                yield
+        elif self._pending:
+            stored = reservation_ids(objects)
+        kept = lost = 0
+        for rid, request in list(self._pending.items()):
+            if rid in stored:
+                del self._pending[rid]
+                continue
+            old = self.ledger.get(rid)
+            if old is None:
+                del self._pending[rid]
+                continue
+            if request.group is not None:
+                # a gang member is restored from its pod's annotation when the pod is stored (the plan travels
+                # on it); replaying the request would draw a new plan that disagrees with the annotation
+                del self._pending[rid]
+                continue
+            # the same devices again, if they are still free in the rebuilt ledger
+            result = fresh.reserve(replace(request, pinned=_pin(old)), now)
+            if isinstance(result, Placement):
+                kept += 1
+            else:
+                lost += 1
+                del self._pending[rid]
+        replaced, self.ledger = self.ledger, fresh
+        self._claimed = {rid: who for rid, who in self._claimed.items() if rid in self._pending}
+        self.synced = True
+        self.rebuilds += 1
+        seconds = max(0.0, self.timer() - started)
+        self._recent_recoveries.append(seconds)
+        # freed now, by refcounting (in steps too, after the swap): no collector pass over the heap for it
+        yield from replaced.discard_in_steps(step)
+        return {"kept": kept, "lost": lost, "objects": len(objects), "seconds": seconds}
+
+    # ---------------------------------------------------------------- admission
+    def _unsynced(self) -> Unavailable:
+        return Unavailable(
+            f"the GPU ledger has not synced its inventory from {self.source!r} yet "
+            "(it just started or restarted)"
+        )
+
+    def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial | Unavailable]:
+        if not self.synced:
+            return [self._unsynced() for _ in calls]
+        out: list[Placement | Denial | Unavailable] = []
+        for call in calls:
+            if not isinstance(call, AdmitCall):
+                call = AdmitCall(*call)
+            out.append(self._admit_one(call, now))
+        return out
+
+    def _with_leaf_limits(self, request: Request) -> Request:
+        """A gang whose request sets no per-leaf limit gets the configured ones (topologyConstraints)."""
+        group, s = request.group, self.settings
+        if group is None or group.size <= 1 or not (s.max_nodes_per_leaf or s.max_gpus_per_leaf):
+            return request
+        limited = replace(
+            group,
+            max_nodes_per_leaf=group.max_nodes_per_leaf or s.max_nodes_per_leaf,
+            max_gpus_per_leaf=group.max_gpus_per_leaf or s.max_gpus_per_leaf,
+        )
+        return request if limited == group else replace(request, group=limited)
+
+    def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial:
+        request = self._with_leaf_limits(call.request)
+        if call.prior_id and call.prior_id != request.id:
+            held = self._held(call.prior_id)
+            if held is not None and not held.confirmed and not held.claimed:
+                # a reinvocation or retry of the same admission: the same answer, nothing new reserved
+                return held.placement
+        if call.dry_run:
+            return self.ledger.explain(request).result
+        result = self.ledger.reserve(request, now)
+        if isinstance(result, Placement):
+            self._pending[request.id] = request
+        return result
+
+    def _held(self, rid: str) -> Held | None:
+        placement = self.ledger.issued(rid)  # what the pod carries, checked by the validating webhook
+        if placement is None:
+            return None
+        return Held(placement, self.ledger.state_of(rid) == ReservationState.CONFIRMED, rid in self._claimed)
+
+    def lookup(self, ids: Iterable[str]) -> list[Held | Unavailable | None]:
+        if not self.synced:
+            return [self._unsynced() for _ in ids]
+        return [self._held(i) for i in ids]
+
+    def claim(self, items: Iterable[str | tuple[str, str]]) -> list[Held | Unavailable | None]:
+        """The validating webhook's check: each reservation as it was, then marked claimed by this pod.
+
+        An item is a reservation id or (id, claimer): the same claimer asking again (a retried call whose
+        answer was lost) gets the answer the first call got, not "already admitted".
+        """
+        if not self.synced:
+            return [self._unsynced() for _ in items]
+        out: list[Held | Unavailable | None] = []
+        for item in items:
+            rid, who = (item, "") if isinstance(item, str) else item
+            held = self._held(rid)
+            if held is not None and not held.confirmed:
+                if held.claimed and who and self._claimed.get(rid) == who:
+                    held = replace(held, claimed=False)
+                elif not held.claimed:
+                    self._claimed[rid] = who
+            out.append(held)
+        return out
+
+    def explain(self, request: Request) -> Explanation:
+        return self.ledger.explain(self._with_leaf_limits(request))
+
+    # ---------------------------------------------------------------- lifecycle
+    def _forget(self, rid: str) -> None:
+        self._pending.pop(rid, None)
+        self._claimed.pop(rid, None)
+
+    def confirm(self, ids: Iterable[str], now: float, holder: str | None = None) -> list[bool]:
+        """Reservations whose pod is stored. `holder`: the sync asking (its expiry check), fenced by the
+        sync lease; the webhook's own calls name none."""
+        if holder is not None:
+            self.sync_writer.check(holder, now, "confirm")
+        ids = list(ids)
+        for i in ids:
+            self._forget(i)
+        return [self.ledger.confirm(i, now) for i in ids]
+
+    def release(self, ids: Iterable[str], now: float = 0.0, holder: str | None = None) -> list[bool]:
+        """Reservations no pod will hold. `holder` as for `confirm` (then `now` is the lease's clock)."""
+        if holder is not None:
+            self.sync_writer.check(holder, now, "release")
+        ids = list(ids)
+        for i in ids:
+            self._forget(i)
+        return [self.ledger.release(i) for i in ids]
+
+    def apply_events(self, events: Iterable[tuple[str, dict]], now: float, holder: str | None = None) -> int:
+        """Watch events, in the order one sync saw them. `holder`: that sync, which must hold the sync lease
+        and have listed (gpuledger.service.sync_writer): two syncs' streams interleaved would free a device
+        twice."""
+        self.sync_writer.check(holder, now, "apply_events")
+        n = 0
+        touched: list[str] = []
+        for event_type, obj in events:
+            if event_type == "DELETED":
+                self.ledger.delete_object(obj)
+            else:
+                self.ledger.apply_object(obj, now)
+            rid = ((obj.get("metadata") or {}).get("labels") or {}).get(RESERVATION_ID_KEY)
+            if rid is not None:
+                touched.append(str(rid))
+            n += 1
+        # a reservation confirmed (or released) by its stored pod needs no replay on resync
+        for rid in touched:
+            if rid in self._pending and self.ledger.state_of(rid) != ReservationState.RESERVED:
+                self._forget(rid)
+        return n
+
+    def expiry_candidates(self, now: float) -> list[str]:
+        return self.ledger.expiry_candidates(now)
+
+    def sync_lease(
+        self, holder: str, now: float, term_s: float = DEFAULT_TERM_S, hand_back: bool = False
+    ) -> SyncLeaseAnswer:
+        """Take or renew the right to write the ledger from the cluster (or hand it back when stopping)."""
+        if hand_back:
+            return self.sync_writer.hand_back(holder, now)
+        return self.sync_writer.acquire(holder, now, term_s)
+
+    def sweep(self, now: float) -> list[str]:
+        """For a source we can read: confirm what is stored, expire the rest. The API's sweep is the
+        sync's."""
+        candidates = self.ledger.expiry_candidates(now)
+        if not candidates:
+            return []
+        objects = self.source.objects()
+        if objects is None:
+            return []
+        stored = reservation_ids(objects)
+        self.confirm([c for c in candidates if c in stored], now)
+        expired = self.ledger.expire(now)
+        for rid in expired:
+            self._forget(rid)
+        return expired
+
+    # ---------------------------------------------------------------- reading
+    def status(self) -> dict[str, Any]:
+        return {
+            "ready": True,
+            "synced": self.synced,
+            "nodes": len(self.ledger.index.nodes),
+            "source": repr(self.source),
+            "external_source": self.external_source,
+            "rebuilds": self.rebuilds,
+            "pending": len(self._pending),
+            "default_strategy": self.settings.default_strategy,
+            "settings_changed_by": self.changed_by,
+            "settings_changed_at": self.changed_at,
+            # stored pods holding a placement they do not own: the sync counts new ones and posts an Event
+            "conflicts": self.ledger.conflicts()[:MAX_CONFLICTS_REPORTED],
+            # what the nodes' kubelets said against the ledger (gpuledger.core.truth): pods recorded on the
+            # devices the kubelet gave them, and pods whose devices the kubelet says another pod holds; the
+            # sync counts new ones and posts an Event on each pod
+            "device_corrections": self.ledger.device_corrections()[:MAX_CONFLICTS_REPORTED],
+            "device_conflicts": self.ledger.device_conflicts()[:MAX_CONFLICTS_REPORTED],
+            # the cluster sync writing the ledger now (gpuledger.service.sync_writer); its term ends at
+            # sync_expires
+            "sync_holder": self.sync_writer.holder,
+            "sync_epoch": self.sync_writer.epoch,
+            "sync_listed": self.sync_writer.listed,
+            "sync_expires": self.sync_writer.expires,
+        }
+
+    @property
+    def external_source(self) -> bool:
+        """Whether someone else (gpuledger.sync.cluster_sync) keeps the inventory and expires reservations."""
+        return isinstance(self.source, ExternalSource)
+
+    def stats(self) -> ServiceStats:
+        totals = self.ledger.stats()
+        settings = self.get_settings()
+        del settings["history"]
+        recoveries = Recoveries(self.incarnation, self.rebuilds, tuple(self._recent_recoveries))
+        return ServiceStats(
+            **{f.name: getattr(totals, f.name) for f in fields(LedgerStats)},
+            settings=settings,
+            recoveries=recoveries,
+        )
+
+    def snapshot(self) -> dict:
+        return self.ledger.snapshot()
+
+
+def _pin(placement: Placement) -> PinnedDevices:
+    devices = placement.devices or tuple(s.device for s in placement.shares)
+    return PinnedDevices(node=placement.node, devices=devices)

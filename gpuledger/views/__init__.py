@@ -1,0 +1,1 @@
+"""What the operator commands show, computed from API objects: inventory, health, workloads, placements."""
