@@ -1,0 +1,76 @@
+"""Every name gpuledger reads or writes on Kubernetes objects, defined once.
+
+Annotation and label keys, API groups and versions, resource names: the wire vocabulary that the core, the
+webhook, the controller, the node agent, the sync and the CLI must spell alike. Plain strings, standard
+library only and no import of gpuledger, so every layer (the pure core included) may import it.
+"""
+
+from __future__ import annotations
+
+# --- annotation families ---------------------------------------------------------------------------------
+# the earlier tools' families (docs/annotations.md): users write these on pods and workloads, and a
+# workload's keys in them are handed down to its pods
+TOPOLOGY_PREFIX = "topology.scheduler/"
+AGENTAFLOW_GPU_PREFIX = "agentaflow.gpu/"
+USER_ANNOTATION_PREFIXES = (TOPOLOGY_PREFIX, AGENTAFLOW_GPU_PREFIX)
+# gpuledger's own: only the webhook writes gpuledger.io/* on a pod, and strips a user's
+LEDGER_PREFIX = "gpuledger.io/"
+
+# --- annotation keys users write on pods and workloads ---------------------------------------------------
+GPU_COUNT = "topology.scheduler/gpu-count"
+PREFERRED_DOMAIN = "topology.scheduler/preferred-domain"
+PLACEMENT_STRATEGY = "topology.scheduler/placement-strategy"
+LATENCY_SENSITIVE = "topology.scheduler/latency-sensitive"
+NETWORK_BANDWIDTH = "topology.scheduler/network-bandwidth"
+SCHEDULING_MAP = "gpu-scheduling-map"
+SCHEDULING_MAP_ALIAS = "topology.scheduler/gpu-scheduling-map"
+# a group (Job, StatefulSet, Kubeflow job) is placed all-or-nothing only when asked; this asks (or, "false",
+# declines). In the topology.scheduler/ family, not gpuledger.io/: those keys only the webhook may write.
+GANG = "topology.scheduler/gang"
+SCHEDULING_STRATEGY = "agentaflow.gpu/scheduling-strategy"
+PRIORITY = "agentaflow.gpu/priority"
+GPU_MEMORY = "agentaflow.gpu/memory"
+EXCLUSIVE_ACCESS = "agentaflow.gpu/exclusive-access"
+GPU_MILLI = "agentaflow.gpu/milli"
+GPU_PRODUCT = "agentaflow.gpu/product"
+
+# --- keys only gpuledger writes on pods and namespaces ---------------------------------------------------
+PLACEMENT_ANNOTATION = "gpuledger.io/placement"  # the signed placement, on the pod
+RESERVATION_ID_KEY = "gpuledger.io/reservation-id"  # the label naming the pod's reservation
+# the namespace label that opts a namespace in to admission (value ADMISSION_ENABLED)
+ADMISSION_LABEL = "gpuledger.io/admission"
+ADMISSION_ENABLED = "enabled"
+EVENTS_REPORTING_COMPONENT = "gpuledger.io/webhook"  # events.k8s.io/v1 reportingComponent
+
+# --- node labels and annotations the node agent writes (and the ledger, the controller and the CLI read) --
+GPU_ENABLED_LABEL = "agentaflow.gpu/enabled"
+SCHEDULABLE_LABEL = "agentaflow.gpu/schedulable"
+GPU_COUNT_LABEL = "agentaflow.gpu/count"
+UTILIZATION_TIER_LABEL = "agentaflow.gpu/utilization-tier"
+DEVICES_ANNOTATION = "agentaflow.gpu/devices"
+NODE_STATUS_ANNOTATION = "agentaflow.gpu/status"
+LAST_UPDATE_ANNOTATION = "agentaflow.gpu/last-update"  # when the node agent last read the devices
+HOLDERS_ANNOTATION = "agentaflow.gpu/device-holders"  # who holds each device, by the kubelet
+XIDS_ANNOTATION = "agentaflow.gpu/xid-errors"
+
+# --- node labels read ------------------------------------------------------------------------------------
+LEAF_LABEL = "topology.scheduler/leaf"  # the defaults; the webhook's config may name others
+SPINE_LABEL = "topology.scheduler/spine"
+# a node's network bandwidth in Gbit/s ("200"; "400Gbps" is read too)
+NETWORK_BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"
+PRODUCT_LABEL = "nvidia.com/gpu.product"  # NVIDIA's GPU feature discovery
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+ACCELERATOR_LABEL = "accelerator"
+CHEAP_LABEL = "gpu-orchestrator/cheap-node"
+
+# --- resource names --------------------------------------------------------------------------------------
+GPU_RESOURCE = "nvidia.com/gpu"  # the extended resource, and the GPU taint's key
+
+# --- API groups and versions -----------------------------------------------------------------------------
+AGENTAFLOW_GROUP, AGENTAFLOW_VERSION = "agentaflow.io", "v1"  # GPUWorkload and GPUNode
+WARP_GROUP, WARP_VERSION = "gpu.warp.dev", "v1alpha1"  # GPUWorkload
+AGENTAFLOW_API_VERSION = f"{AGENTAFLOW_GROUP}/{AGENTAFLOW_VERSION}"
+WARP_API_VERSION = f"{WARP_GROUP}/{WARP_VERSION}"
+GPUWORKLOAD_PLURAL, GPUNODE_PLURAL = "gpuworkloads", "gpunodes"
+# the topology scheduler's SchedulerConfig, accepted as a webhook config file
+SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
