@@ -2,40 +2,32 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
 
 from devcluster.cluster import ControlPlane, missing_binaries
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from tests.parts import missing_part
 
 
 def require_binaries(with_controllers: bool = True) -> None:
-    """Missing binaries skip the test locally (naming the command that builds them) and fail it in CI, where a
-    skipped end-to-end suite would look like a green one."""
+    """Missing binaries skip the test when pytest runs by hand (naming the command that builds them), and fail
+    it in CI and under `make test`, where a skipped end-to-end suite would look like a green one."""
     missing = missing_binaries(with_controllers)
     if missing:
         message = f"control plane binaries missing ({', '.join(missing)}): run `make apiserver`"
-        if _in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_part(message)
 
 
 def require_real_node() -> None:
-    """A real node's missing parts (kubelet, containerd, runc, CNI, root...) skip the test locally and fail it
-    in CI, as `require_binaries` does."""
+    """A real node's missing parts (kubelet, containerd, runc, CNI, root...) skip the test when pytest runs by
+    hand and fail it in CI and under `make test`, as `require_binaries` does."""
     from devcluster.kubelet import missing_parts
 
     lacking = missing_parts()
     if lacking:
         message = "a real node needs: " + "; ".join(lacking)
-        if _in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_part(message)
 
 
 @pytest.fixture(scope="session")
