@@ -14,19 +14,11 @@ from typing import Any
 
 import yaml
 
-from gpuledger.cli.kube import (
-    ADMISSION_ENABLED,
-    ADMISSION_LABEL,
-    GPUWORKLOAD_VERSIONS,
-    PLURALS,
-    Kube,
-    KubeError,
-    object_path,
-)
+from gpuledger.cli.kube import GPUWORKLOAD_VERSIONS, Kube, KubeError
+from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL, AGENTAFLOW_API_VERSION, GPU_RESOURCE
 from gpuledger.views.placement import PodPlacement, placement_of_pod
 
-GPU_RESOURCE = "nvidia.com/gpu"
-DEFAULT_WORKLOAD_VERSION = "agentaflow.io/v1"
+DEFAULT_WORKLOAD_VERSION = AGENTAFLOW_API_VERSION
 TERMINAL = ("Succeeded", "Failed")
 
 __all__ = [
@@ -171,7 +163,7 @@ def gpu_workload(
     spec: dict[str, Any] = {"priority": priority}
     if strategy:
         spec["schedulingStrategy"] = strategy
-    if api_version == "agentaflow.io/v1":
+    if api_version == AGENTAFLOW_API_VERSION:
         container: dict[str, Any] = {
             "name": "worker",
             "image": image,
@@ -231,23 +223,24 @@ def phase_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("status") or {}).get("phase") or "Pending")
 
 
-def _path(ref: str, namespace: str) -> tuple[str, str]:
-    """`job/NAME`, `pod/NAME`, `gpuworkload/NAME` (agentaflow.io) or `gpuworkload.gpu.warp.dev/NAME`."""
+def _target(ref: str) -> tuple[str, str, str]:
+    """(apiVersion, kind, name) of `job/NAME`, `pod/NAME`, `gpuworkload/NAME` (agentaflow.io) or
+    `gpuworkload.gpu.warp.dev/NAME`."""
     kind, _, name = ref.partition("/")
     if not name:
         raise ValueError(f"{ref!r} is not accepted: expected job/NAME, pod/NAME or gpuworkload[.GROUP]/NAME")
     kind, _, group = kind.lower().partition(".")
     if kind == "job":
-        return object_path("batch/v1", "jobs", name, namespace), "Job"
+        return "batch/v1", "Job", name
     if kind == "pod":
-        return object_path("v1", "pods", name, namespace), "Pod"
+        return "v1", "Pod", name
     if kind == "gpuworkload":
         version = next((v for v in GPUWORKLOAD_VERSIONS if not group or v.startswith(group + "/")), None)
         if version is None:
             raise ValueError(
                 f"{ref!r}: group {group!r} is not accepted: expected agentaflow.io or gpu.warp.dev"
             )
-        return object_path(version, PLURALS["GPUWorkload"], name, namespace), "GPUWorkload"
+        return version, "GPUWorkload", name
     raise ValueError(f"{ref!r}: kind {kind!r} is not accepted: expected job, pod or gpuworkload")
 
 
@@ -267,10 +260,10 @@ def wait(
     Raises WorkloadFailed when it fails while Failed is not awaited, TimeoutError (naming the last phase)
     after `timeout_s` by `clock`, KubeError if it does not exist."""
     k = _kube(kube)
-    path, kind = _path(ref, namespace or k.namespace)
+    api_version, kind, name = _target(ref)
     deadline = clock() + timeout_s
     while True:
-        obj = k.get(path)
+        obj = k.read(api_version, kind, name, namespace or k.namespace)
         if obj is None:
             raise KubeError(404, f"{ref} not found in namespace {namespace or k.namespace}")
         obj.setdefault("kind", kind)

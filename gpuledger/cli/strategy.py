@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from gpuledger.cli import common
-from gpuledger.cli.kube import Kube, object_path
+from gpuledger.cli.kube import Kube
 
 DEFAULT_SYSTEM_NAMESPACE = "gpuledger-system"
 SYSTEM_NAMESPACE_ENV = "GPULEDGER_NAMESPACE"
@@ -54,17 +54,15 @@ def find_config_map(kube: Kube, namespace_flag: str | None) -> tuple[dict, dict 
     """(the ConfigMap the webhook mounts, its Deployment or None). The name carries kustomize's hash, so it is
     read from the Deployment's `config` volume, else the newest gpuledger-config* ConfigMap."""
     namespace = system_namespace(namespace_flag)
-    deployment = kube.get(object_path("apps/v1", "deployments", DEPLOYMENT, namespace))
+    deployment = kube.read("apps/v1", "Deployment", DEPLOYMENT, namespace)
     if deployment is not None:
         for volume in deployment["spec"]["template"]["spec"].get("volumes") or ():
             if volume.get("name") == CONFIG_VOLUME and volume.get("configMap"):
-                cm = kube.get(object_path("v1", "configmaps", volume["configMap"]["name"], namespace))
+                cm = kube.read("v1", "ConfigMap", volume["configMap"]["name"], namespace)
                 if cm is not None:
                     return cm, deployment
     candidates = [
-        cm
-        for cm in kube.items(f"/api/v1/namespaces/{namespace}/configmaps")
-        if cm["metadata"]["name"].startswith(CONFIG_PREFIX)
+        cm for cm in kube.config_maps(namespace) if cm["metadata"]["name"].startswith(CONFIG_PREFIX)
     ]
     if not candidates:
         raise common.CommandError(
@@ -178,8 +176,9 @@ def main(argv: list[str]) -> int:
         validate(edited)
         meta = cm["metadata"]
         # resourceVersion makes the patch fail (409) rather than overwrite a concurrent edit
-        kube.patch(
-            object_path("v1", "configmaps", meta["name"], meta["namespace"]),
+        kube.patch_config_map(
+            meta["name"],
+            meta["namespace"],
             {"metadata": {"resourceVersion": meta["resourceVersion"]}, "data": {key: edited}},
         )
         after = {

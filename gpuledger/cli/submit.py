@@ -8,23 +8,14 @@ before anything is sent: its pods would run with no GPU placement.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from gpuledger.cli import common
-from gpuledger.cli.kube import (
-    ADMISSION_ENABLED,
-    ADMISSION_LABEL,
-    GPUWORKLOAD_VERSIONS,
-    PLURALS,
-    Kube,
-    KubeError,
-    object_path,
-)
+from gpuledger.cli.kube import GPUWORKLOAD_VERSIONS, Kube, KubeError
+from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL, GPUWORKLOAD_PLURAL
 
 FIELD_MANAGER = "gpuledger"
 POD_MAKERS = {("v1", "Pod"), ("batch/v1", "Job"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet")}
@@ -78,7 +69,7 @@ def read_documents(path: str) -> list[dict]:
 def check_namespace(kube: Kube, doc: dict, namespace: str) -> None:
     """GPUWorkloads need their CRD; pod-making kinds need the namespace opted in to admission."""
     if doc["kind"] == "GPUWorkload":
-        if not kube.serves(doc["apiVersion"], "gpuworkloads"):
+        if not kube.serves(doc["apiVersion"], GPUWORKLOAD_PLURAL):
             raise common.CommandError(
                 f"GPUWorkload {doc['apiVersion']} is not served by this cluster: install "
                 "the gpuledger CRDs (manifests/crds)",
@@ -112,15 +103,8 @@ def check_namespace(kube: Kube, doc: dict, namespace: str) -> None:
 def apply(kube: Kube, doc: dict, namespace: str, dry_run: bool = False) -> tuple[dict, bool]:
     """Server-side apply of one object; (the stored object, whether it existed before)."""
     body = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
-    path = object_path(doc["apiVersion"], PLURALS[doc["kind"]], doc["metadata"]["name"], namespace)
-    existed = kube.get(path) is not None
-    query: dict[str, Any] = {"fieldManager": FIELD_MANAGER}
-    if dry_run:
-        query["dryRun"] = "All"
-    stored = kube.request(
-        "PATCH", path, body=json.dumps(body), query=query, content_type="application/apply-patch+yaml"
-    )
-    return stored, existed
+    existed = kube.read(doc["apiVersion"], doc["kind"], doc["metadata"]["name"], namespace) is not None
+    return kube.apply(body, namespace, FIELD_MANAGER, dry_run), existed
 
 
 def resource_name(doc: dict) -> str:
