@@ -48,7 +48,7 @@ PUBLISHED: dict[str, Published] = {
 
 # one generated variant per kind, the quick set `bench_simulator.py` replays by default
 QUICK_KINDS = ("default", "gpuspec33", "gpuspec33-cap", "cpu250", "gpushare40", "multigpu50")
-# every row of issue 13's table that has a published figure
+# every workload kind that has a published figure (docs/simulator.md, "Every workload kind ...")
 ALL_KINDS = (
     "default",
     "gpuspec10", "gpuspec10-cap", "gpuspec20", "gpuspec20-cap",

@@ -17,7 +17,7 @@ from gpuledger.core.model import MILLI_PER_GPU, NodeInfo
 from gpuledger.sim.traces import TraceError, TracePod, load_openb
 
 VARIANT_SEED = 1  # one generated trace per variant, as the artifact ships one file per variant
-# the names the issue and docs use; any integer percentage in these patterns is accepted
+# the names the docs use; any integer percentage in these patterns is accepted
 VARIANT_EXAMPLES = (
     "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "gpuspec33-cap",
     "cpu50", "cpu100", "cpu150", "cpu200", "cpu250", "cpuscale250",
@@ -108,7 +108,7 @@ def cpu_scale_variant(
     pods: Sequence[TracePod], nodes: Sequence[NodeInfo], percent: int, seed: int = VARIANT_SEED
 ) -> list[TracePod]:
     """Every pod that asks for no GPU asks for `percent`% more CPU (capped at the largest node's CPU, so that
-    each pod still fits somewhere): the issue's "50-250% more CPU per pod" read literally. The artifact built
+    each pod still fits somewhere): "50-250% more CPU per pod" read literally. The artifact built
     its `cpuNNN` differently (`cpu_variant`), so these have no published figure to compare with."""
     largest = max((n.cpu_milli for n in nodes), default=0)
     factor = 1 + percent / 100

@@ -1,5 +1,5 @@
 """Pods of one template ask the same: what the mutating handler reads of a pod before the ledger, worked out
-once per pod shape (issue 13).
+once per pod shape.
 
 A Deployment's, a Job's or a `kubectl apply` loop's pods differ only in their identity: name, generateName,
 uid, creation time, managed fields, kubectl's last-applied copy. What the handler decides from the rest (the

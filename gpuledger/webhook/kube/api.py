@@ -1,14 +1,14 @@
 """The webhook's own requests to the API server (its Events, the placed pods' look-up, the pods' owners) on
 its event loop, over gpuledger.webhook.kube.http connections, as the identity the `kubernetes` client is
-configured
-with.
+configured with.
 
 The address, TLS, proxy and credentials come from the client's Configuration, so a kubeconfig and the
 in-cluster service account work as for the rest of the webhook. The Authorization header comes from the
 client's own refresh hook (which re-reads a rotated service-account token), asked at most every `auth_ttl_s`
 (the hook re-applies the whole kubeconfig: a third of an Event's CPU when asked per request) and again at once
 after a 401, when the request is sent once more. A read through the `kubernetes` client costs a thread hop,
-its urllib3 pool and ~1.7 ms of CPU here; the same GET here ~0.3 ms (docs/benchmarks.md, session 12).
+its urllib3 pool and several times the CPU of the same GET here (tests/benchmarks/bench_api_requests.py;
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """One kept-alive HTTP/1.1 connection to the API server, one request at a time, on the running loop, with
-answers parsed by httptools: what gpuledger.webhook.kube.api pools for the webhook's own requests (its
-Events, the
-look-up of placed pods, the pods' owners).
+answers parsed by httptools: what gpuledger.webhook.kube.api pools for the webhook's own requests (its Events,
+the look-up of placed pods, the pods' owners).
 
-aiohttp's client spent ~800 us of CPU per Event POST here, more than the mutating handler, in the process
-and under the GIL that answer admissions; the same POST written on an asyncio TLS stream and parsed by
-httptools (llhttp, the parser uvicorn uses) costs ~330 us (docs/benchmarks.md, session 12). A connection the
-server closed while it sat idle is opened again and the request sent once more, but only when nothing of the
-answer had arrived. Through an HTTP proxy (a kubeconfig's proxy-url) the connection is a CONNECT tunnel.
+aiohttp's client spends more CPU per Event POST than the mutating handler spends on an admission, in the
+process and under the GIL that answer admissions; the same POST written on an asyncio TLS stream and parsed by
+httptools (llhttp, the parser uvicorn uses) costs less than half of that
+(tests/benchmarks/bench_api_requests.py; docs/benchmarks.md). A connection the server closed while it sat idle
+is opened again and the request sent once more, but only when nothing of the answer had arrived. Through an
+HTTP proxy (a kubeconfig's proxy-url) the connection is a CONNECT tunnel.
 """
 
 from __future__ import annotations
