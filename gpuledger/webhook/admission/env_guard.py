@@ -1,4 +1,4 @@
-"""Which device requests a pod may not write itself, and why (issue 12).
+"""Which device requests a pod may not write itself, and why.
 
 A runtime that honours NVIDIA_VISIBLE_DEVICES (or a CDI annotation, or the NVIDIA device list passed as
 volume mounts) gives an unprivileged container the GPUs named there: `all` is every GPU of the node. Only

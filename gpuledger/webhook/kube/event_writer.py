@@ -1,10 +1,11 @@
 """Posting Events and finding placed pods on the webhook's own event loop, over one kept-alive connection to
 the API server (gpuledger.webhook.kube.api, gpuledger.webhook.kube.http).
 
-The `kubernetes` client costs ~2.3 ms of CPU per Event here (a thread hop, its serializer, urllib3) and an
-aiohttp session ~0.8 ms, more than an admission; one pod create posts one GPUPlaced Event, in the same
-process and under the same GIL as the admissions. The connection here does the same POST for ~0.33 ms
-(docs/benchmarks.md, session 12). The poster is one task, so one connection serves it.
+The `kubernetes` client (a thread hop, its serializer, urllib3) and an aiohttp session each spend more CPU per
+Event than an admission costs, and one pod create posts one GPUPlaced Event, in the same process and under the
+same GIL as the admissions. The connection here does the same POST for a fraction of that
+(tests/benchmarks/bench_api_requests.py; docs/benchmarks.md). The poster is one task, so one connection serves
+it.
 """
 
 from __future__ import annotations
