@@ -691,7 +691,7 @@ def main(argv=None) -> int:
     print(
         f"ledger actor with the shipped source (kubernetes; LedgerActor driven directly, no Ray), "
         f"{len(nodes)} nodes + {args.pods} pods: admit + claim median {call_ms:.3f} ms; one status report "
-        f"{status_ms:.1f} ms (every call built one before session 5)"
+        f"{status_ms:.1f} ms"
     )
     print(
         f"the actor's first resync of these objects (after a restart: admissions answer Unavailable until it "
@@ -700,8 +700,7 @@ def main(argv=None) -> int:
     print(
         f"admissions during a resync of the same objects ({during['seconds']:.2f} s, built in steps): "
         f"{during['answered']} answered (one due every 5 ms; {during['kept']} kept at the swap), wait from "
-        f"due to answer median {during['median_ms']:.1f} ms, max {during['max_ms']:.0f} ms (before session "
-        f"15 none was answered until the rebuild and a full collection ended)"
+        f"due to answer median {during['median_ms']:.1f} ms, max {during['max_ms']:.0f} ms"
     )
     del objects
     gc.collect()
@@ -715,7 +714,7 @@ def main(argv=None) -> int:
     if args.scale:
         best = results["best_fit"]
         print(
-            "scale targets (issue 13): placements >= 20,000/s: best_fit "
+            "scale targets: placements >= 20,000/s: best_fit "
             f"{best[0]:.0f}/s wall, {best[1]:.0f}/s CPU time; gang <= 5 ms: mean {mean_ms:.2f} ms; "
             f"rebuild <= 15 s: {took:.2f} s (`Ledger.rebuild`), {took_actor:.2f} s (the actor's first "
             f"resync; medians of {len(restarted) or 1} fresh processes each); "

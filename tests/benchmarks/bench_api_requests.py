@@ -8,12 +8,10 @@ One control plane (etcd + kube-apiserver). Each way runs `--requests` requests i
 ways alternated `--loops` times so drift hits all of them; printed: the median of the loops, per request, of
 the wall time and of this process's CPU (`time.process_time`: the calling thread and the threads it hands work
 to), and each way's ratio to the webhook's.
-- Event POST: `ApiEventWriter.create` (gpuledger.webhook.kube.event_writer) | an aiohttp session (the writer
-until
-  session 12) | the `kubernetes` client's `create_namespaced_event` on a thread (the writer until session 5).
+- Event POST: `ApiEventWriter.create` (gpuledger.webhook.kube.event_writer) | an aiohttp session | the
+  `kubernetes` client's `create_namespaced_event` on a thread.
 - Owner GET (a Deployment): `KubeObjectReader` (gpuledger.webhook.admission.owners) | the `kubernetes`
-client's
-  `get_namespaced_custom_object` on a thread (the reader until session 12).
+  client's `get_namespaced_custom_object` on a thread.
 """
 
 from __future__ import annotations

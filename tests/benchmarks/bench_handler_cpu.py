@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpuledger.webhook.ledger.client import InProcessLedgerClient
     from tests.webhook.webhook_support import cluster
 
-    try:  # the app's codec, whichever this tree has (orjson since issue 13, the standard library before)
+    try:  # the app's codec, whichever this tree has (orjson; the standard library in a tree without it)
         from gpuledger.webhook.admission.review import dumps, loads
     except ImportError:
         loads = json.loads

@@ -39,7 +39,7 @@ from tests.benchmarks.proc_cpu import actor_pid, cpu_seconds  # noqa: E402
 def read_answer(resp) -> bytes:
     """The whole answer of a `_preload_content=False` call, read as a client reads it: only then does urllib3
     put the connection back in its pool, so the next call reuses it (unread, every call opened a new TLS
-    connection, and its handshake was most of a baseline create: see docs/benchmarks.md, session 22)."""
+    connection, and its handshake was most of a baseline create)."""
     return resp.data
 
 
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ledger-channel",
         default="auto",
         choices=("auto", "off", "loopback", "node-ip"),
-        help="the webhook's ledger_channel (off: every ledger call through Ray, as before issue 13)",
+        help="the webhook's ledger_channel (off: every ledger call through Ray)",
     )
     p.add_argument(
         "--no-events", action="store_true", help="serve with --no-events (no GPUPlaced Events posted)"
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     noop_pair = figures["webhook"]["median_ms"] / figures["noop"]["median_ms"]
     print(
-        f"issue 13 row: gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} "
+        f"gpuledger webhooks / a pair of no-op webhooks: median x{noop_pair:.2f} "
         "(goal <= 1.2), "
         f"p99 x{figures['webhook']['p99_ms'] / figures['noop']['p99_ms']:.2f}; "
         f"ledger_channel {args.ledger_channel}, prefetch_depth {args.prefetch_depth}, "

@@ -7,7 +7,8 @@ process, with ratios to `best_fit` measured in the same run.
 Then, per workload kind (`--kinds`), the best strategy (`--kind-strategy`, default fgd_host) replayed in the
 same run and set against the paper's published FGD and BestFit for that kind (gpuledger/sim/published.py):
 the difference in points and the ratio. The quick default replays one seed of six kinds (a few minutes);
-`--kinds all --kind-seeds 10` is every row of issue 13's table with the paper's ten seeds (hours on 2 cores).
+`--kinds all --kind-seeds 10` is every workload kind with a published figure, over the paper's ten seeds
+(hours on 2 cores).
 
 `--workload` also takes the generated variants (gpuspec33, cpu100, ...; docs/simulator.md).
 `fgd_naive` is FGD without its fast path (no candidate walk, no per-node memo: the ledger filters and

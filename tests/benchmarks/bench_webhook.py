@@ -12,7 +12,7 @@ the two share the machine's cores as they would share a node. Baselines measured
 - the raw Ray actor call rate (one admission per call, sequential: what an unbatched webhook could reach),
 - the raw cost of one Ray actor call, local (Ray started in this process) and in-cluster (joining a
   `ray start --head` cluster by address), for docs/deployment.md.
-Issue 13's two rows (throughput and p99 against the no-op) are the medians of `--pairs` alternated runs of the
+The two ratio rows (throughput and p99 against the no-op) are the medians of `--pairs` alternated runs of the
 webhook and the no-op, each as long as its phase: a single phase of each side moves with the host's minute.
 """
 
@@ -319,7 +319,7 @@ def _port_of(proc, conn, timeout_s: float = 120.0) -> int:
 async def replicas_phase(args, tls_dir: Path, ca_file: str, actor: str, sweep) -> dict:
     """Throughput with 1 and with `args.replicas` server processes, webhook replicas against no-op servers,
     100 admissions in flight per process, one ledger actor: how admission grows with replicas on this
-    machine's cores (docs/benchmarks.md, "How admission scales")."""
+    machine's cores (docs/design/one-ledger-actor.md)."""
     import ray
 
     from gpuledger.webhook.config import WebhookConfig
@@ -599,7 +599,7 @@ async def serve_and_measure(args, handle, tls_dir: Path, ca_file: str) -> dict:
                 service.sweep(time.time() + 1e6)
         # the rows' ratios again from alternated pairs of runs (the order flipped every pair): one long
         # phase of each reads whatever the host did in its minute, and one tail spike of either side moves a
-        # p99 ratio by 2-4x (docs/benchmarks.md, session 17)
+        # p99 ratio by 2-4x (docs/benchmarks.md, "Admissions over TLS")
         for name, in_flight, n in (("throughput", 100, args.requests), ("latency", 20, args.requests // 2)):
             pairs = []
             for i in range(args.pairs):
@@ -658,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         "--pairs",
         type=int,
         default=3,
-        help="alternated webhook / no-op pairs, each as long as a phase, for the issue 13 rows' medians",
+        help="alternated webhook / no-op pairs, each as long as a phase, for the ratio rows' medians",
     )
     parser.add_argument(
         "--replicas",
@@ -675,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.pairs < 1:
-        parser.error(f"--pairs {args.pairs}: the issue 13 rows need at least 1 pair")
+        parser.error(f"--pairs {args.pairs}: the ratio rows need at least 1 pair")
     if args.quick:
         args.nodes, args.requests = 100, 1500
     import ray
@@ -796,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         p99s = pair_ratios(results["pairs_latency"], "p99_ms")
         p50s = pair_ratios(results["pairs_latency"], "p50_ms")
         print(
-            f"issue 13 rows, medians of {len(rates)} alternated webhook / no-op pairs: throughput at 100 in "
+            f"the ratio rows, medians of {len(rates)} alternated webhook / no-op pairs: throughput at 100 in "
             f"flight / no-op: {statistics.median(rates):.2f}x (goal >= 0.6; pairs {_listed(rates)}); "
             f"p99 at 20 in flight / no-op p99: {statistics.median(p99s):.2f}x (goal <= 2; pairs "
             f"{_listed(p99s)}; p50 "

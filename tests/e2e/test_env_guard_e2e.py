@@ -1,4 +1,4 @@
-"""A pod may not name its own host GPUs (issue 12), through kubectl and the real kube-apiserver: the denial
+"""A pod may not name its own host GPUs, through kubectl and the real kube-apiserver: the denial
 and the CUDA_VISIBLE_DEVICES replacement warning reach the user as kubectl prints them."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ def test_each_workload_maps_to_its_kind_in_the_artifact():
     assert published_for("cpu250").trace == "openb_pod_list_cpu250"
     assert published_for("cpu50").trace == "openb_pod_list_cpu050"  # 5% of the pods CPU-only
     assert published_for("cpu150") is None  # the artifact has no cpu150
-    assert published_for("cpuscale250") is None  # the literal reading: nothing published
+    assert published_for("cpuscale250") is None  # "N% more CPU" read literally: nothing published
     assert published_for("mystery") is None
 
 
