@@ -25,7 +25,7 @@ TEST_IMAGE = "gpuledger.local/busybox:test"
 _EPOCH = 0  # fixed mtimes: the same busybox gives the same image digests, run after run
 
 
-def _entry(name: str, kind: bytes, mode: int, **extra) -> tarfile.TarInfo:
+def tar_entry(name: str, kind: bytes, mode: int, **extra) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.mtime, info.uid, info.gid = kind, mode, _EPOCH, 0, 0
     for key, value in extra.items():
@@ -47,13 +47,13 @@ def rootfs_layer(busybox: Path = BUSYBOX) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for d in sorted(dirs):
-            tar.addfile(_entry(d, tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755))
+            tar.addfile(tar_entry(d, tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755))
         data = busybox.read_bytes()
-        tar.addfile(_entry("bin/busybox", tarfile.REGTYPE, 0o755, size=len(data)), io.BytesIO(data))
+        tar.addfile(tar_entry("bin/busybox", tarfile.REGTYPE, 0o755, size=len(data)), io.BytesIO(data))
         for name, content in sorted(files.items()):
-            tar.addfile(_entry(name, tarfile.REGTYPE, 0o644, size=len(content)), io.BytesIO(content))
+            tar.addfile(tar_entry(name, tarfile.REGTYPE, 0o644, size=len(content)), io.BytesIO(content))
         for applet in sorted(set(applets) - {"bin/busybox"}):
-            tar.addfile(_entry(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox"))
+            tar.addfile(tar_entry(applet, tarfile.SYMTYPE, 0o777, linkname="/bin/busybox"))
     return buf.getvalue()
 
 
@@ -79,9 +79,9 @@ def docker_archive(repo_tag: str, layer: bytes, config: dict) -> bytes:
     }
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.addfile(_entry(layer_digest, tarfile.DIRTYPE, 0o755))
+        tar.addfile(tar_entry(layer_digest, tarfile.DIRTYPE, 0o755))
         for name, content in members.items():
-            tar.addfile(_entry(name, tarfile.REGTYPE, 0o644, size=len(content)), io.BytesIO(content))
+            tar.addfile(tar_entry(name, tarfile.REGTYPE, 0o644, size=len(content)), io.BytesIO(content))
     return buf.getvalue()
 
 
@@ -112,13 +112,14 @@ def build_images(out_dir: Path, busybox: Path = BUSYBOX) -> list[Path]:
     return paths
 
 
-def import_images(containerd_socket: Path, tarballs: list[Path]) -> None:
-    """`ctr -n k8s.io images import`: the CRI plugin serves what the k8s.io namespace holds, unpacked."""
+def import_images(containerd_socket: Path, tarballs: list[Path], timeout: float = 120) -> None:
+    """`ctr -n k8s.io images import` of docker or OCI archives: the CRI plugin serves what the k8s.io
+    namespace holds, unpacked."""
     for tarball in tarballs:
         subprocess.run(
             ["ctr", "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(tarball)],
             capture_output=True,
             text=True,
             check=True,
-            timeout=120,
+            timeout=timeout,
         )
