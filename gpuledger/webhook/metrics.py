@@ -74,8 +74,9 @@ class WebhookMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        # the validating side's one ledger round trip, on every placed pod's path (docs/webhook.md, "Why
-        # validation still asks the ledger"): its own figure, so a slow claim is told from a slow handler
+        # the validating side's one ledger round trip, on every placed pod's path
+        # (docs/design/validation-asks-the-ledger.md): its own figure, so a slow claim is told from a slow
+        # handler
         self.claim_duration = Histogram(
             "gpuledger_ledger_claim_duration_seconds",
             "seconds one validation waited for the ledger's claim of its placement (batching included)",

@@ -1,5 +1,5 @@
 """A copy of a placed pod in a namespace that is not opted in never double-books a device, and a rebuilt
-ledger equals the live one (the integrity issue's reproduction, steps 1-3, through kubectl)."""
+ledger equals the live one (a placed pod copied, the original deleted, the copy kept: through kubectl)."""
 
 from __future__ import annotations
 
