@@ -85,6 +85,11 @@ def exit_code_for(exc: KubeError) -> int:
     return EXIT_ERROR
 
 
+def warn(prog: str, message: str) -> None:
+    """`gpuledger PROG: warning: message` on stderr, where it never mixes with -o json/yaml output."""
+    print(f"gpuledger {prog}: warning: {message}", file=sys.stderr)
+
+
 def run(prog: str, body: Callable[[], int]) -> int:
     """Run a command body: a CommandError or KubeError becomes `gpuledger PROG: message` and its exit code."""
     try:

@@ -34,10 +34,14 @@ def main(argv: list[str]) -> int:
 
     def body() -> int:
         kube = common.connect(args)
-        views = Snapshot.read(kube, None, workloads=False, source=args.source).nodes
+        now = datetime.now(UTC)
+        snap = Snapshot.read(kube, None, now=now, workloads=False, source=args.source)
+        if snap.notice:
+            common.warn("health", snap.notice)
+        views = snap.nodes
         if args.node:
             views = [v for v in views if v.name in args.node]
-        found = health.findings(views, datetime.now(UTC), timedelta(seconds=args.stale_after))
+        found = health.findings(views, now, timedelta(seconds=args.stale_after))
         checked = {"nodes": len(views), "gpus": sum(v.gpus for v in views)}
         summary = (
             f"{len(found)} problem(s) on {len({f.node for f in found})} of {checked['nodes']} GPU nodes"

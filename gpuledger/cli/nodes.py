@@ -1,12 +1,13 @@
 """`gpuledger nodes [NODE...]`: every GPU device per node, its health, utilization and who holds it.
 
-From GPUNode objects when the operator publishes them, else from Nodes (the node agent's annotations) and
-placed pods' placement annotations. Read-only.
+From GPUNode objects when the controller publishes them, else (or when they are stale: a line on stderr says
+so) from Nodes (the node agent's annotations) and placed pods' placement annotations. Read-only.
 """
 
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 
 from gpuledger.cli import common
 from gpuledger.cli.snapshot import Snapshot
@@ -53,7 +54,10 @@ def main(argv: list[str]) -> int:
 
     def body() -> int:
         kube = common.connect(args)
-        views = Snapshot.read(kube, None, workloads=False, source=args.source).nodes
+        snap = Snapshot.read(kube, None, now=datetime.now(UTC), workloads=False, source=args.source)
+        if snap.notice:
+            common.warn("nodes", snap.notice)
+        views = snap.nodes
         if args.node:
             known = {v.name for v in views}
             missing = [n for n in args.node if n not in known]

@@ -112,7 +112,10 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         kube = common.connect(args)
         scope = args.namespace if args.namespace and not args.all_namespaces else None
-        snap = Snapshot.read(kube, scope, source=args.source)
+        now = datetime.now(UTC)
+        snap = Snapshot.read(kube, scope, now=now, source=args.source)
+        if snap.notice:
+            common.warn("status", snap.notice)
         strategy = read_strategy(kube, args.system_namespace)
         line = (
             f"default strategy: {strategy['effective']} ({strategy['source']})"
@@ -123,7 +126,7 @@ def main(argv: list[str]) -> int:
             args,
             status_data(snap, strategy),
             totals_table(snap.nodes),
-            queue_table(snap.workloads, datetime.now(UTC)),
+            queue_table(snap.workloads, now),
             line,
         )
         return common.EXIT_OK

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 from typing import Any
 
 import yaml
@@ -195,10 +194,10 @@ def main(argv: list[str]) -> int:
             "once the kubelet refreshes the mounted file",
         )
         if before["environment"]:
-            print(
-                f"gpuledger strategy: warning: {STRATEGY_ENV}={before['environment']} on Deployment "
-                f"{DEPLOYMENT} overrides the file; the live strategy stays {before['environment']}",
-                file=sys.stderr,
+            common.warn(
+                "strategy",
+                f"{STRATEGY_ENV}={before['environment']} on Deployment {DEPLOYMENT} overrides the file; "
+                f"the live strategy stays {before['environment']}",
             )
         return common.EXIT_OK
 

@@ -82,10 +82,8 @@ def check_namespace(kube: Kube, doc: dict, namespace: str) -> None:
         if exc.status != 403:
             raise
         # an identity that may create Jobs but not read Namespaces: the webhook still decides at admission
-        print(
-            f"gpuledger submit: warning: cannot read namespace {namespace} to check its opt-in ({exc}); "
-            "submitting anyway",
-            file=sys.stderr,
+        common.warn(
+            "submit", f"cannot read namespace {namespace} to check its opt-in ({exc}); submitting anyway"
         )
         return
     if opted is None:

@@ -11,7 +11,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
 from gpuledger.cli import common
@@ -33,10 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def frame(kube: Kube, args: argparse.Namespace) -> Group:
     scope = common.namespace_scope(args, kube)
-    snap = Snapshot.read(kube, scope, source=args.source)
     now = datetime.now(UTC)
-    parts = [
+    snap = Snapshot.read(kube, scope, now=now, source=args.source)
+    parts: list[RenderableType] = [
         f"gpuledger watch  {now:%Y-%m-%d %H:%M:%S}Z  every {args.interval:g}s  (Ctrl-C to stop)",
+        *([f"warning: {snap.notice}"] if snap.notice else []),
         totals_table(snap.nodes),
         queue_table(snap.workloads, now),
         workloads_table(snap.workloads, now, scope is None),

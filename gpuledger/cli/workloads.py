@@ -67,13 +67,14 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         kube = common.connect(args)
         scope = common.namespace_scope(args, kube)
-        rows = Snapshot.read(kube, scope).workloads
+        now = datetime.now(UTC)
+        rows = Snapshot.read(kube, scope, now=now, source="nodes").workloads
         if not args.pods:
             rows = [r for r in rows if r.kind == "GPUWorkload"]
         common.emit(
             args,
             {"items": [r.as_dict() for r in rows]},
-            workloads_table(rows, datetime.now(UTC), scope is None),
+            workloads_table(rows, now, scope is None),
         )
         return common.EXIT_OK
 

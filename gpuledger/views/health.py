@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpuledger.views.inventory import NodeView
+from gpuledger.views.inventory import NodeView, parse_time
 
 # the node agent publishes every 30 s (its --interval); three missed reports make it quiet
 DEFAULT_STALE_AFTER = timedelta(seconds=90)
@@ -25,13 +25,6 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "device": self.device, "problem": self.problem, "detail": self.detail}
-
-
-def parse_time(text: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
 
 
 def findings(

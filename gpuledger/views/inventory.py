@@ -1,14 +1,16 @@
 """The cluster's GPUs as the CLI shows them: nodes, devices, who holds each, totals per leaf and overall.
 
-Built from GPUNode objects when the operator publishes them, else from Node objects (the node agent's
-`agentaflow.gpu/*` annotations) and the placement annotations of gpuledger-placed pods. Pure: API objects in,
-views out; figures follow the ledger's own definitions (gpuledger/core/stats.py) so the two agree.
+Built from GPUNode objects (what the controller published from the ledger), or from Node objects (the node
+agent's `agentaflow.gpu/*` annotations) and the placement annotations of gpuledger-placed pods; which of the
+two a command shows is gpuledger.views.freshness's choice. Pure: API objects in, views out; figures follow
+the ledger's own definitions (gpuledger/core/stats.py) so the two agree.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from gpuledger.views.placement import MILLI_PER_GPU, placement_of_pod
@@ -21,6 +23,16 @@ DEVICES_ANNOTATION = AGENT_PREFIX + "devices"
 STATUS_ANNOTATION = AGENT_PREFIX + "status"
 LAST_UPDATE_ANNOTATION = AGENT_PREFIX + "last-update"
 TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def parse_time(text: str) -> datetime | None:
+    """An RFC 3339 time as the API and the node agent write it (UTC when it names no zone); None when absent
+    or unreadable."""
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=UTC) if parsed and parsed.tzinfo is None else parsed
 
 
 @dataclass(frozen=True)
@@ -269,34 +281,36 @@ def _holders_of(entry: dict) -> list[Holder]:
     return out
 
 
+def _gpu_node_device(entry: dict, index: int) -> DeviceView:
+    device = _device_from_entry(entry, index)
+    if entry.get("health") is not None:  # the controller writes "Healthy" or "Unhealthy"
+        device.healthy = entry["health"] == "Healthy"
+    device.holders = _holders_of(entry)
+    return device
+
+
 def views_from_gpu_nodes(gpu_nodes: list[dict]) -> list[NodeView]:
-    """One NodeView per GPUNode (the operator's published view: status, or spec for older writers)."""
+    """One NodeView per GPUNode: the controller's status (health, schedulable, agentHeartbeatTime), or the
+    earlier writers' status or spec (healthy, placeable, agentLastUpdate)."""
     views = []
     for obj in gpu_nodes:
         body = obj.get("status") or obj.get("spec") or {}
-        devices = []
-        for i, entry in enumerate(body.get("devices") or ()):
-            device = _device_from_entry(entry, int(entry.get("index", i)))
-            device.holders = _holders_of(entry)
-            devices.append(device)
+        devices = [
+            _gpu_node_device(entry, int(entry.get("index", i)))
+            for i, entry in enumerate(body.get("devices") or ())
+        ]
+        last_update = body.get("agentHeartbeatTime") or body.get("agentLastUpdate") or body.get("lastUpdate")
         views.append(
             NodeView(
                 name=str(body.get("nodeName") or obj["metadata"]["name"]),
                 leaf=str(body.get("leaf") or ""),
                 spine=str(body.get("spine") or ""),
-                placeable=body.get("placeable", True) is not False,
+                placeable=body.get("placeable", body.get("schedulable", True)) is not False,
                 agent_status=str(body.get("agentStatus") or ""),
-                agent_last_update=str(body.get("agentLastUpdate") or body.get("lastUpdate") or ""),
-                agent_reported=bool(
-                    body.get("agentLastUpdate") or body.get("lastUpdate") or body.get("agentStatus")
-                ),
+                agent_last_update=str(last_update or ""),
+                agent_reported=bool(last_update or body.get("agentStatus")),
                 source="GPUNode",
                 devices=devices,
             )
         )
     return sorted(views, key=lambda v: v.name)
-
-
-def node_views(nodes: list[dict], pods: list[dict], gpu_nodes: list[dict]) -> list[NodeView]:
-    """GPUNode objects when there are any, else Nodes and placed pods."""
-    return views_from_gpu_nodes(gpu_nodes) if gpu_nodes else views_from_nodes(nodes, pods)

@@ -7,6 +7,7 @@ No kubelet runs, so pods stay Pending with what admission wrote; that is what `n
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -162,6 +163,66 @@ def test_status_lists_the_queue_in_order(apiserver, gpu_crds, namespace, cli):
         ("1", "first", "InsufficientGPUs"),
         ("2", "late", "InsufficientGPUs"),
     ]
+
+
+# ----------------------------------------------------------------------------------- stale GPUNode objects
+STALE_LINE = re.compile(
+    r"warning: GPUNode objects are (\d+) s old \(the controller publishes every [\d.]+ s while anything "
+    r"changes\) and disagree with the API server on \d+ node\(s\): showing what the API server holds now"
+)
+
+
+def test_stale_gpunodes_give_way_to_what_the_api_holds(apiserver, stack, gpu_crds, namespace, cli):
+    name = client.create_gpu_job("truth", "busybox", 1, namespace=namespace, kube=apiserver.api_client())
+    (pod,) = placed_pods(apiserver, namespace, 1, f"job-name={name}")
+    node = client.placement_of(pod).node
+    # what a controller stopped an hour ago left: every device of the node held by a pod deleted since
+    written = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ghost = {"pod": "gone/long-deleted", "reservationId": "r-gone", "milli": 1000, "confirmed": True}
+    devices = [
+        {"index": i, "health": "Healthy", "allocatedMilli": 1000, "holders": [ghost]} for i in range(8)
+    ]
+    status = {"devices": devices, "schedulable": True, "updatedTime": written}
+    apiserver.apply([{"apiVersion": "agentaflow.io/v1", "kind": "GPUNode", "metadata": {"name": node}}])
+    try:
+        apiserver.kubectl(
+            "patch",
+            "gpunode",
+            node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+        )
+        shown = cli("nodes", node, "-o", "json")
+        assert shown.code == 0, shown.err
+        (view,) = shown.json()["items"]
+        held = {(h["namespace"], h["pod"]) for d in view["devices"] for h in d["holders"]}
+        assert view["source"] == "Node" and (namespace, pod["metadata"]["name"]) in held
+        assert ("gone", "long-deleted") not in held
+        age = STALE_LINE.search(shown.err)
+        assert age and int(age.group(1)) >= 3600, shown.err
+
+        table = cli("nodes", node)
+        assert STALE_LINE.search(table.err) and "gone/long-deleted" not in table.out
+        assert f"{namespace}/{pod['metadata']['name']}" in table.out
+
+        # status: the API's figures (as --source nodes computes them), not the GPUNode's 8 allocated GPUs
+        for _ in range(10):  # other tests' pods may come and go between two reads
+            auto = cli("status", "-o", "json")
+            truth = cli("status", "--source", "nodes", "-o", "json")
+            if auto.json()["cluster"] == truth.json()["cluster"]:
+                break
+        assert auto.json()["cluster"] == truth.json()["cluster"] and STALE_LINE.search(auto.err)
+        assert not STALE_LINE.search(truth.err)
+        assert STALE_LINE.search(cli("status").err)
+
+        # --source gpunodes shows the objects as they are, asked for
+        as_written = cli("nodes", node, "--source", "gpunodes", "-o", "json")
+        (gpunode,) = as_written.json()["items"]
+        assert gpunode["source"] == "GPUNode" and gpunode["allocatedGpus"] == 8 and not as_written.err
+    finally:
+        apiserver.kubectl("delete", "gpunode", node, "--ignore-not-found")
 
 
 # -------------------------------------------------------------------------------------------- workloads

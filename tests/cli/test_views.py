@@ -13,9 +13,10 @@ import pytest
 from devcluster.nodes import make_node
 from gpuledger.cli import strategy
 from gpuledger.cli.common import CommandError
+from gpuledger.controller import gpunodes
 from gpuledger.core.model import DeviceShare
 from gpuledger.service.ledger_service import Placement, encode_placement
-from gpuledger.views import health, inventory
+from gpuledger.views import freshness, health, inventory
 from gpuledger.views.placement import parse_placement, placement_of_pod
 from gpuledger.views.workloads import age, priority_value, queue, workload_row, workload_rows
 from gpuledger.webhook.config import WebhookConfig
@@ -107,11 +108,111 @@ def test_inventory_from_gpu_nodes():
             ],
         },
     }
-    (view,) = inventory.node_views([], [], [obj])
+    (view,) = inventory.views_from_gpu_nodes([obj])
     assert view.source == "GPUNode" and (view.leaf, view.spine) == ("l9", "s9")
     assert [str(h) for d in view.devices for h in d.holders] == ["ml/p", "ml/q (250m)"]
     assert view.devices[0].utilization == 40 and view.whole_free == 0 and view.milli_free == 0
     assert health.findings([view], NOW) == [health.Finding("g0", "device-unhealthy", "XID 79", 1)]
+
+
+def published(nodes, ledger_nodes, pods_by_reservation, written: datetime) -> list[dict]:
+    """GPUNode objects as the controller writes them (gpuledger.controller.gpunodes), at `written`."""
+    statuses = gpunodes.statuses(
+        {"nodes": ledger_nodes},
+        {n["metadata"]["name"]: n for n in nodes},
+        pods_by_reservation,
+        written.timestamp(),
+    )
+    return [
+        {"apiVersion": "agentaflow.io/v1", "kind": "GPUNode", "metadata": {"name": name}, "status": status}
+        for name, status in statuses.items()
+    ]
+
+
+def ledger_node(
+    held: dict[int, str] | None = None, shares: dict[int, tuple[str, int]] | None = None, gpus: int = 4
+) -> dict:
+    """A node in the ledger's snapshot: (index, free milli, free MiB, owner, [(holder, milli, MiB)])."""
+    held, shares = held or {}, shares or {}
+    devices = []
+    for i in range(gpus):
+        share = [(shares[i][0], shares[i][1], 0)] if i in shares else []
+        free = 0 if i in held else 1000 - sum(m for _, m, _ in share)
+        devices.append((i, free, 0, held.get(i), share))
+    return {"devices": devices}
+
+
+def test_gpu_nodes_as_the_controller_writes_them():
+    nodes, pods = cluster()
+    nodes[0]["metadata"]["annotations"]["agentaflow.gpu/last-update"] = "2026-11-23T11:59:50Z"
+    ledger = {"a0": ledger_node({0: "r-whole", 1: "r-whole"}), "b0": ledger_node(gpus=2)}
+    views = {
+        v.name: v
+        for v in inventory.views_from_gpu_nodes(published(nodes, ledger, {"r-whole": "ml/whole"}, NOW))
+    }
+    a0 = views["a0"]
+    assert [str(h) for d in a0.devices for h in d.holders] == ["ml/whole", "ml/whole"]
+    assert [d.healthy for d in a0.devices] == [True, True, True, False]  # health: Unhealthy
+    assert a0.agent_reported and a0.agent_last_update == "2026-11-23T11:59:50Z"  # agentHeartbeatTime
+    nodes[2]["metadata"]["labels"]["agentaflow.gpu/schedulable"] = "false"
+    (b0,) = [v for v in inventory.views_from_gpu_nodes(published(nodes, ledger, {}, NOW)) if v.name == "b0"]
+    assert not b0.placeable  # schedulable: false
+
+
+def test_stale_gpu_nodes_give_way_to_what_the_api_holds():
+    nodes, pods = cluster()  # now: ml/whole holds a0 0,1; ml/share holds 500m of a1 0
+    live = inventory.views_from_nodes(nodes, pods)
+    # what a controller stopped an hour ago had published: a0 held whole by a pod long deleted, a1 idle
+    before = {
+        "a0": ledger_node(dict.fromkeys(range(4), "r-gone")),
+        "a1": ledger_node(),
+        "b0": ledger_node(gpus=2),
+    }
+    old = published(nodes, before, {"r-gone": "ml/long-gone"}, NOW - timedelta(hours=1))
+    choice = freshness.choose(old, nodes, pods, NOW, 5.0)
+    assert choice.nodes == live and {v.source for v in choice.nodes} == {"Node"}
+    assert choice.notice == (
+        "GPUNode objects are 3600 s old (the controller publishes every 5 s while anything changes) and "
+        "disagree with the API server on 2 node(s): showing what the API server holds now"
+    )
+    assert freshness.disagreements(inventory.views_from_gpu_nodes(old), live) == ["a0", "a1"]
+
+    # written within the interval: the controller is publishing, its view is shown as it is
+    recent = published(nodes, before, {"r-gone": "ml/long-gone"}, NOW - timedelta(seconds=4))
+    kept = freshness.choose(recent, nodes, pods, NOW, 5.0)
+    assert kept.notice == "" and {v.source for v in kept.nodes} == {"GPUNode"}
+
+    # old but right (a quiet cluster: the controller writes only when something changes): shown, no line
+    now_held = {
+        "a0": ledger_node({0: "r-whole", 1: "r-whole"}),
+        "a1": ledger_node(shares={0: ("r-share", 500)}),
+        "b0": ledger_node(gpus=2),
+    }
+    quiet = published(
+        nodes, now_held, {"r-whole": "ml/whole", "r-share": "ml/share"}, NOW - timedelta(hours=1)
+    )
+    same = freshness.choose(quiet, nodes, pods, NOW, 5.0)
+    assert same.notice == "" and same.nodes == inventory.views_from_gpu_nodes(quiet)
+
+    # a pod holding devices on a node no GPUNode names, or a GPUNode whose node is gone, disagrees too
+    assert freshness.disagreements(inventory.views_from_gpu_nodes(quiet[1:]), live) == ["a0"]
+    assert freshness.disagreements(inventory.views_from_gpu_nodes(quiet), live[1:]) == ["a0"]
+
+
+def test_a_gpu_node_without_updated_time_is_as_old_as_its_last_write():
+    obj = {
+        "metadata": {
+            "name": "g",
+            "creationTimestamp": "2026-11-23T10:00:00Z",
+            "managedFields": [{"time": "2026-11-23T11:00:00Z"}, {"time": "2026-11-23T11:30:00Z"}],
+        },
+        "status": {"devices": []},
+    }
+    assert freshness.written_at(obj) == datetime(2026, 11, 23, 11, 30, tzinfo=UTC)
+    del obj["metadata"]["managedFields"]
+    assert freshness.written_at(obj) == datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+    obj["status"]["updatedTime"] = "2026-11-23T11:59:58"  # no zone: UTC
+    assert freshness.written_at(obj) == NOW - timedelta(seconds=2)
 
 
 def test_health_findings_take_time_as_an_input():
