@@ -25,7 +25,7 @@ from devcluster.demo_queue import run_queue
 from devcluster.kubeclient import ExistingCluster, KubeClient
 from devcluster.nodes import LEAF_LABEL, SPINE_LABEL, create_nodes, make_sample_cluster
 from devcluster.users import ALICE
-from devcluster.webhooks import MUTATING
+from gpuledger.names import MUTATING_CONFIG
 
 IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"
 
@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             kube = ExistingCluster(args.kubeconfig)
             print(f"using the cluster of {kube.kubeconfig}")
             installed = (
-                kube.kubectl("get", "mutatingwebhookconfiguration", MUTATING, check=False).returncode == 0
+                kube.kubectl("get", "mutatingwebhookconfiguration", MUTATING_CONFIG, check=False).returncode
+                == 0
             )
             if args.sample_nodes:
                 existing = {n["metadata"]["name"] for n in kube.get_json("nodes")["items"]}

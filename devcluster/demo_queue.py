@@ -13,9 +13,10 @@ import yaml
 
 from devcluster.binaries import REPO, ControlPlaneError, free_port
 from devcluster.kubeclient import KubeClient
+from gpuledger.names import AGENTAFLOW_API_VERSION, AGENTAFLOW_GROUP, GPUWORKLOAD_PLURAL
 
 IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"
-RESOURCE = "gpuworkloads.agentaflow.io"
+RESOURCE = f"{GPUWORKLOAD_PLURAL}.{AGENTAFLOW_GROUP}"
 GPUS_EACH = 4  # an 8-GPU node runs two at once
 # (name, priority), submitted in this order: the lowest priority first, so the queue's order is not age's
 WORKLOADS = (("nightly", 0), ("sweep", 1), ("finetune", 5), ("urgent", 10))
@@ -75,7 +76,7 @@ class Controller:
 
 def _workload(name: str, priority: int, node: str) -> dict:
     return {
-        "apiVersion": "agentaflow.io/v1",
+        "apiVersion": AGENTAFLOW_API_VERSION,
         "kind": "GPUWorkload",
         "metadata": {"name": name},
         "spec": {

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc  # type: ignore[import-untyped]  # no stubs here: types-grpcio is not a dev dependency
 
 from devcluster import kubelet_api
+from gpuledger.names import GPU_RESOURCE
 
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
@@ -34,7 +35,7 @@ class FakeGPUPlugin:
     def __init__(
         self,
         device_ids: Sequence[str],
-        resource: str = "nvidia.com/gpu",
+        resource: str = GPU_RESOURCE,
         socket_dir: Path = DEVICE_PLUGIN_DIR,
         endpoint: str = "gpuledger-fake-gpu.sock",
     ):

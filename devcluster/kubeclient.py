@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from devcluster.users import ADMIN, ALICE
+from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL
 
 
 class KubectlError(RuntimeError):
@@ -67,7 +68,7 @@ class KubeClient:
 
     # ------------------------------------------------------------------ helpers for tests
     def create_namespace(self, name: str, admission: bool = True, users: Sequence[str] = (ALICE,)) -> str:
-        labels = {"gpuledger.io/admission": "enabled"} if admission else {}
+        labels = {ADMISSION_LABEL: ADMISSION_ENABLED} if admission else {}
         objs: list[dict] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
         ]

@@ -39,6 +39,7 @@ from devcluster.node_host import (
     take_host_lock,
 )
 from devcluster.node_identity import node_credentials, node_rbac, write_node_kubeconfig
+from gpuledger.names import GPU_RESOURCE
 
 # importers name these from here (tests): the node, what it needs, and the credentials it is given
 __all__ = ["RealNode", "RealNodeUnavailable", "missing_parts", "node_credentials", "node_rbac"]
@@ -219,13 +220,11 @@ class RealNode:
             return False
 
     # ------------------------------------------------------------------ what it holds, what it offers
-    def pod_devices(self, resource: str = "nvidia.com/gpu") -> dict[tuple[str, str, str], list[str]]:
+    def pod_devices(self, resource: str = GPU_RESOURCE) -> dict[tuple[str, str, str], list[str]]:
         """(namespace, pod, container) -> the `resource` device ids the kubelet assigned (node_gpus.py)."""
         return node_gpus.pod_devices(self.pod_resources_socket, resource)
 
-    def advertise_gpus(
-        self, devices: list[dict], resource: str = "nvidia.com/gpu", timeout: float = 30
-    ) -> dict:
+    def advertise_gpus(self, devices: list[dict], resource: str = GPU_RESOURCE, timeout: float = 30) -> dict:
         """Publish `devices` through the real node agent, as a node without a device plugin does; the Node
         once its `resource` is allocatable (node_gpus.py)."""
         return node_gpus.advertise_gpus(

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 from devcluster.kubeclient import KubeClient
+from gpuledger.names import GPU_RESOURCE
 
 
-def pod_devices(socket: Path, resource: str = "nvidia.com/gpu") -> dict[tuple[str, str, str], list[str]]:
+def pod_devices(socket: Path, resource: str = GPU_RESOURCE) -> dict[tuple[str, str, str], list[str]]:
     """(namespace, pod, container) -> the `resource` device ids the kubelet assigned, from PodResources
     `List` (the kubelet's own record of running pods; terminated pods are not listed)."""
     import grpc  # type: ignore[import-untyped]  # no stubs here, as in device_plugin.py
@@ -40,7 +41,7 @@ def advertise_gpus(
     node_name: str,
     socket: Path,
     devices: list[dict],
-    resource: str = "nvidia.com/gpu",
+    resource: str = GPU_RESOURCE,
     timeout: float = 30,
 ) -> dict:
     """Publish GPUs the way a node without a device plugin does (visibility modes `runtime-uuids`,

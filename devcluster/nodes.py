@@ -15,12 +15,20 @@ from collections.abc import Iterable
 
 import yaml
 
-GPU = "nvidia.com/gpu"
-SPINE_LABEL = "topology.scheduler/spine"
-LEAF_LABEL = "topology.scheduler/leaf"
-BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"  # the node's network bandwidth in Gbit/s
-DEVICES_ANNOTATION = "agentaflow.gpu/devices"
-GPU_TAINT = {"key": GPU, "value": "true", "effect": "NoSchedule"}
+from gpuledger.names import (
+    DEVICES_ANNOTATION,
+    GPU_COUNT_LABEL,
+    GPU_MEMORY_LABEL,
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    LEAF_LABEL,
+    NETWORK_BANDWIDTH_LABEL,
+    PRODUCT_LABEL,
+    SCHEDULABLE_LABEL,
+    SPINE_LABEL,
+)
+
+GPU_TAINT = {"key": GPU_RESOURCE, "value": "true", "effect": "NoSchedule"}
 
 # (GFD product label, memory in MiB) per spine, cycling
 PRODUCTS = (("NVIDIA-A100-SXM4-80GB", 81920), ("NVIDIA-H100-80GB-HBM3", 81559))
@@ -71,25 +79,25 @@ def make_node(
     bandwidth_gbps: int | None = DEFAULT_BANDWIDTH,
 ) -> dict:
     labels = {
-        "kubernetes.io/hostname": name,
+        HOSTNAME_LABEL: name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": product,
-        "nvidia.com/gpu.memory": str(memory_mib),
+        PRODUCT_LABEL: product,
+        GPU_MEMORY_LABEL: str(memory_mib),
         "nvidia.com/gpu.count": str(gpus),
         SPINE_LABEL: spine,
         LEAF_LABEL: leaf,
     }
     if bandwidth_gbps is not None:
-        labels[BANDWIDTH_LABEL] = str(bandwidth_gbps)
+        labels[NETWORK_BANDWIDTH_LABEL] = str(bandwidth_gbps)
     annotations: dict[str, str] = {}
     if agentaflow:
         labels.update(
             {
-                "agentaflow.gpu/schedulable": "true",
+                SCHEDULABLE_LABEL: "true",
                 "agentaflow.gpu/product": product,
-                "agentaflow.gpu/count": str(gpus),
+                GPU_COUNT_LABEL: str(gpus),
             }
         )
         annotations[DEVICES_ANNOTATION] = json.dumps(
@@ -100,7 +108,7 @@ def make_node(
         "memory": f"{memory_gi}Gi",
         "pods": "110",
         "ephemeral-storage": "1000Gi",
-        GPU: str(gpus),
+        GPU_RESOURCE: str(gpus),
     }
     allocatable = dict(resources, cpu=f"{cpu * 1000 - 500}m", memory=f"{memory_gi * 1024 - 2048}Mi")
     return {

@@ -12,15 +12,23 @@ from pathlib import Path
 
 import yaml
 
-ADMISSION_LABEL = "gpuledger.io/admission"
-EXCLUDED_NAMESPACES = ("kube-system", "gpuledger-system")
-MUTATING, VALIDATING = "gpuledger-mutating", "gpuledger-validating"
+from gpuledger.names import (
+    ADMISSION_ENABLED,
+    ADMISSION_LABEL,
+    MUTATING_CONFIG,
+    MUTATING_WEBHOOK,
+    SYSTEM_NAMESPACE,
+    VALIDATING_CONFIG,
+    VALIDATING_WEBHOOK,
+)
+
+EXCLUDED_NAMESPACES = ("kube-system", SYSTEM_NAMESPACE)
 MANIFEST = Path(__file__).resolve().parents[1] / "manifests" / "webhooks.yaml"
 
 
 def _selector() -> dict:
     return {
-        "matchLabels": {ADMISSION_LABEL: "enabled"},
+        "matchLabels": {ADMISSION_LABEL: ADMISSION_ENABLED},
         "matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(EXCLUDED_NAMESPACES)}
         ],
@@ -59,16 +67,16 @@ def webhook_configurations(
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": MUTATING},
-            "webhooks": [hook("mutate.gpuledger.io", "/mutate", ["CREATE"], reinvocationPolicy="IfNeeded")],
+            "metadata": {"name": MUTATING_CONFIG},
+            "webhooks": [hook(MUTATING_WEBHOOK, "/mutate", ["CREATE"], reinvocationPolicy="IfNeeded")],
         },
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": VALIDATING},
+            "metadata": {"name": VALIDATING_CONFIG},
             "webhooks": [
                 hook(
-                    "validate.gpuledger.io",
+                    VALIDATING_WEBHOOK,
                     "/validate",
                     ["CREATE", "UPDATE"],
                     resources=("pods", "pods/ephemeralcontainers"),  # `kubectl debug`: env_guard checks it
@@ -87,5 +95,7 @@ def register(cp, base_url: str, ca_pem: bytes, failure_policy: str = "Fail", tim
 
 
 def unregister(cp) -> None:
-    cp.kubectl("delete", "mutatingwebhookconfiguration", MUTATING, "--ignore-not-found", check=False)
-    cp.kubectl("delete", "validatingwebhookconfiguration", VALIDATING, "--ignore-not-found", check=False)
+    cp.kubectl("delete", "mutatingwebhookconfiguration", MUTATING_CONFIG, "--ignore-not-found", check=False)
+    cp.kubectl(
+        "delete", "validatingwebhookconfiguration", VALIDATING_CONFIG, "--ignore-not-found", check=False
+    )

@@ -40,6 +40,12 @@ RESERVATION_ID_KEY = "gpuledger.io/reservation-id"  # the label naming the pod's
 # the namespace label that opts a namespace in to admission (value ADMISSION_ENABLED)
 ADMISSION_LABEL = "gpuledger.io/admission"
 ADMISSION_ENABLED = "enabled"
+# the controller's, on the Jobs it makes for a GPUWorkload and on their pods (not gpuledger.io/*: the webhook
+# strips those)
+WORKLOAD_NAME_LABEL = "gpuworkload.agentaflow.io/name"
+WORKLOAD_UID_LABEL = "gpuworkload.agentaflow.io/uid"
+WORKLOAD_GROUP_LABEL = "gpuworkload.agentaflow.io/group"
+WORKLOAD_ATTEMPT_ANNOTATION = "gpuworkload.agentaflow.io/attempt"
 EVENTS_REPORTING_COMPONENT = "gpuledger.io/webhook"  # events.k8s.io/v1 reportingComponent
 
 # --- node labels and annotations the node agent writes (and the ledger, the controller and the CLI read) --
@@ -63,8 +69,19 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 ACCELERATOR_LABEL = "accelerator"
 CHEAP_LABEL = "gpu-orchestrator/cheap-node"
 
+# --- Kubernetes' own labels gpuledger reads and writes --------------------------------------------------
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # node affinity on it names the chosen node
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # a StatefulSet pod's ordinal
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # an Indexed Job pod's index
+
 # --- resource names --------------------------------------------------------------------------------------
 GPU_RESOURCE = "nvidia.com/gpu"  # the extended resource, and the GPU taint's key
+
+# --- gpuledger's own objects ----------------------------------------------------------------------------
+SYSTEM_NAMESPACE = "gpuledger-system"  # where the manifests install the webhook and the controller
+# the webhook configurations, and the webhook each holds
+MUTATING_CONFIG, VALIDATING_CONFIG = "gpuledger-mutating", "gpuledger-validating"
+MUTATING_WEBHOOK, VALIDATING_WEBHOOK = "mutate.gpuledger.io", "validate.gpuledger.io"
 
 # --- API groups and versions -----------------------------------------------------------------------------
 AGENTAFLOW_GROUP, AGENTAFLOW_VERSION = "agentaflow.io", "v1"  # GPUWorkload and GPUNode
@@ -74,3 +91,17 @@ WARP_API_VERSION = f"{WARP_GROUP}/{WARP_VERSION}"
 GPUWORKLOAD_PLURAL, GPUNODE_PLURAL = "gpuworkloads", "gpunodes"
 # the topology scheduler's SchedulerConfig, accepted as a webhook config file
 SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
+
+# --- waiting pods (docs/queues.md) -----------------------------------------------------------------------
+# the scheduling gate a GPU pod that does not fit now is admitted with; removed once the ledger has placed it
+SCHEDULING_GATE = "gpuledger.io/placement"
+# on a waiting pod: its request, its arrival stamped by the ledger and where it was issued, signed
+WAITING_ANNOTATION = "gpuledger.io/waiting"
+# written with the placement of a pod that waited; its containers' device variables read them through the
+# downward API when they start: NVIDIA_VISIBLE_DEVICES (runtime-uuids) and CUDA_VISIBLE_DEVICES (host-indices)
+VISIBLE_DEVICES_ANNOTATION = "gpuledger.io/visible-devices"
+DEVICE_INDICES_ANNOTATION = "gpuledger.io/device-indices"
+# what a pod that does not fit now asks for: "wait" (the default) or "refuse" (denied at once); on the pod (or
+# its workload) as an annotation, on its namespace as a label (the pod's word wins)
+WHEN_FULL = "topology.scheduler/when-full"
+WHEN_FULL_WAIT, WHEN_FULL_REFUSE = "wait", "refuse"

@@ -1,5 +1,5 @@
-"""The layers hold: the import-linter contracts in pyproject.toml, a stdlib-only core,
-no product code in tests/."""
+"""The layers hold: the import-linter contracts in pyproject.toml, a core that imports only the stdlib and
+gpuledger.names (the wire names, which import nothing of gpuledger), no product code in tests/."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("gpuledger", "devcluster")
+NAMES = "gpuledger.names"  # the wire names: every layer may import it, the core too
 
 
 def _imports(path: Path) -> set[str]:
@@ -32,14 +33,26 @@ def test_import_linter_contracts_are_kept():
     assert " 0 broken" in result.stdout
 
 
-def test_the_core_imports_only_the_standard_library():
+def _own(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_the_core_imports_only_the_standard_library_and_the_wire_names():
     for path in sorted((ROOT / "gpuledger" / "core").rglob("*.py")):
         for name in _imports(path):
             top = name.split(".")[0]
-            assert name.startswith("gpuledger.core") or top in sys.stdlib_module_names, (
+            assert _own(name, "gpuledger.core") or name == NAMES or top in sys.stdlib_module_names, (
                 f"{path.relative_to(ROOT)} imports {name}: "
-                "gpuledger.core may import only the standard library and itself"
+                f"gpuledger.core may import only the standard library, {NAMES} and itself"
             )
+
+
+def test_the_wire_names_import_only_the_standard_library():
+    path = ROOT / "gpuledger" / "names.py"
+    for name in _imports(path):
+        assert name.split(".")[0] in sys.stdlib_module_names, (
+            f"{path.relative_to(ROOT)} imports {name}: every layer imports {NAMES}, so it imports no layer"
+        )
 
 
 def test_no_product_module_imports_tests():

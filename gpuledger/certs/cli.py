@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from gpuledger.certs import bundle, render
+from gpuledger.names import SYSTEM_NAMESPACE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OVERLAY = REPO_ROOT / "kustomize" / "overlays" / "dev"
@@ -31,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="a new CA, serving certificate, Secrets and caBundle patches")
     gen.add_argument("--service", default="gpuledger", help="webhook Service name (default gpuledger)")
     gen.add_argument(
-        "--namespace", default="gpuledger-system", help="its namespace (default gpuledger-system)"
+        "--namespace", default=SYSTEM_NAMESPACE, help=f"its namespace (default {SYSTEM_NAMESPACE})"
     )
     gen.add_argument("--out", required=True, type=Path, help="directory to write into")
     gen.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-MUTATING_CONFIG, VALIDATING_CONFIG = "gpuledger-mutating", "gpuledger-validating"
-MUTATING_WEBHOOK, VALIDATING_WEBHOOK = "mutate.gpuledger.io", "validate.gpuledger.io"
+from gpuledger.names import MUTATING_CONFIG, MUTATING_WEBHOOK, VALIDATING_CONFIG, VALIDATING_WEBHOOK
+
 TLS_SECRET = "gpuledger-tls"
 PLACEMENT_KEY_SECRET = "gpuledger-placement-key"
 

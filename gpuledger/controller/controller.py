@@ -21,7 +21,6 @@ from gpuledger.controller.kube import Conflict, KubeWriter
 from gpuledger.controller.ledger import INVALID, LedgerView
 from gpuledger.controller.lifecycle import TERMINAL, Observed
 from gpuledger.controller.mapping import (
-    LABEL_UID,
     SpecError,
     WorkloadKey,
     WorkloadRequest,
@@ -31,11 +30,9 @@ from gpuledger.controller.mapping import (
 )
 from gpuledger.controller.metrics import ControllerMetrics, priority_band
 from gpuledger.controller.queue import DEFAULT_BACKFILL_WINDOW_S, Entry, Verdict, plan
+from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL, RESERVATION_ID_KEY, WORKLOAD_UID_LABEL
 
 log = logging.getLogger("gpuledger.controller")
-
-RESERVATION_LABEL = "gpuledger.io/reservation-id"  # gpuledger.service.ledger_service.RESERVATION_ID_KEY
-ADMISSION_LABEL = "gpuledger.io/admission"
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class Engine:
         self.clock, self.draw = clock, draw
         self.workloads: dict[WorkloadKey, dict] = {}
         self.jobs: dict[tuple[str, str], dict] = {}
-        self.pods: dict[tuple[str, str], dict] = {}  # the controller's pods (LABEL_UID)
+        self.pods: dict[tuple[str, str], dict] = {}  # the controller's pods (WORKLOAD_UID_LABEL)
         self.nodes: dict[str, dict] = {}
         self.namespaces: dict[str, bool] = {}
         self.reservation_pods: dict[str, str] = {}  # reservation id -> namespace/name, for GPUNode holders
@@ -120,7 +117,7 @@ class Engine:
     def observe_pod(self, kind: str | None, obj: dict) -> None:
         meta = obj["metadata"]
         labels = meta.get("labels") or {}
-        rid = labels.get(RESERVATION_LABEL)
+        rid = labels.get(RESERVATION_ID_KEY)
         gone = kind == "DELETED" or (obj.get("status") or {}).get("phase") in TERMINAL
         if rid:
             if gone:
@@ -128,13 +125,13 @@ class Engine:
                     self.freeing[rid] = self.clock() + self.settings.free_wait_s
             else:
                 self.reservation_pods[rid] = f"{meta['namespace']}/{meta['name']}"
-        if LABEL_UID in labels:
+        if WORKLOAD_UID_LABEL in labels:
             key = (meta["namespace"], meta["name"])
             if kind == "DELETED":
                 self.pods.pop(key, None)
             else:
                 self.pods[key] = obj
-        if rid or LABEL_UID in labels:
+        if rid or WORKLOAD_UID_LABEL in labels:
             self.wake()
 
     def observe_node(self, kind: str | None, obj: dict) -> None:
@@ -148,7 +145,7 @@ class Engine:
     def observe_namespace(self, kind: str | None, obj: dict) -> None:
         name = obj["metadata"]["name"]
         labels = obj["metadata"].get("labels") or {}
-        self.namespaces[name] = kind != "DELETED" and labels.get(ADMISSION_LABEL) == "enabled"
+        self.namespaces[name] = kind != "DELETED" and labels.get(ADMISSION_LABEL) == ADMISSION_ENABLED
         self.wake()
 
     # ---------------------------------------------------------------- the loop
@@ -225,7 +222,7 @@ class Engine:
         if name not in self.namespaces:
             ns = await asyncio.to_thread(self.writer.read_namespace, name)
             labels = ((ns or {}).get("metadata") or {}).get("labels") or {}
-            self.namespaces[name] = labels.get(ADMISSION_LABEL) == "enabled"
+            self.namespaces[name] = labels.get(ADMISSION_LABEL) == ADMISSION_ENABLED
         return self.namespaces[name]
 
     async def _lost_nodes(self, names: list[str]) -> frozenset[str]:

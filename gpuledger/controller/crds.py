@@ -33,10 +33,16 @@ from gpuledger.controller.crd_fields import (
 from gpuledger.controller.crd_fields import PHASES as PHASES  # re-exported: the vocabulary the CRDs publish
 from gpuledger.controller.crd_fields import PRIORITY_WORDS as PRIORITY_WORDS
 from gpuledger.controller.crd_fields import TOPOLOGY_STRATEGIES as TOPOLOGY_STRATEGIES
-
-AGENTAFLOW_GROUP, AGENTAFLOW_VERSION = "agentaflow.io", "v1"
-WARP_GROUP, WARP_VERSION = "gpu.warp.dev", "v1alpha1"
-PLURAL, NODE_PLURAL = "gpuworkloads", "gpunodes"
+from gpuledger.names import (
+    AGENTAFLOW_API_VERSION,
+    AGENTAFLOW_GROUP,
+    AGENTAFLOW_VERSION,
+    GPUNODE_PLURAL,
+    GPUWORKLOAD_PLURAL,
+    WARP_API_VERSION,
+    WARP_GROUP,
+    WARP_VERSION,
+)
 
 _BOTH_STRATEGIES = {
     "rule": "!(has(self.schedulingStrategy) && has(self.topology) && has(self.topology.placementStrategy))",
@@ -92,16 +98,16 @@ def _agentaflow_spec() -> S:
         ),
         "podTemplate": opaque("The pod template (a core/v1 PodTemplateSpec) each pod is made from."),
         **shared_spec(),
-        "modelName": foreign("gpu.warp.dev/v1alpha1 only."),
-        "gpuCount": foreign("gpu.warp.dev/v1alpha1 only."),
-        "image": foreign("gpu.warp.dev/v1alpha1 only."),
-        "jobTemplate": foreign("gpu.warp.dev/v1alpha1 only.", scalar=False),
+        "modelName": foreign(f"{WARP_API_VERSION} only."),
+        "gpuCount": foreign(f"{WARP_API_VERSION} only."),
+        "image": foreign(f"{WARP_API_VERSION} only."),
+        "jobTemplate": foreign(f"{WARP_API_VERSION} only.", scalar=False),
     }
     rules = [
-        refuse("modelName", "gpu.warp.dev/v1alpha1", "name the workload in metadata.name"),
-        refuse("gpuCount", "gpu.warp.dev/v1alpha1", "use spec.gpuRequirements.gpuCount"),
-        refuse("image", "gpu.warp.dev/v1alpha1", "give the image in spec.podTemplate"),
-        refuse("jobTemplate", "gpu.warp.dev/v1alpha1", "use spec.podTemplate"),
+        refuse("modelName", WARP_API_VERSION, "name the workload in metadata.name"),
+        refuse("gpuCount", WARP_API_VERSION, "use spec.gpuRequirements.gpuCount"),
+        refuse("image", WARP_API_VERSION, "give the image in spec.podTemplate"),
+        refuse("jobTemplate", WARP_API_VERSION, "use spec.podTemplate"),
         _BOTH_STRATEGIES,
     ]
     return obj_field(
@@ -137,16 +143,18 @@ def _warp_spec() -> S:
         },
         "jobTemplate": opaque("A batch/v1 JobTemplateSpec (metadata, spec) instead of spec.image."),
         **shared_spec(),
-        "gpuMemoryRequired": foreign("agentaflow.io/v1 only."),
-        "gpuRequirements": foreign("agentaflow.io/v1 only.", scalar=False),
-        "podTemplate": foreign("agentaflow.io/v1 only.", scalar=False),
+        "gpuMemoryRequired": foreign(f"{AGENTAFLOW_API_VERSION} only."),
+        "gpuRequirements": foreign(f"{AGENTAFLOW_API_VERSION} only.", scalar=False),
+        "podTemplate": foreign(f"{AGENTAFLOW_API_VERSION} only.", scalar=False),
     }
     rules = [
         refuse(
-            "gpuMemoryRequired", "agentaflow.io/v1", "this group has no memory field; use agentaflow.io/v1"
+            "gpuMemoryRequired",
+            AGENTAFLOW_API_VERSION,
+            f"this group has no memory field; use {AGENTAFLOW_API_VERSION}",
         ),
-        refuse("gpuRequirements", "agentaflow.io/v1", "use spec.gpuCount"),
-        refuse("podTemplate", "agentaflow.io/v1", "use spec.image or spec.jobTemplate"),
+        refuse("gpuRequirements", AGENTAFLOW_API_VERSION, "use spec.gpuCount"),
+        refuse("podTemplate", AGENTAFLOW_API_VERSION, "use spec.image or spec.jobTemplate"),
         {
             "rule": "has(self.image) != has(self.jobTemplate)",
             "fieldPath": ".image",
@@ -229,8 +237,8 @@ def gpunode_crd() -> S:
     ]
     return _crd(
         AGENTAFLOW_GROUP,
-        "v1",
-        NODE_PLURAL,
+        AGENTAFLOW_VERSION,
+        GPUNODE_PLURAL,
         "GPUNode",
         "Cluster",
         None,
@@ -245,7 +253,7 @@ def agentaflow_workload_crd() -> S:
     return _crd(
         AGENTAFLOW_GROUP,
         AGENTAFLOW_VERSION,
-        PLURAL,
+        GPUWORKLOAD_PLURAL,
         "GPUWorkload",
         "Namespaced",
         _agentaflow_spec(),
@@ -260,7 +268,7 @@ def warp_workload_crd() -> S:
     return _crd(
         WARP_GROUP,
         WARP_VERSION,
-        PLURAL,
+        GPUWORKLOAD_PLURAL,
         "GPUWorkload",
         "Namespaced",
         _warp_spec(),
@@ -273,9 +281,9 @@ def warp_workload_crd() -> S:
 
 # file name -> CRD; manifests/crds/kustomization.yaml lists the same files
 CRD_FILES: dict[str, Any] = {
-    "gpuworkloads.agentaflow.io.yaml": agentaflow_workload_crd,
-    "gpuworkloads.gpu.warp.dev.yaml": warp_workload_crd,
-    "gpunodes.agentaflow.io.yaml": gpunode_crd,
+    f"{GPUWORKLOAD_PLURAL}.{AGENTAFLOW_GROUP}.yaml": agentaflow_workload_crd,
+    f"{GPUWORKLOAD_PLURAL}.{WARP_GROUP}.yaml": warp_workload_crd,
+    f"{GPUNODE_PLURAL}.{AGENTAFLOW_GROUP}.yaml": gpunode_crd,
 }
 HEADER = (
     "# Generated by `python -m gpuledger.controller.crds manifests/crds`; "

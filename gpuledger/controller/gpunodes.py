@@ -11,11 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuledger.controller.mapping import format_time
+from gpuledger.names import (
+    DEVICES_ANNOTATION,
+    LAST_UPDATE_ANNOTATION,
+    LEAF_LABEL,
+    SCHEDULABLE_LABEL,
+    SPINE_LABEL,
+)
 
-DEVICES_ANNOTATION = "agentaflow.gpu/devices"
-HEARTBEAT_ANNOTATION = "agentaflow.gpu/last-update"
-LEAF_LABEL, SPINE_LABEL = "topology.scheduler/leaf", "topology.scheduler/spine"
-SCHEDULABLE_LABEL = "agentaflow.gpu/schedulable"
 MILLI = 1000
 
 
@@ -111,8 +114,8 @@ def node_status(
         status["leaf"] = labels[leaf_label]
     if labels.get(spine_label):
         status["spine"] = labels[spine_label]
-    if annotations.get(HEARTBEAT_ANNOTATION):
-        status["agentHeartbeatTime"] = annotations[HEARTBEAT_ANNOTATION]
+    if annotations.get(LAST_UPDATE_ANNOTATION):
+        status["agentHeartbeatTime"] = annotations[LAST_UPDATE_ANNOTATION]
     return status
 
 

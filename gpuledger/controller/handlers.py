@@ -15,8 +15,14 @@ from typing import Any
 import kopf
 
 from gpuledger.controller.controller import Engine
-from gpuledger.controller.crds import AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, PLURAL, WARP_GROUP, WARP_VERSION
-from gpuledger.controller.mapping import LABEL_UID
+from gpuledger.names import (
+    AGENTAFLOW_GROUP,
+    AGENTAFLOW_VERSION,
+    GPUWORKLOAD_PLURAL,
+    WARP_GROUP,
+    WARP_VERSION,
+    WORKLOAD_UID_LABEL,
+)
 
 
 def make_registry(engine: Engine, kubeconfig: str | None = None) -> kopf.OperatorRegistry:
@@ -38,11 +44,11 @@ def make_registry(engine: Engine, kubeconfig: str | None = None) -> kopf.Operato
 
     for group, version in ((AGENTAFLOW_GROUP, AGENTAFLOW_VERSION), (WARP_GROUP, WARP_VERSION)):
 
-        @kopf.on.event(group, version, PLURAL, registry=registry)
+        @kopf.on.event(group, version, GPUWORKLOAD_PLURAL, registry=registry)
         def workload(event: kopf.RawEvent, **_: Any) -> None:
             engine.observe_workload(event.get("type"), dict(event["object"]))
 
-    @kopf.on.event("batch", "v1", "jobs", labels={LABEL_UID: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("batch", "v1", "jobs", labels={WORKLOAD_UID_LABEL: kopf.PRESENT}, registry=registry)
     def job(event: kopf.RawEvent, **_: Any) -> None:
         engine.observe_job(event.get("type"), dict(event["object"]))
 

@@ -14,7 +14,13 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpuledger.controller.crds import AGENTAFLOW_GROUP, NODE_PLURAL, PLURAL
+from gpuledger.names import (
+    AGENTAFLOW_API_VERSION,
+    AGENTAFLOW_GROUP,
+    AGENTAFLOW_VERSION,
+    GPUNODE_PLURAL,
+    GPUWORKLOAD_PLURAL,
+)
 
 log = logging.getLogger("gpuledger.controller.kube")
 
@@ -50,7 +56,13 @@ class KubeWriter:
         }
         try:
             stored = self.custom.patch_namespaced_custom_object_status(
-                group, version, meta["namespace"], PLURAL, meta["name"], body, field_manager=FIELD_MANAGER
+                group,
+                version,
+                meta["namespace"],
+                GPUWORKLOAD_PLURAL,
+                meta["name"],
+                body,
+                field_manager=FIELD_MANAGER,
             )
             return cast(dict[str, Any], stored)
         except ApiException as err:
@@ -63,7 +75,7 @@ class KubeWriter:
         meta = obj["metadata"]
         try:
             stored = self.custom.get_namespaced_custom_object(
-                group, version, meta["namespace"], PLURAL, meta["name"]
+                group, version, meta["namespace"], GPUWORKLOAD_PLURAL, meta["name"]
             )
             return cast(dict[str, Any], stored)
         except ApiException as err:
@@ -114,26 +126,34 @@ class KubeWriter:
         """Create the GPUNode when this controller has not written it yet, then set its status."""
         if old is None:
             body = {
-                "apiVersion": f"{AGENTAFLOW_GROUP}/v1",
+                "apiVersion": AGENTAFLOW_API_VERSION,
                 "kind": "GPUNode",
                 "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER}},
             }
             try:
-                self.custom.create_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, body)
+                self.custom.create_cluster_custom_object(
+                    AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, GPUNODE_PLURAL, body
+                )
             except ApiException as err:
                 if err.status != 409:
                     raise
             stored = cast(
                 dict[str, Any],
-                self.custom.get_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, name),
+                self.custom.get_cluster_custom_object(
+                    AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, GPUNODE_PLURAL, name
+                ),
             )
             old = stored.get("status") or {}
         patch = {"status": merge_patch(old, status)}
-        self.custom.patch_cluster_custom_object_status(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, name, patch)
+        self.custom.patch_cluster_custom_object_status(
+            AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, GPUNODE_PLURAL, name, patch
+        )
 
     def delete_gpunode(self, name: str) -> None:
         try:
-            self.custom.delete_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL, name)
+            self.custom.delete_cluster_custom_object(
+                AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, GPUNODE_PLURAL, name
+            )
         except ApiException as err:
             if err.status != 404:
                 raise

@@ -15,10 +15,8 @@ from typing import Any
 
 from gpuledger.controller import backoff
 from gpuledger.controller.mapping import WorkloadRequest, format_time, job_name, parse_time
+from gpuledger.names import PLACEMENT_ANNOTATION  # read, never written
 
-PLACEMENT_ANNOTATION = (
-    "gpuledger.io/placement"  # gpuledger.service.ledger_service.PLACEMENT_ANNOTATION (read, never written)
-)
 TERMINAL = ("Succeeded", "Failed")
 DEFAULT_PLACING_TIMEOUT_S = 60.0
 

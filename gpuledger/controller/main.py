@@ -21,6 +21,15 @@ from typing import Any
 from gpuledger.controller import leader
 from gpuledger.controller.controller import EngineSettings
 from gpuledger.controller.queue import DEFAULT_BACKFILL_WINDOW_S
+from gpuledger.names import (
+    AGENTAFLOW_GROUP,
+    AGENTAFLOW_VERSION,
+    GPUNODE_PLURAL,
+    GPUWORKLOAD_PLURAL,
+    SYSTEM_NAMESPACE,
+    WARP_GROUP,
+    WARP_VERSION,
+)
 
 log = logging.getLogger("gpuledger.controller")
 
@@ -35,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ray-namespace", default="gpuledger", help="the ledger actor's Ray namespace")
     p.add_argument("--actor-name", default="gpu-ledger", help="the ledger actor's name")
-    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "gpuledger-system"))
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", SYSTEM_NAMESPACE))
     p.add_argument("--lease-name", default="gpuledger-controller")
     p.add_argument(
         "--identity",
@@ -119,23 +128,17 @@ def _ledger_handle(args: argparse.Namespace, timeout_s: float = 120.0) -> Any:
 
 def _seed(engine: Any, writer: Any) -> None:
     """Every GPUWorkload of both groups (and the GPUNodes) before the first pass: the queue starts whole."""
-    from gpuledger.controller.crds import (
-        AGENTAFLOW_GROUP,
-        AGENTAFLOW_VERSION,
-        NODE_PLURAL,
-        PLURAL,
-        WARP_GROUP,
-        WARP_VERSION,
-    )
-
     for group, version in ((AGENTAFLOW_GROUP, AGENTAFLOW_VERSION), (WARP_GROUP, WARP_VERSION)):
-        listed = writer.custom.list_cluster_custom_object(group, version, PLURAL)
+        listed = writer.custom.list_cluster_custom_object(group, version, GPUWORKLOAD_PLURAL)
         for obj in listed.get("items") or []:
             obj.setdefault("apiVersion", f"{group}/{version}")
             engine.observe_workload(None, obj)
     # GPUNodes written before (a previous leader): known, so that those of nodes now gone are deleted
     for obj in (
-        writer.custom.list_cluster_custom_object(AGENTAFLOW_GROUP, "v1", NODE_PLURAL).get("items") or []
+        writer.custom.list_cluster_custom_object(AGENTAFLOW_GROUP, AGENTAFLOW_VERSION, GPUNODE_PLURAL).get(
+            "items"
+        )
+        or []
     ):
         engine.gpunode_status[obj["metadata"]["name"]] = obj.get("status") or {}
 

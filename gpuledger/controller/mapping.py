@@ -13,24 +13,28 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuledger.controller.crds import AGENTAFLOW_GROUP, WARP_GROUP
-
-# labels the controller puts on Jobs and their pods (not gpuledger.io/*: the webhook strips those)
-LABEL_NAME = "gpuworkload.agentaflow.io/name"
-LABEL_UID = "gpuworkload.agentaflow.io/uid"
-LABEL_GROUP = "gpuworkload.agentaflow.io/group"
-ANNOTATION_ATTEMPT = "gpuworkload.agentaflow.io/attempt"
-
-# the webhook's annotations (docs/annotations.md), written on the pod template
-GPU_COUNT = "topology.scheduler/gpu-count"
-PLACEMENT_STRATEGY = "topology.scheduler/placement-strategy"
-PREFERRED_DOMAIN = "topology.scheduler/preferred-domain"
-LATENCY_SENSITIVE = "topology.scheduler/latency-sensitive"
-NETWORK_BANDWIDTH = "topology.scheduler/network-bandwidth"
-SCHEDULING_STRATEGY = "agentaflow.gpu/scheduling-strategy"
-PRIORITY = "agentaflow.gpu/priority"
-GPU_MEMORY = "agentaflow.gpu/memory"
-EXCLUSIVE_ACCESS = "agentaflow.gpu/exclusive-access"
+# the webhook's annotations (docs/annotations.md) are written on the pod template; the WORKLOAD_* labels go on
+# Jobs and their pods
+from gpuledger.names import (
+    AGENTAFLOW_API_VERSION,
+    AGENTAFLOW_GROUP,
+    EXCLUSIVE_ACCESS,
+    GPU_COUNT,
+    GPU_MEMORY,
+    JOB_COMPLETION_INDEX,
+    LATENCY_SENSITIVE,
+    NETWORK_BANDWIDTH,
+    PLACEMENT_STRATEGY,
+    PREFERRED_DOMAIN,
+    PRIORITY,
+    SCHEDULING_STRATEGY,
+    WARP_API_VERSION,
+    WARP_GROUP,
+    WORKLOAD_ATTEMPT_ANNOTATION,
+    WORKLOAD_GROUP_LABEL,
+    WORKLOAD_NAME_LABEL,
+    WORKLOAD_UID_LABEL,
+)
 
 PRIORITY_WORDS = {"low": -100, "medium": 0, "high": 100, "critical": 1000}
 TOPOLOGY_STRATEGIES = ("consolidated", "distributed", "balanced")
@@ -236,7 +240,7 @@ def from_object(obj: Mapping[str, Any]) -> WorkloadRequest:
     group, _, version = str(obj.get("apiVersion", "")).partition("/")
     if group not in (AGENTAFLOW_GROUP, WARP_GROUP):
         raise SpecError(
-            "apiVersion", obj.get("apiVersion"), f"{AGENTAFLOW_GROUP}/v1 or {WARP_GROUP}/v1alpha1"
+            "apiVersion", obj.get("apiVersion"), f"{AGENTAFLOW_API_VERSION} or {WARP_API_VERSION}"
         )
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -349,7 +353,11 @@ def owner_reference(req: WorkloadRequest) -> dict[str, Any]:
 def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None = None) -> dict[str, Any]:
     """The Job of one attempt: owned by the GPUWorkload (deleting it deletes the Job and frees the GPUs), no
     retries of its own (backoffLimit 0: the controller retries, with backoff, and counts the attempts)."""
-    labels = {LABEL_NAME: req.key.name[:63], LABEL_UID: req.uid, LABEL_GROUP: req.key.group}
+    labels = {
+        WORKLOAD_NAME_LABEL: req.key.name[:63],
+        WORKLOAD_UID_LABEL: req.uid,
+        WORKLOAD_GROUP_LABEL: req.key.group,
+    }
     template = copy.deepcopy(dict(req.template))
     tmeta = template.setdefault("metadata", {}) or {}
     template["metadata"] = tmeta
@@ -377,7 +385,7 @@ def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None
             "name": job_name(req, attempt),
             "namespace": req.key.namespace,
             "labels": labels,
-            "annotations": {ANNOTATION_ATTEMPT: str(attempt)},
+            "annotations": {WORKLOAD_ATTEMPT_ANNOTATION: str(attempt)},
             "ownerReferences": [owner_reference(req)],
         },
         "spec": spec,
@@ -404,6 +412,6 @@ def sample_pod(job: Mapping[str, Any]) -> dict[str, Any]:
     if job["spec"].get("completionMode") == "Indexed":
         meta["annotations"] = {
             **(meta.get("annotations") or {}),
-            "batch.kubernetes.io/job-completion-index": "0",
+            JOB_COMPLETION_INDEX: "0",
         }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template.get("spec") or {}}

@@ -14,31 +14,24 @@ from typing import Any
 from gpuledger.core.model import PinnedDevices
 from gpuledger.core.quantity import MIB, QuantityError
 from gpuledger.core.quantity import parse_quantity as _quantity
-
-# --- annotation keys -------------------------------------------------------------------------------------
-GPU_COUNT = "topology.scheduler/gpu-count"
-PREFERRED_DOMAIN = "topology.scheduler/preferred-domain"
-PLACEMENT_STRATEGY = "topology.scheduler/placement-strategy"
-LATENCY_SENSITIVE = "topology.scheduler/latency-sensitive"
-NETWORK_BANDWIDTH = "topology.scheduler/network-bandwidth"
-SCHEDULING_STRATEGY = "agentaflow.gpu/scheduling-strategy"
-PRIORITY = "agentaflow.gpu/priority"
-GPU_MEMORY = "agentaflow.gpu/memory"
-EXCLUSIVE_ACCESS = "agentaflow.gpu/exclusive-access"
-GPU_MILLI = "agentaflow.gpu/milli"
-GPU_PRODUCT = "agentaflow.gpu/product"
-SCHEDULING_MAP = "gpu-scheduling-map"
-SCHEDULING_MAP_ALIAS = "topology.scheduler/gpu-scheduling-map"
-# a group (Job, StatefulSet, Kubeflow job) is placed all-or-nothing only when asked; this asks (or, "false",
-# declines). In the topology.scheduler/ family, not gpuledger.io/: those keys only the webhook may write.
-GANG = "topology.scheduler/gang"
-
-# the node label that says a node's network bandwidth in Gbit/s ("200"; "400Gbps" is read too)
-NETWORK_BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"
-
-# pod index sources (Kubernetes' own)
-POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
-JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+from gpuledger.names import (
+    EXCLUSIVE_ACCESS,
+    GANG,
+    GPU_COUNT,
+    GPU_MEMORY,
+    GPU_MILLI,
+    GPU_PRODUCT,
+    JOB_COMPLETION_INDEX,
+    LATENCY_SENSITIVE,
+    NETWORK_BANDWIDTH,
+    PLACEMENT_STRATEGY,
+    POD_INDEX_LABEL,
+    PREFERRED_DOMAIN,
+    PRIORITY,
+    SCHEDULING_MAP,
+    SCHEDULING_MAP_ALIAS,
+    SCHEDULING_STRATEGY,
+)
 
 # every annotation the request parser reads; the docs and the fuzz tests iterate over it
 ANNOTATIONS: tuple[str, ...] = (

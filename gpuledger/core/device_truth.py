@@ -16,8 +16,8 @@ from typing import Any
 
 from gpuledger.core.model import DeviceTruth
 from gpuledger.core.quantity import ascii_int
+from gpuledger.names import HOLDERS_ANNOTATION
 
-HOLDERS_ANNOTATION = "agentaflow.gpu/device-holders"
 SOURCES = ("podresources", "unavailable")
 MAX_TEXT = 256 * 1024
 _ACCEPTED = (

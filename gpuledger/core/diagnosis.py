@@ -9,22 +9,22 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter, OrderedDict
 
-from gpuledger.core.annotation_values import (
-    GPU_COUNT,
-    GPU_MEMORY,
-    GPU_MILLI,
-    GPU_PRODUCT,
-    PREFERRED_DOMAIN,
-    PRIORITY,
-    SCHEDULING_MAP,
-)
 from gpuledger.core.books import Books
-from gpuledger.core.device_truth import HOLDERS_ANNOTATION
 from gpuledger.core.filters import Filters, dynamic, static_signature, unplaceable_reason
 from gpuledger.core.model import Denial, NearMiss, Reason, Request
 from gpuledger.core.node_classes import ClassDiagnosis, NodeClasses
 from gpuledger.core.node_state import NodeState
 from gpuledger.core.plugin import ScoreContext, Strategy
+from gpuledger.names import (
+    GPU_COUNT,
+    GPU_MEMORY,
+    GPU_MILLI,
+    GPU_PRODUCT,
+    HOLDERS_ANNOTATION,
+    PREFERRED_DOMAIN,
+    PRIORITY,
+    SCHEDULING_MAP,
+)
 
 _DEFAULT_CHOICE = Strategy()  # classifies for strategies whose device choice refuses as the default's does
 DIAGNOSIS_LIMIT = 16  # request shapes whose denial diagnosis is kept current

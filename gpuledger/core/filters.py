@@ -5,12 +5,12 @@ Filters judge one node for one request: they never choose between nodes and neve
 
 from __future__ import annotations
 
-from gpuledger.core import objects as kube
-from gpuledger.core.annotation_values import NETWORK_BANDWIDTH_LABEL, node_bandwidth_gbps
+from gpuledger.core.annotation_values import node_bandwidth_gbps
 from gpuledger.core.books import Books, StaticVerdicts
 from gpuledger.core.model import MILLI_PER_GPU, Reason, Request, Taint
 from gpuledger.core.node_state import NodeState
 from gpuledger.core.plugin import ScoreContext, Strategy, device_ok, product_matches
+from gpuledger.names import ACCELERATOR_LABEL, NETWORK_BANDWIDTH_LABEL
 
 HARD_EFFECTS = ("NoSchedule", "NoExecute")
 FILTER_CACHE_LIMIT = 256
@@ -64,7 +64,7 @@ class Filters:
         if req.product and not product_matches(
             req.product,
             info.product,
-            info.label(kube.ACCELERATOR_LABEL, "") or "",
+            info.label(ACCELERATOR_LABEL, "") or "",
             *(d.product for d in info.devices),
         ):
             return Reason.PRODUCT_MISMATCH, ()

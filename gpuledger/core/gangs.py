@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpuledger.core.annotation_values import GPU_COUNT, GPU_MEMORY, GPU_MILLI
 from gpuledger.core.books import Books, GroupState, Reservation, slot_hid
 from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import dynamic, tolerated_gpu_taints
@@ -17,6 +16,7 @@ from gpuledger.core.model import Denial, GroupSlot, Placement, Reason, Request, 
 from gpuledger.core.node_state import Holding, LeafKey
 from gpuledger.core.selection import Choice, Selector, device_uuids, placement
 from gpuledger.core.topology import plan_leaves
+from gpuledger.names import GPU_COUNT, GPU_MEMORY, GPU_MILLI
 
 
 @dataclass

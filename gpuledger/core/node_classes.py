@@ -11,12 +11,12 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 
-from gpuledger.core import objects as kube
 from gpuledger.core import sorted_buckets
 from gpuledger.core.inventory import ClusterIndex
 from gpuledger.core.node_state import NodeState
 from gpuledger.core.sorted_names import CHUNK, SortedNames
 from gpuledger.core.steps import Steps, drain
+from gpuledger.names import ACCELERATOR_LABEL
 
 
 class NodeClasses:
@@ -157,7 +157,7 @@ class NodeClasses:
             info.unschedulable,
             info.gpu_schedulable,
             info.product,
-            info.label(kube.ACCELERATOR_LABEL, "") or "",
+            info.label(ACCELERATOR_LABEL, "") or "",
             tuple([(d.product, d.memory_mib, d.healthy) for d in info.devices]),
             info.taints,
             tuple(node.dev_index),

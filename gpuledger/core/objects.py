@@ -15,16 +15,14 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from gpuledger.core.device_truth import HOLDERS_ANNOTATION, parse_device_holders
+from gpuledger.core.device_truth import parse_device_holders
 from gpuledger.core.model import Device, NodeInfo, Placement, Taint
 
 # Moved to their own modules; re-exported because callers import them from here
 # (`from gpuledger.core import objects as kube`; gpuledger.service.ledger_service; gpuledger.service.sources).
 from gpuledger.core.placement_codec import (  # noqa: F401
     LEGACY_VERSION,
-    PLACEMENT_ANNOTATION,
     PLACEMENT_VERSION,
-    RESERVATION_ID_KEY,
     Binding,
     binding_mismatch,
     binding_of,
@@ -44,17 +42,21 @@ from gpuledger.core.quantity import (  # noqa: F401
     parse_quantity,
 )
 from gpuledger.core.quantity import parse_or_default as _lenient  # the lenient policy: record, default
+from gpuledger.names import (
+    ACCELERATOR_LABEL,
+    CHEAP_LABEL,
+    DEVICES_ANNOTATION,
+    GPU_MEMORY_LABEL,
+    GPU_RESOURCE,
+    HOLDERS_ANNOTATION,
+    LAST_UPDATE_ANNOTATION,
+    LEAF_LABEL,
+    PLACEMENT_ANNOTATION,
+    PRODUCT_LABEL,
+    SCHEDULABLE_LABEL,
+    SPINE_LABEL,
+)
 
-DEVICES_ANNOTATION = "agentaflow.gpu/devices"
-GPU_RESOURCE = "nvidia.com/gpu"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
-ACCELERATOR_LABEL = "accelerator"
-CHEAP_LABEL = "gpu-orchestrator/cheap-node"
-SCHEDULABLE_LABEL = "agentaflow.gpu/schedulable"
-DEFAULT_SPINE_LABEL = "topology.scheduler/spine"
-DEFAULT_LEAF_LABEL = "topology.scheduler/leaf"
-LAST_UPDATE_ANNOTATION = "agentaflow.gpu/last-update"  # when the node agent last read the devices
 TERMINAL_PHASES = ("Succeeded", "Failed")
 MAX_DEVICES_PER_NODE = 4096
 _DIGITS = re.compile(r"([0-9]+)")
@@ -131,8 +133,8 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     alloc = status.get("allocatable") or status.get("capacity") or {}
     labels = _labels(obj)
     annotations = _annotations(obj)
-    spine_label = getattr(config, "spine_label", DEFAULT_SPINE_LABEL)
-    leaf_label = getattr(config, "leaf_label", DEFAULT_LEAF_LABEL)
+    spine_label = getattr(config, "spine_label", SPINE_LABEL)
+    leaf_label = getattr(config, "leaf_label", LEAF_LABEL)
 
     cpu = _lenient(lambda v: cpu_milli(v, round_up=False), alloc.get("cpu"), 0, problems, f"node {name} cpu")
     mem = _lenient(

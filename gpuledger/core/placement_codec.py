@@ -21,8 +21,6 @@ from gpuledger.core.model import DeviceShare, GroupSlot, Placement, Taint
 from gpuledger.core.quantity import ascii_float, ascii_int
 from gpuledger.core.slots_init import dict_init
 
-PLACEMENT_ANNOTATION = "gpuledger.io/placement"
-RESERVATION_ID_KEY = "gpuledger.io/reservation-id"
 PLACEMENT_VERSION = 2  # signs the placement with its Binding
 LEGACY_VERSION = 1  # no binding: honoured on any pod (annotations written before version 2)
 

@@ -20,11 +20,12 @@ from gpuledger.core.annotation_values import (
     read_int,
 )
 from gpuledger.core.model import SelectorRequirement, Toleration
+from gpuledger.names import GPU_RESOURCE, HOSTNAME_LABEL
 
 
 @dataclass(frozen=True)
 class PodRequestConfig:
-    gpu_resource: str = "nvidia.com/gpu"
+    gpu_resource: str = GPU_RESOURCE
 
 
 # the owners whose pods may form a gang, and the spec field holding each Kubeflow job's replica specs
@@ -194,7 +195,7 @@ def affinity_terms(pod: Mapping) -> tuple[tuple[SelectorRequirement, ...], ...]:
             expr = mapping(expr)
             # the only field selector Kubernetes supports is metadata.name; nodes carry it as their hostname
             # label
-            key = "kubernetes.io/hostname" if expr.get("key") == "metadata.name" else str(expr.get("key", ""))
+            key = HOSTNAME_LABEL if expr.get("key") == "metadata.name" else str(expr.get("key", ""))
             reqs.append(
                 SelectorRequirement(
                     key, str(expr.get("operator", "")), tuple(str(v) for v in as_list(expr.get("values")))

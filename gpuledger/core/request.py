@@ -15,32 +15,15 @@ from typing import Any
 from gpuledger.core import pod_spec
 from gpuledger.core import registry as strategies
 
-# The keys and value readers live in annotation_values; every name is re-exported here because callers
-# (gpuledger.service.ledger_service, gpuledger.sim, the tests) import them from gpuledger.core.request.
+# The value readers live in annotation_values (the keys in gpuledger.names); each is re-exported here
+# because callers (gpuledger.service.ledger_service, the tests) import them from gpuledger.core.request.
 from gpuledger.core.annotation_values import (  # noqa: F401
     ANNOTATIONS,
     DNS_LABELISH,
-    EXCLUSIVE_ACCESS,
     FALSE_WORDS,
-    GANG,
-    GPU_COUNT,
-    GPU_MEMORY,
-    GPU_MILLI,
-    GPU_PRODUCT,
-    JOB_COMPLETION_INDEX,
-    LATENCY_SENSITIVE,
     MAX_GPUS_PER_POD,
     MAX_GROUP_SIZE,
-    NETWORK_BANDWIDTH,
-    NETWORK_BANDWIDTH_LABEL,
     NETWORK_BANDWIDTHS,
-    PLACEMENT_STRATEGY,
-    POD_INDEX_LABEL,
-    PREFERRED_DOMAIN,
-    PRIORITY,
-    SCHEDULING_MAP,
-    SCHEDULING_MAP_ALIAS,
-    SCHEDULING_STRATEGY,
     TOPOLOGY_STRATEGIES,
     TRUE_WORDS,
     AnnotationError,
@@ -61,6 +44,23 @@ from gpuledger.core.annotation_values import (  # noqa: F401
 )
 from gpuledger.core.model import GroupSpec, PinnedDevices, Request
 from gpuledger.core.pod_spec import GROUP_OWNER_KINDS, PodRequestConfig
+from gpuledger.names import (
+    EXCLUSIVE_ACCESS,
+    GANG,
+    GPU_COUNT,
+    GPU_MEMORY,
+    GPU_MILLI,
+    GPU_PRODUCT,
+    HOSTNAME_LABEL,
+    LATENCY_SENSITIVE,
+    NETWORK_BANDWIDTH,
+    PLACEMENT_STRATEGY,
+    PREFERRED_DOMAIN,
+    PRIORITY,
+    SCHEDULING_MAP,
+    SCHEDULING_MAP_ALIAS,
+    SCHEDULING_STRATEGY,
+)
 
 LATENCY_STRATEGY = "least_utilized"  # what a latency-sensitive pod gets when it names no strategy
 
@@ -294,7 +294,7 @@ def request_from_pod(
     selector = string_map("spec.nodeSelector", spec.get("nodeSelector"))
     if isinstance(spec.get("nodeName"), str) and spec["nodeName"]:
         # the user bound the pod to a node already: only that node may hold its GPUs
-        selector.setdefault("kubernetes.io/hostname", spec["nodeName"])
+        selector.setdefault(HOSTNAME_LABEL, spec["nodeName"])
     node_selector = tuple(sorted(selector.items()))
     return Request(
         id=reservation_id,

@@ -21,17 +21,25 @@ from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuledger.node_agent.holders import ANNOTATION as HOLDERS_ANNOTATION
+from gpuledger.names import (
+    DEVICES_ANNOTATION,
+    GPU_COUNT_LABEL,
+    GPU_ENABLED_LABEL,
+    HOLDERS_ANNOTATION,
+    LAST_UPDATE_ANNOTATION,
+    NODE_STATUS_ANNOTATION,
+    SCHEDULABLE_LABEL,
+    UTILIZATION_TIER_LABEL,
+    XIDS_ANNOTATION,
+)
 from gpuledger.node_agent.holders import DeviceHolders, observe
 from gpuledger.node_agent.pod_resources import DEFAULT_RESOURCES, DEFAULT_SOCKET, PodResourcesClient
 from gpuledger.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError, XidEvent
 from gpuledger.node_agent.processes import DEFAULT_PROC_ROOT
-from gpuledger.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
 from gpuledger.node_agent.xids import APPLICATION_XIDS, XidLog, parse_ignored, read_boot_id, utc_stamp
 
 log = logging.getLogger("gpuledger.node_agent")
 
-PREFIX = "agentaflow.gpu/"
 TIER_BOUNDS = ((30, "low"), (70, "medium"))  # mean utilization % below the bound -> tier; else "high"
 CONFLICT_TRIES = 3  # reads and patches of the Node when another writer changed it in between
 
@@ -70,17 +78,17 @@ def node_patch(
     patch: dict[str, dict[str, dict[str, str | None]]] = {
         "metadata": {
             "labels": {
-                PREFIX + "enabled": "true" if reports else "false",
-                PREFIX + "schedulable": "true" if healthy else "false",
-                PREFIX + "count": str(len(reports)),
-                PREFIX + "utilization-tier": utilization_tier(reports),
+                GPU_ENABLED_LABEL: "true" if reports else "false",
+                SCHEDULABLE_LABEL: "true" if healthy else "false",
+                GPU_COUNT_LABEL: str(len(reports)),
+                UTILIZATION_TIER_LABEL: utilization_tier(reports),
             },
             "annotations": {  # a None value removes that annotation (strategic merge)
-                PREFIX + "devices": json.dumps(
+                DEVICES_ANNOTATION: json.dumps(
                     [r.as_annotation_entry() for r in reports], separators=(",", ":")
                 ),
-                PREFIX + "status": node_status(reports),
-                PREFIX + "last-update": utc_stamp(now),
+                NODE_STATUS_ANNOTATION: node_status(reports),
+                LAST_UPDATE_ANNOTATION: utc_stamp(now),
             },
         }
     }

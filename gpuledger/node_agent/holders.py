@@ -24,7 +24,6 @@ from gpuledger.node_agent.processes import DEFAULT_PROC_ROOT, external_usage
 
 log = logging.getLogger("gpuledger.node_agent")
 
-ANNOTATION = "agentaflow.gpu/device-holders"
 VERSION = 1
 
 

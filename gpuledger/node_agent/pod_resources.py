@@ -11,10 +11,11 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuledger.names import GPU_RESOURCE
 from gpuledger.node_agent.probes import DeviceReport
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-DEFAULT_RESOURCES = ("nvidia.com/gpu",)
+DEFAULT_RESOURCES = (GPU_RESOURCE,)
 
 
 @dataclass(frozen=True)

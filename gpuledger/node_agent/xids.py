@@ -17,11 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
 
+from gpuledger.names import XIDS_ANNOTATION
 from gpuledger.node_agent.probes import DeviceReport, XidEvent
 
 log = logging.getLogger("gpuledger.node_agent")
 
-ANNOTATION = "agentaflow.gpu/xid-errors"
 # The XIDs an application's own fault raises (an illegal address, a trap, a preemption after one): the GPU is
 # still healthy. The same list NVIDIA's device plugin skips.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -84,7 +84,9 @@ class XidLog:
                 for uuid, errors in obj["devices"].items()
             }
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.warning("annotation %s is not {bootId, devices: {UUID: [{xid, at}]}} (%s)", ANNOTATION, exc)
+            log.warning(
+                "annotation %s is not {bootId, devices: {UUID: [{xid, at}]}} (%s)", XIDS_ANNOTATION, exc
+            )
             return cls(boot_id)
         return cls(boot_id, MappingProxyType({uuid: errors for uuid, errors in devices.items() if errors}))
 
@@ -132,7 +134,7 @@ class XidLog:
                 xids = ", ".join(str(e.xid) for e in errors)
                 reason = (
                     f"critical XID {xids} (the last at {errors[-1].at}): reset the GPU, then remove the "
-                    f"Node's annotation {ANNOTATION}"
+                    f"Node's annotation {XIDS_ANNOTATION}"
                 )
                 if not report.healthy:
                     reason = f"{report.reason}; {reason}"

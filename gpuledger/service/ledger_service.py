@@ -31,8 +31,6 @@ from gpuledger.core.model import (
     Taint,
 )
 from gpuledger.core.objects import (
-    PLACEMENT_ANNOTATION,
-    RESERVATION_ID_KEY,
     Binding,
     binding_mismatch,
     binding_of,
@@ -51,6 +49,7 @@ from gpuledger.core.request import (
     seed_for,
 )
 from gpuledger.core.steps import Steps, drain
+from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.live_settings import SETTINGS_HISTORY, LiveSettings
 from gpuledger.service.settings import (
     DEFAULT_SCORING_WEIGHTS,

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from gpuledger.core.objects import RESERVATION_ID_KEY, iter_objects, kind_of
+from gpuledger.core.objects import iter_objects, kind_of
+from gpuledger.names import RESERVATION_ID_KEY
 
 
 def load_objects(path: str | Path) -> list[dict]:

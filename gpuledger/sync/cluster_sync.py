@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from gpuledger.service.sync_writer import is_fenced
-from gpuledger.sync.config import NODE, POD, RESERVATION_LABEL, SyncConfig, SyncStats
+from gpuledger.sync.config import NODE, POD, SyncConfig, SyncStats
 from gpuledger.sync.conflicts import ConflictReports, conflict_event
 from gpuledger.sync.device_events import DeviceTruthReports
 from gpuledger.sync.expiry import ExpiryChecks, batches
@@ -43,7 +43,6 @@ from gpuledger.sync.targets import LedgerTarget, LocalLedgerTarget, RayLedgerTar
 __all__ = [
     "NODE",
     "POD",
-    "RESERVATION_LABEL",
     "ClusterSync",
     "LedgerTarget",
     "LocalLedgerTarget",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-RESERVATION_LABEL = "gpuledger.io/reservation-id"
+from gpuledger.names import RESERVATION_ID_KEY
+
 NODE, POD = "Node", "Pod"
 
 
@@ -22,7 +23,7 @@ class SyncConfig:
     status_interval_s: float = 2.0  # how often to ask whether the ledger restarted empty
     retry_backoff_s: tuple[float, float] = (0.2, 5.0)  # first and largest wait after a failure
     watch_retries: int = 5  # consecutive failures of one watch before a full resync
-    reservation_label: str = RESERVATION_LABEL
+    reservation_label: str = RESERVATION_ID_KEY
     # the ledger's sync lease (gpuledger.service.sync_writer): one replica's sync writes at a time; the
     # others take
     # over within a term of its going silent, at once when it stops

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger.names import HOLDERS_ANNOTATION
 from gpuledger.sync.pod_events import pod_event
 
 log = logging.getLogger("gpuledger.sync")
-
-HOLDERS_ANNOTATION = "agentaflow.gpu/device-holders"
 
 
 @dataclass

@@ -15,6 +15,14 @@ from typing import Any
 
 import yaml
 
+from gpuledger.names import (
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    LEAF_LABEL,
+    SCHEDULER_CONFIG_API_GROUP,
+    SPINE_LABEL,
+    SYSTEM_NAMESPACE,
+)
 from gpuledger.ray.channel import CHANNEL_MODES
 from gpuledger.service.ledger_service import (
     DEFAULT_SCORING_WEIGHTS,
@@ -32,12 +40,11 @@ from gpuledger.sync.config import SyncConfig
 from gpuledger.webhook.ledger.prefetch import PrefetchSettings
 
 VISIBILITY_MODES = ("host-indices", "runtime-uuids", "device-plugin")
-AFFINITY_KEYS = ("kubernetes.io/hostname", "metadata.name")
+AFFINITY_KEYS = (HOSTNAME_LABEL, "metadata.name")
 # the AgentaFlow scheduler's variable: overrides the file's default_strategy at start (and at each reload)
 STRATEGY_ENV = "SCHEDULING_STRATEGY"
 # the topology scheduler's SchedulerConfig, accepted as its doc writes it
 SCHEDULER_CONFIG_KINDS = ("SchedulerConfig", "TopologySchedulerConfig")
-SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
 # keys pushed to the live ledger (at start and on each reload); every other key takes effect at a restart
 LIVE_KEYS = (
     "default_strategy",
@@ -55,7 +62,7 @@ class WebhookConfig:
     # how the chosen node is written on the pod: nodeName | affinity | both
     binding_mode: BindingMode = BindingMode.AFFINITY
     # affinity on the hostname label (value = node name) or an exact matchFields on metadata.name
-    affinity_key: str = "kubernetes.io/hostname"
+    affinity_key: str = HOSTNAME_LABEL
     # how the pod learns its devices: host-indices | runtime-uuids | device-plugin
     visibility_mode: str = "runtime-uuids"
     # ledger slow/down: deny (False, default) or allow the pod unplaced (True)
@@ -75,8 +82,8 @@ class WebhookConfig:
     # max_gpus_per_leaf
     topology_constraints: dict = field(default_factory=lambda: dict.fromkeys(TOPOLOGY_CONSTRAINTS, 0))
     # the Node labels naming a node's leaf and spine (live too, but a change rebuilds the ledger)
-    leaf_label: str = "topology.scheduler/leaf"
-    spine_label: str = "topology.scheduler/spine"
+    leaf_label: str = LEAF_LABEL
+    spine_label: str = SPINE_LABEL
     # a GPU whose memory processes outside Kubernetes use at or above this many MiB (the node agent's
     # agentaflow.gpu/device-holders) is not placed on; 0 = never (live)
     external_memory_threshold_mib: int = LedgerConfig.external_memory_threshold_mib
@@ -90,8 +97,8 @@ class WebhookConfig:
     hmac_key_file: str | None = None
     hmac_key: str = ""
     # requests from these users may change gpuledger.io/* annotations and labels on UPDATE
-    privileged_usernames: tuple[str, ...] = ("system:serviceaccount:gpuledger-system:gpuledger",)
-    gpu_resource: str = "nvidia.com/gpu"
+    privileged_usernames: tuple[str, ...] = (f"system:serviceaccount:{SYSTEM_NAMESPACE}:gpuledger",)
+    gpu_resource: str = GPU_RESOURCE
     max_body_bytes: int = 4 * 1024 * 1024
     # how long an owner Job/StatefulSet fetched from the API is reused
     owner_cache_ttl_s: float = 5.0

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from gpuledger.names import JOB_COMPLETION_INDEX, POD_INDEX_LABEL
 from gpuledger.service.ledger_service import LedgerService, iter_objects
 from gpuledger.service.sources import load_objects
 from gpuledger.webhook.admission.handler import AdmissionHandler
@@ -65,11 +66,11 @@ def expand_owner(owner: dict) -> list[dict]:
             pod_name = f"{name}-{i}" if indexed else f"{name}-{i:05d}"
             labels.setdefault("job-name", name)
             if indexed:
-                annotations["batch.kubernetes.io/job-completion-index"] = str(i)
-                labels["batch.kubernetes.io/job-completion-index"] = str(i)
+                annotations[JOB_COMPLETION_INDEX] = str(i)
+                labels[JOB_COMPLETION_INDEX] = str(i)
         else:
             pod_name = f"{name}-{i}"
-            labels["apps.kubernetes.io/pod-index"] = str(i)
+            labels[POD_INDEX_LABEL] = str(i)
             labels["statefulset.kubernetes.io/pod-name"] = pod_name
         pods.append(
             {

@@ -18,9 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpuledger.names import HOLDERS_ANNOTATION
 from gpuledger.node_agent import kubelet_grpc
 from gpuledger.node_agent.agent import NodeAgent, main, node_patch
-from gpuledger.node_agent.holders import ANNOTATION, DeviceHolders, observe
+from gpuledger.node_agent.holders import DeviceHolders, observe
 from gpuledger.node_agent.pod_resources import Holding, PodResourcesClient, device_index, map_holders
 from gpuledger.node_agent.probes import DeviceReport, FakeProbe, GpuProcess
 from gpuledger.node_agent.processes import external_usage, pod_uid_in
@@ -140,8 +141,8 @@ def test_annotation_is_compact_sorted_json_in_the_wire_format():
         '{"external":{},"holders":{},"source":"unavailable","unmapped":[],"v":1}'
     )
     patch = node_patch(REPORTS, NOW, holders)
-    assert patch["metadata"]["annotations"][ANNOTATION] == holders.annotation()
-    assert ANNOTATION not in node_patch(REPORTS, NOW)["metadata"]["annotations"]
+    assert patch["metadata"]["annotations"][HOLDERS_ANNOTATION] == holders.annotation()
+    assert HOLDERS_ANNOTATION not in node_patch(REPORTS, NOW)["metadata"]["annotations"]
 
 
 # ---------------------------------------------------------------- the fake probe's processes
@@ -245,7 +246,7 @@ def test_agent_patches_when_holders_change_and_a_restart_publishes_the_same(kube
     kubelet.hold("ns", "p", "c", [REPORTS[1].uuid])
     changed = first.publish_if_changed(NOW)
     assert changed is not None and len(api.patches) == 2
-    text = changed["metadata"]["annotations"][ANNOTATION]
+    text = changed["metadata"]["annotations"][HOLDERS_ANNOTATION]
     assert json.loads(text) == {
         "v": 1,
         "source": "podresources",
@@ -254,7 +255,7 @@ def test_agent_patches_when_holders_change_and_a_restart_publishes_the_same(kube
         "unmapped": [],
     }
     restarted = agent()  # a new process: nothing carried over
-    assert restarted.publish_once(NOW)["metadata"]["annotations"][ANNOTATION] == text
+    assert restarted.publish_once(NOW)["metadata"]["annotations"][HOLDERS_ANNOTATION] == text
 
 
 def test_run_loop_patches_holder_changes_between_full_publications(kubelet):
@@ -280,13 +281,13 @@ def test_run_loop_patches_holder_changes_between_full_publications(kubelet):
     agent.stop()
     loop.join(5)
     assert len(api.patches) == 2
-    assert '"pod":"p"' in api.patches[1]["metadata"]["annotations"][ANNOTATION]
+    assert '"pod":"p"' in api.patches[1]["metadata"]["annotations"][HOLDERS_ANNOTATION]
 
 
 def test_print_includes_the_holders_annotation(kubelet, capsys):
     kubelet.hold("ns", "p", "c", ["GPU-fake-t4-0000"])
     argv = ["--node", "n1", "--fake", "1xT4:15360", "--print", "--pod-resources-socket", str(kubelet.socket)]
     assert main(argv) == 0
-    holders = json.loads(json.loads(capsys.readouterr().out)["metadata"]["annotations"][ANNOTATION])
+    holders = json.loads(json.loads(capsys.readouterr().out)["metadata"]["annotations"][HOLDERS_ANNOTATION])
     assert holders["holders"] == {"0": [{"namespace": "ns", "pod": "p", "container": "c"}]}
     assert main([*argv[:-2], "--resources", " , "]) == 2

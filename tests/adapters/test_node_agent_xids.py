@@ -18,17 +18,11 @@ import pytest
 from devcluster.nodes import make_node
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Reason, Request
+from gpuledger.names import XIDS_ANNOTATION
 from gpuledger.node_agent.agent import NodeAgent, main, node_patch
 from gpuledger.node_agent.pod_resources import PodResourcesClient
 from gpuledger.node_agent.probes import DeviceReport, FakeProbe, QueryFailed, XidEvent, memory_health
-from gpuledger.node_agent.xids import (
-    ANNOTATION,
-    APPLICATION_XIDS,
-    KEPT_PER_DEVICE,
-    XidLog,
-    parse_ignored,
-    read_boot_id,
-)
+from gpuledger.node_agent.xids import APPLICATION_XIDS, KEPT_PER_DEVICE, XidLog, parse_ignored, read_boot_id
 from tests.adapters.node_store import NodeStore
 
 NOW = datetime(2026, 11, 27, 19, 0, tzinfo=UTC)
@@ -54,7 +48,7 @@ def test_a_critical_xid_marks_its_gpu_unhealthy_and_an_application_xid_does_not(
     marked = log.mark(REPORTS)
     assert [r.healthy for r in marked] == [True, True, False, True]
     reason = marked[2].reason
-    assert "critical XID 79" in reason and "2026-11-27T19:00:00Z" in reason and ANNOTATION in reason
+    assert "critical XID 79" in reason and "2026-11-27T19:00:00Z" in reason and XIDS_ANNOTATION in reason
     # nothing ignored: an application's fault counts too (`--ignore-xids none`)
     strict = XidLog(BOOT).record([(XidEvent(1, 31), NOW)], REPORTS, frozenset())
     assert [r.healthy for r in strict.mark(REPORTS)] == [True, False, True, True]
@@ -87,7 +81,7 @@ def test_an_empty_log_removes_the_annotation_and_another_boots_log_is_void():
 @pytest.mark.parametrize("text", ["not json", "[]", '{"bootId":"' + BOOT + '","devices":{"G":[{"x":1}]}}'])
 def test_a_malformed_annotation_reads_as_empty_and_is_logged(text, caplog):
     assert XidLog.from_annotation(text, BOOT).devices == {}
-    assert ANNOTATION in caplog.text
+    assert XIDS_ANNOTATION in caplog.text
 
 
 def test_a_failing_gpu_keeps_only_its_newest_records():
@@ -162,11 +156,11 @@ def test_the_agent_records_an_xid_on_the_node_and_a_restart_publishes_the_same_h
     store, probe = NodeStore(), FakeProbe(REPORTS)
     first = agent(store, probe)
     first.publish_once(NOW)
-    assert ANNOTATION not in store.annotations
+    assert XIDS_ANNOTATION not in store.annotations
     probe.report_xid(2, 79)
     changed = first.publish_if_changed(NOW)  # holders unchanged: the XID alone is worth a patch
     assert changed is not None and [d["healthy"] for d in devices(changed)] == [True, True, False, True]
-    assert json.loads(store.annotations[ANNOTATION])["devices"] == {
+    assert json.loads(store.annotations[XIDS_ANNOTATION])["devices"] == {
         REPORTS[2].uuid: [{"at": "2026-11-27T19:00:00Z", "xid": 79}]
     }
     assert first.publish_if_changed(NOW) is None  # published: nothing more to send
@@ -174,7 +168,7 @@ def test_the_agent_records_an_xid_on_the_node_and_a_restart_publishes_the_same_h
     restarted = agent(store, FakeProbe(REPORTS))  # a new process: NVML will not tell it again
     later = restarted.publish_once(NOW + timedelta(minutes=1))
     assert devices(later) == devices(changed)
-    assert later["metadata"]["annotations"][ANNOTATION] == store.annotations[ANNOTATION]
+    assert later["metadata"]["annotations"][XIDS_ANNOTATION] == store.annotations[XIDS_ANNOTATION]
 
 
 def test_an_application_fault_sends_nothing_and_leaves_the_gpu_healthy():
@@ -190,15 +184,15 @@ def test_clearing_the_annotation_returns_the_gpu_and_is_not_overwritten():
     store, probe = NodeStore(), FakeProbe(REPORTS, xids=[XidEvent(0, 79)])
     running = agent(store, probe)
     running.publish_once(NOW)
-    assert ANNOTATION in store.annotations
+    assert XIDS_ANNOTATION in store.annotations
     reads = []
     read = store.read_node
     store.read_node = lambda name: reads.append(name) or read(name)  # type: ignore[method-assign]
     assert running.publish_once(NOW) and reads == []  # the Node its last patch left: no GET before a patch
-    store.annotate(ANNOTATION, None)  # the operator, after resetting the GPU
+    store.annotate(XIDS_ANNOTATION, None)  # the operator, after resetting the GPU
     again = running.publish_once(NOW)
     assert reads == ["n1"]  # its patch on the older version was refused (409): it read the Node again
-    assert all(d["healthy"] for d in devices(again)) and ANNOTATION not in store.annotations
+    assert all(d["healthy"] for d in devices(again)) and XIDS_ANNOTATION not in store.annotations
 
 
 def test_a_clear_between_the_agents_read_and_its_patch_is_kept():
@@ -212,13 +206,13 @@ def test_a_clear_between_the_agents_read_and_its_patch_is_kept():
 
     def read_then_cleared(name):
         node = read(name)
-        if ANNOTATION in store.annotations:
-            store.annotate(ANNOTATION, None)  # lands after the agent's read, before its patch
+        if XIDS_ANNOTATION in store.annotations:
+            store.annotate(XIDS_ANNOTATION, None)  # lands after the agent's read, before its patch
         return node
 
     store.read_node = read_then_cleared  # type: ignore[method-assign]
     patch = running.publish_once(NOW)
-    assert ANNOTATION not in store.annotations and all(d["healthy"] for d in devices(patch))
+    assert XIDS_ANNOTATION not in store.annotations and all(d["healthy"] for d in devices(patch))
 
 
 def test_an_xid_the_api_server_did_not_take_is_published_with_the_next_patch():
@@ -232,7 +226,7 @@ def test_an_xid_the_api_server_did_not_take_is_published_with_the_next_patch():
         running.publish_if_changed(NOW)
     store.patch_node = patch_node  # type: ignore[method-assign]
     assert running.publish_if_changed(NOW + timedelta(seconds=2)) is not None
-    assert json.loads(store.annotations[ANNOTATION])["devices"] == {
+    assert json.loads(store.annotations[XIDS_ANNOTATION])["devices"] == {
         REPORTS[3].uuid: [{"at": "2026-11-27T19:00:00Z", "xid": 119}]  # when the agent first learnt of it
     }
 
@@ -273,7 +267,7 @@ def test_print_shows_the_xids_the_fake_reports(capsys):
     assert main(argv) == 0
     annotations = json.loads(capsys.readouterr().out)["metadata"]["annotations"]
     assert [d["healthy"] for d in json.loads(annotations["agentaflow.gpu/devices"])] == [True, False]
-    assert list(json.loads(annotations[ANNOTATION])["devices"]) == ["GPU-fake-h100-0001"]
+    assert list(json.loads(annotations[XIDS_ANNOTATION])["devices"]) == ["GPU-fake-h100-0001"]
 
 
 def test_a_bad_ignore_list_is_refused_before_anything_runs(capsys):

@@ -22,15 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.core.device_truth import HOLDERS_ANNOTATION
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Reason, Request
-from gpuledger.core.objects import DEVICES_ANNOTATION
+from gpuledger.names import DEVICES_ANNOTATION, HOLDERS_ANNOTATION, XIDS_ANNOTATION
 from gpuledger.node_agent.agent import NodeAgent
 from gpuledger.node_agent.pod_resources import PodResourcesClient
 from gpuledger.node_agent.probes import GpuProcess, NvmlProbe, ProbeError
 from gpuledger.node_agent.processes import external_usage
-from gpuledger.node_agent.xids import ANNOTATION as XIDS_ANNOTATION
 from gpuledger.node_agent.xids import APPLICATION_XIDS
 from gpuledger.webhook.admission.patch import visibility_env
 from tests.adapters.node_store import NodeStore

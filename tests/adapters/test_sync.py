@@ -15,8 +15,9 @@ import pytest
 
 from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node, patch_node
+from gpuledger.names import RESERVATION_ID_KEY
 from gpuledger.service.sync_writer import SyncFenced, SyncWriter
-from gpuledger.sync.cluster_sync import RESERVATION_LABEL, ClusterSync, SyncConfig, slim
+from gpuledger.sync.cluster_sync import ClusterSync, SyncConfig, slim
 
 pytestmark = pytest.mark.e2e
 
@@ -194,7 +195,7 @@ def test_pod_added_listeners_see_each_new_pod_once_and_a_failing_one_stops_nothi
         raise RuntimeError("a listener's bug")
 
     sync.on_pod_added.extend([broken, lambda p: seen.append(p["metadata"]["name"])])
-    core.create_namespaced_pod(plain_ns, pod("added-1", labels={RESERVATION_LABEL: "rid-added-1"}))
+    core.create_namespaced_pod(plain_ns, pod("added-1", labels={RESERVATION_ID_KEY: "rid-added-1"}))
     core.patch_namespaced_pod("added-1", plain_ns, {"metadata": {"labels": {"touched": "yes"}}})
     core.create_namespaced_pod(plain_ns, pod("added-2"))
     apiserver.wait_for(lambda: target.seen("ADDED", "Pod", "added-2"), what="second pod ADDED")
@@ -276,7 +277,7 @@ def test_expiry_confirms_stored_pods_and_releases_the_rest(apiserver, core, plai
     target = RecordingTarget()
     sync = ClusterSync(apiserver.api_client(), target)
     stored = f"r-{uuid.uuid4().hex}"
-    core.create_namespaced_pod(plain_ns, pod("carrier", labels={RESERVATION_LABEL: stored}))
+    core.create_namespaced_pod(plain_ns, pod("carrier", labels={RESERVATION_ID_KEY: stored}))
     target.candidates = [stored, "r-never-stored", "id with spaces"]
     # as a started sync's lease thread and first list would
     target.writer.acquire(sync.identity, target.clock)

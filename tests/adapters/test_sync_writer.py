@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.ledger_service import (
-    PLACEMENT_ANNOTATION,
-    RESERVATION_ID_KEY,
     AdmitCall,
     LedgerService,
     Placement,

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from gpuledger.controller.controller import ADMISSION_LABEL, Engine, EngineSettings, NotLeader
+from gpuledger.controller.controller import Engine, EngineSettings, NotLeader
 from gpuledger.controller.kube import Conflict
-from gpuledger.controller.lifecycle import PLACEMENT_ANNOTATION
-from gpuledger.controller.mapping import LABEL_UID, parse_time
+from gpuledger.controller.mapping import parse_time
 from gpuledger.controller.queue import Verdict
+from gpuledger.names import ADMISSION_LABEL, PLACEMENT_ANNOTATION, WORKLOAD_UID_LABEL
 from tests.controller.support import agentaflow, warp
 
 NOW = parse_time("2027-01-15T08:05:00Z")
@@ -128,7 +128,7 @@ def place(engine, api, ledger, name, node="n1", devices=(0, 1, 2, 3)):
             "name": f"{job}-x",
             "namespace": "ml",
             "labels": {
-                LABEL_UID: obj["metadata"]["uid"],
+                WORKLOAD_UID_LABEL: obj["metadata"]["uid"],
                 "job-name": job,
                 "gpuledger.io/reservation-id": f"r-{name}",
             },

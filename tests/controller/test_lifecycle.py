@@ -7,6 +7,7 @@ import json
 from gpuledger.controller import lifecycle
 from gpuledger.controller.lifecycle import Observed, start_attempt, step
 from gpuledger.controller.mapping import format_time, from_object, parse_time
+from gpuledger.names import PLACEMENT_ANNOTATION
 from tests.controller.support import warp
 
 NOW = parse_time("2027-01-15T08:10:00Z")
@@ -26,7 +27,7 @@ def job(conditions=(), succeeded=0):
 def pod(name, node="n1", devices=(0, 1), phase="Pending"):
     placement = json.dumps({"v": 1, "id": f"r-{name}", "node": node, "devices": list(devices), "sig": "x"})
     return {
-        "metadata": {"name": name, "annotations": {lifecycle.PLACEMENT_ANNOTATION: placement}},
+        "metadata": {"name": name, "annotations": {PLACEMENT_ANNOTATION: placement}},
         "status": {"phase": phase},
     }
 

@@ -6,6 +6,7 @@ import pytest
 
 from gpuledger.controller import crds, mapping
 from gpuledger.controller.mapping import SpecError, from_object, job_manifest, job_name, webhook_annotations
+from gpuledger.names import AGENTAFLOW_GROUP, WARP_GROUP, WORKLOAD_UID_LABEL
 from gpuledger.service.ledger_service import strategy_names
 from tests.controller.support import agentaflow, warp
 
@@ -51,7 +52,7 @@ def test_the_same_workload_in_both_groups_is_the_same_request_but_its_key():
 
 
 @pytest.mark.parametrize(
-    "group,words", [("agentaflow.io", crds.AGENTAFLOW_STRATEGIES), ("gpu.warp.dev", crds.WARP_STRATEGIES)]
+    "group,words", [(AGENTAFLOW_GROUP, crds.AGENTAFLOW_STRATEGIES), (WARP_GROUP, crds.WARP_STRATEGIES)]
 )
 def test_every_strategy_word_of_the_crds_maps_to_a_registered_strategy(group, words):
     make = agentaflow if group == "agentaflow.io" else warp
@@ -114,7 +115,7 @@ def test_job_is_owned_annotated_and_gang_shaped():
     assert ann["agentaflow.gpu/priority"] == "100"
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     assert spec["template"]["spec"]["containers"][0]["image"] == "vllm"
-    assert spec["template"]["metadata"]["labels"][mapping.LABEL_UID] == "uid-w-llama"
+    assert spec["template"]["metadata"]["labels"][WORKLOAD_UID_LABEL] == "uid-w-llama"
 
 
 def test_same_name_in_both_groups_gets_different_jobs():

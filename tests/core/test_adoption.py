@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Request, ReservationState
-from gpuledger.core.placement_codec import PLACEMENT_ANNOTATION
+from gpuledger.names import PLACEMENT_ANNOTATION
 from tests.core.core_factory import node, pod
 
 KEY = b"objects"

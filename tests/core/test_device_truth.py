@@ -7,11 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 
-from gpuledger.core.device_truth import HOLDERS_ANNOTATION
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Reason, Request
 from gpuledger.core.objects import node_from_object
-from gpuledger.core.placement_codec import PLACEMENT_ANNOTATION, Binding, encode_placement
+from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.names import HOLDERS_ANNOTATION, PLACEMENT_ANNOTATION
 from tests.core.core_factory import node, pod
 
 KEY = b"truth-key"

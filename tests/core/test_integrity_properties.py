@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Placement, Request
-from gpuledger.core.placement_codec import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, Binding, encode_placement
+from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from tests.core.core_factory import node, rebuilt_the_long_way, rebuilt_without_adopting_at_once
 
 KEY = b"integrity-test-key"
@@ -157,7 +158,7 @@ def test_rebuild_equals_live_and_no_device_is_held_twice(data):
 
 
 def test_a_copy_keeps_the_device_after_its_original_goes():
-    """The issue's steps 1-3 in the core: the copy in a plain namespace holds the device by identity."""
+    """A pod copied into a plain namespace, in the core: the copy holds the device by identity."""
     live = Ledger.rebuild(NODES[:1], config())
     p = live.reserve(Request("r1", gpus=1), 0.0)
     original = stored_pod("orig", "team", p, encode_placement(p, KEY, Binding("team", "orig")), 0, "u1")

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from gpuledger.core import objects as kube
 from gpuledger.core import quantity
 from gpuledger.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
-from gpuledger.core.request import (
-    ANNOTATIONS,
+from gpuledger.core.request import ANNOTATIONS, AnnotationError, request_from_pod
+from gpuledger.names import (
     GPU_COUNT,
     GPU_MEMORY,
     GPU_MILLI,
@@ -23,8 +23,6 @@ from gpuledger.core.request import (
     PRIORITY,
     SCHEDULING_MAP,
     SCHEDULING_MAP_ALIAS,
-    AnnotationError,
-    request_from_pod,
 )
 from tests.core.core_factory import node
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 
-from gpuledger.core.device_truth import HOLDERS_ANNOTATION
 from gpuledger.core.ledger import Ledger
 from gpuledger.core.model import Placement, Request
 from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.names import HOLDERS_ANNOTATION
 from tests.core.core_factory import node
 from tests.core.test_integrity_properties import KEY, config, stored_pod
 

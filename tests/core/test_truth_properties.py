@@ -10,10 +10,10 @@ import json
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.device_truth import HOLDERS_ANNOTATION
 from gpuledger.core.ledger import Ledger
 from gpuledger.core.model import Placement, Request
-from gpuledger.core.placement_codec import PLACEMENT_ANNOTATION, Binding, encode_placement
+from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.names import HOLDERS_ANNOTATION, PLACEMENT_ANNOTATION
 from tests.core.core_factory import node, pod, rebuilt_the_long_way, rebuilt_without_adopting_at_once
 from tests.core.test_integrity_properties import config, holders_by_device, stored_pod
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from devcluster.kubeclient import ALICE
-from gpuledger.service.ledger_service import RESERVATION_ID_KEY
+from gpuledger.names import RESERVATION_ID_KEY
 from gpuledger.webhook.admission.owners import KubeObjectReader, OwnerLookupError
 from gpuledger.webhook.kube.event_writer import ApiEventWriter
 from gpuledger.webhook.kube.events import EventPoster, ObjectRef, placed

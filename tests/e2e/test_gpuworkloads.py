@@ -22,7 +22,7 @@ import yaml
 
 from devcluster.cluster import REPO, free_port
 from devcluster.stack import placements_by_device
-from gpuledger.controller.mapping import LABEL_UID
+from gpuledger.names import WORKLOAD_UID_LABEL
 
 pytestmark = pytest.mark.e2e
 
@@ -205,11 +205,11 @@ class Queue:
 
     def pods(self, name: str) -> list[dict]:
         uid = self.all()[name]["metadata"]["uid"]
-        return self.cp.pods(self.namespace, f"{LABEL_UID}={uid}")
+        return self.cp.pods(self.namespace, f"{WORKLOAD_UID_LABEL}={uid}")
 
     def jobs(self, name: str) -> list[dict]:
         uid = self.all()[name]["metadata"]["uid"]
-        return self.cp.get_json("jobs", "-n", self.namespace, "-l", f"{LABEL_UID}={uid}")["items"]
+        return self.cp.get_json("jobs", "-n", self.namespace, "-l", f"{WORKLOAD_UID_LABEL}={uid}")["items"]
 
     def delete(self, name: str, resource: str = "gpuworkloads.agentaflow.io") -> None:
         """Delete the workload and, as the kubelet would once its containers stopped, its pods."""
@@ -221,7 +221,7 @@ class Queue:
         return uid
 
     def confirm_deleted(self, uid: str, name: str) -> None:
-        selector = f"{LABEL_UID}={uid}"
+        selector = f"{WORKLOAD_UID_LABEL}={uid}"
 
         def gone():
             # the garbage collector deletes the Job, then its pods (gracefully); a kubelet would confirm each

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from devcluster import webhooks
+from gpuledger.names import MUTATING_CONFIG
 from tests.e2e.conftest import gpu_pod_yaml
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +60,7 @@ def test_annotation_tampering_update_is_denied(workloads):
 def mutating_bypassed(apiserver, stack):
     """Only the validating registration: as if another path (an operator's mistake, a removed webhook) let a
     pod reach validation with whatever gpuledger.io/* it was created with."""
-    apiserver.kubectl("delete", "mutatingwebhookconfiguration", webhooks.MUTATING)
+    apiserver.kubectl("delete", "mutatingwebhookconfiguration", MUTATING_CONFIG)
     try:
         yield
     finally:
@@ -79,7 +79,7 @@ def test_validating_webhook_refuses_a_copy_of_a_stored_pods_placement(apiserver,
     workloads.wait_confirmed([original])
     annotation = original["metadata"]["annotations"]["gpuledger.io/placement"]
     rid = original["metadata"]["labels"]["gpuledger.io/reservation-id"]
-    apiserver.kubectl("delete", "mutatingwebhookconfiguration", webhooks.MUTATING)
+    apiserver.kubectl("delete", "mutatingwebhookconfiguration", MUTATING_CONFIG)
     try:
         copied = workloads.apply(forged_pod("copy", placement=annotation, rid=rid), check=False)
     finally:

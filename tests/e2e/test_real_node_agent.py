@@ -21,7 +21,7 @@ from devcluster.agent_process import AgentProcess
 from devcluster.device_plugin import FakeGPUPlugin
 from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
-from gpuledger.node_agent.holders import ANNOTATION
+from gpuledger.names import HOLDERS_ANNOTATION
 from tests.conftest import require_real_node
 from tests.e2e.conftest import busybox_pod
 
@@ -61,7 +61,7 @@ def plain_namespace(apiserver):
 
 
 def annotation(apiserver) -> str | None:
-    return apiserver.get_json("node", NODE)["metadata"].get("annotations", {}).get(ANNOTATION)
+    return apiserver.get_json("node", NODE)["metadata"].get("annotations", {}).get(HOLDERS_ANNOTATION)
 
 
 def wait_holders(
@@ -144,7 +144,7 @@ def test_agent_names_the_pod_on_its_devices_and_a_restart_loses_nothing(
         assert pids, "no process in the pod's cgroup"
         pod_device = uuids.index(visible[0])
         agent.stop()
-        apiserver.kubectl("annotate", "node", NODE, f"{ANNOTATION}-")
+        apiserver.kubectl("annotate", "node", NODE, f"{HOLDERS_ANNOTATION}-")
         assert annotation(apiserver) is None
         agent.restart([[3, me, HOST_PROCESS_MIB], *([pod_device, pid, 1000] for pid in pids)])
         restarted, again = wait_holders(apiserver, agent, lambda a: True, "the restarted agent's annotation")
@@ -158,7 +158,7 @@ def test_agent_names_the_pod_on_its_devices_and_a_restart_loses_nothing(
         assert json.loads(empty or "{}") == {**held, "holders": {}}
 
         agent.stop()
-        apiserver.kubectl("annotate", "node", NODE, f"{ANNOTATION}-")
+        apiserver.kubectl("annotate", "node", NODE, f"{HOLDERS_ANNOTATION}-")
         agent.restart([[3, me, HOST_PROCESS_MIB]])
         assert (
             wait_holders(apiserver, agent, lambda a: True, "the annotation after a second restart")[1]

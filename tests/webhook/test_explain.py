@@ -10,7 +10,7 @@ import jsonpatch
 import yaml
 
 from gpuledger.cli import main as cli
-from gpuledger.core.objects import PLACEMENT_ANNOTATION
+from gpuledger.names import PLACEMENT_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_CLUSTER = ROOT / "devcluster" / "samples" / "cluster.yaml"

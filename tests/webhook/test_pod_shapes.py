@@ -1,6 +1,5 @@
 """Pods of one shape: what the mutating handler reads before the ledger is worked out once per shape
-(gpuledger.webhook.admission.shapes), and every pod still gets exactly what parsing it alone gives (issue
-13)."""
+(gpuledger.webhook.admission.shapes), and every pod still gets exactly what parsing it alone gives."""
 
 from __future__ import annotations
 
@@ -11,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.request import ANNOTATIONS, SCHEDULING_MAP
+from gpuledger.core.request import ANNOTATIONS
+from gpuledger.names import PLACEMENT_ANNOTATION, SCHEDULING_MAP
 from gpuledger.service.ledger_service import (
-    PLACEMENT_ANNOTATION,
     AnnotationError,
     PodRequestConfig,
     decode_bound,

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from gpuledger.core.objects import PLACEMENT_ANNOTATION, decode_placement
+from gpuledger.core.objects import decode_placement
+from gpuledger.names import PLACEMENT_ANNOTATION
 from gpuledger.webhook.config import WebhookConfig
 from gpuledger.webhook.ledger.prefetch import PrefetchSettings
 from tests.webhook.webhook_support import (

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger.names import SCHEDULING_MAP, USER_ANNOTATION_PREFIXES
 from gpuledger.webhook.admission.owners import OWNER_KINDS, WORKLOAD_KINDS, OwnerLookup
 
-# the annotation families the earlier tools defined (docs/annotations.md); gpuledger.io/* is never inherited
-GPU_ANNOTATION_PREFIXES = ("topology.scheduler/", "agentaflow.gpu/")
-GPU_ANNOTATION_KEYS = ("gpu-scheduling-map",)
+# the annotation families the earlier tools defined (docs/annotations.md) and their one unprefixed key;
+# gpuledger.io/* is never inherited
+GPU_ANNOTATION_KEYS = (SCHEDULING_MAP,)
 # the pod's own controller kinds whose pods may form a gang (request_from_pod sizes each; Kubeflow jobs by
 # the sum of their replica specs), so their own annotations stay theirs: gpu-count there is the group's total
 GROUP_KINDS = (*OWNER_KINDS, "PyTorchJob", "MPIJob", "TFJob")
@@ -23,7 +24,7 @@ MAX_DEPTH = 4  # Pod -> ReplicaSet -> Deployment is 2; a cycle or a runaway chai
 
 def is_gpu_annotation(key: Any) -> bool:
     key = str(key)
-    return key in GPU_ANNOTATION_KEYS or key.startswith(GPU_ANNOTATION_PREFIXES)
+    return key in GPU_ANNOTATION_KEYS or key.startswith(USER_ANNOTATION_PREFIXES)
 
 
 def _meta(obj: dict) -> dict:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuledger.names import LEDGER_PREFIX
 from gpuledger.service.ledger_service import Placement
-from gpuledger.webhook.admission.patch import LEDGER_PREFIX, _dict_at
+from gpuledger.webhook.admission.patch import _dict_at
 from gpuledger.webhook.admission.review import Decision, Review
 
 

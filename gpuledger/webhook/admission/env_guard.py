@@ -14,7 +14,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
-from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, Placement, decode_bound
+from gpuledger.names import PLACEMENT_ANNOTATION
+from gpuledger.service.ledger_service import Placement, decode_bound
 from gpuledger.webhook.admission.patch import (
     CONTAINER_KINDS,
     CUDA_VISIBLE_DEVICES,

@@ -12,8 +12,8 @@ import time
 import uuid
 from collections.abc import Callable
 
+from gpuledger.names import PLACEMENT_ANNOTATION
 from gpuledger.service.ledger_service import (
-    PLACEMENT_ANNOTATION,
     AdmitCall,
     AnnotationError,
     Denial,

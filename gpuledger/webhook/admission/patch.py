@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuledger.service.ledger_service import (
+from gpuledger.names import (
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    LEDGER_PREFIX,
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
-    BindingMode,
-    Placement,
-    Taint,
 )
+from gpuledger.service.ledger_service import BindingMode, Placement, Taint
 
-LEDGER_PREFIX = "gpuledger.io/"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VISIBILITY_VARS = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES)
@@ -195,8 +195,8 @@ def apply_placement(
     *,
     binding_mode: BindingMode,
     visibility_mode: str,
-    affinity_key: str = "kubernetes.io/hostname",
-    gpu_resource: str = "nvidia.com/gpu",
+    affinity_key: str = HOSTNAME_LABEL,
+    gpu_resource: str = GPU_RESOURCE,
 ) -> None:
     """Write `placement` into `pod` (a `shallow_pod` copy, already stripped of gpuledger.io keys)."""
     meta = pod["metadata"]

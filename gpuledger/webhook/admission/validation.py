@@ -10,14 +10,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gpuledger.service.ledger_service import (
-    PLACEMENT_ANNOTATION,
-    RESERVATION_ID_KEY,
-    Placement,
-    Unavailable,
-    binding_mismatch,
-    decode_bound,
-)
+from gpuledger.names import LEDGER_PREFIX, PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
+from gpuledger.service.ledger_service import Placement, Unavailable, binding_mismatch, decode_bound
 from gpuledger.webhook.admission import env_guard
 from gpuledger.webhook.admission.common import (
     MISSING_OBJECT,
@@ -180,7 +174,7 @@ class Validating:
         who = _pod_name(review, review.object or review.old_object or {})
         return _forbidden(
             f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
-            "gpuledger.io/* annotations and labels are written only by the gpuledger webhook "
+            f"{LEDGER_PREFIX}* annotations and labels are written only by the gpuledger webhook "
             f"({', '.join(self.config.privileged_usernames) or 'no user configured'})"
         )
 

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from gpuledger.service.ledger_service import RESERVATION_ID_KEY
+from gpuledger.names import RESERVATION_ID_KEY
 from gpuledger.webhook.kube.api import KubeApi
 from gpuledger.webhook.kube.events import METADATA_ONLY, ObjectRef
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuledger.service.ledger_service import RESERVATION_ID_KEY
+from gpuledger.names import EVENTS_REPORTING_COMPONENT, RESERVATION_ID_KEY
 
 log = logging.getLogger("gpuledger.events")
 
@@ -325,7 +325,7 @@ class EventPoster:
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "source": {"component": self.settings.component},
-            "reportingComponent": "gpuledger.io/webhook",
+            "reportingComponent": EVENTS_REPORTING_COMPONENT,
             "reportingInstance": self.instance[:128],
         }
 
