@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpuledger.names import LAST_UPDATE_ANNOTATION, SCHEDULABLE_LABEL
 from gpuledger.views.inventory import NodeView, parse_time
 
 # the node agent publishes every 30 s (its --interval); three missed reports make it quiet
@@ -38,7 +39,7 @@ def findings(
                     node.name,
                     "not-placeable",
                     "node not Ready, cordoned, or marked unschedulable "
-                    "by its agent (agentaflow.gpu/schedulable=false)",
+                    f"by its agent ({SCHEDULABLE_LABEL}=false)",
                 )
             )
         quiet = False
@@ -47,7 +48,7 @@ def findings(
             if last is None:
                 quiet = True
                 out.append(
-                    Finding(node.name, "agent-quiet", "no agentaflow.gpu/last-update from the node agent")
+                    Finding(node.name, "agent-quiet", f"no {LAST_UPDATE_ANNOTATION} from the node agent")
                 )
             elif now - last > stale_after:
                 quiet = True

@@ -13,15 +13,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuledger.names import (
+    DEVICES_ANNOTATION,
+    GPU_RESOURCE,
+    LAST_UPDATE_ANNOTATION,
+    LEAF_LABEL,
+    NODE_STATUS_ANNOTATION,
+    SCHEDULABLE_LABEL,
+    SPINE_LABEL,
+)
 from gpuledger.views.placement import MILLI_PER_GPU, placement_of_pod
 
-GPU_RESOURCE = "nvidia.com/gpu"
-LEAF_LABEL = "topology.scheduler/leaf"
-SPINE_LABEL = "topology.scheduler/spine"
-AGENT_PREFIX = "agentaflow.gpu/"
-DEVICES_ANNOTATION = AGENT_PREFIX + "devices"
-STATUS_ANNOTATION = AGENT_PREFIX + "status"
-LAST_UPDATE_ANNOTATION = AGENT_PREFIX + "last-update"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -205,7 +207,7 @@ def node_placeable(node: dict) -> bool:
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
     if spec.get("unschedulable"):
         return False
-    if (meta.get("labels") or {}).get(AGENT_PREFIX + "schedulable") == "false":
+    if (meta.get("labels") or {}).get(SCHEDULABLE_LABEL) == "false":
         return False
     ready = [c for c in status.get("conditions") or () if c.get("type") == "Ready"]
     return not ready or ready[0].get("status") == "True"
@@ -242,7 +244,7 @@ def views_from_nodes(
             leaf=labels.get(leaf_label, ""),
             spine=labels.get(spine_label, ""),
             placeable=node_placeable(node),
-            agent_status=annotations.get(STATUS_ANNOTATION, ""),
+            agent_status=annotations.get(NODE_STATUS_ANNOTATION, ""),
             agent_last_update=annotations.get(LAST_UPDATE_ANNOTATION, ""),
             devices=devices,
             agent_reported=DEVICES_ANNOTATION in annotations or LAST_UPDATE_ANNOTATION in annotations,

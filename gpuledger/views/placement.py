@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-PLACEMENT_ANNOTATION = "gpuledger.io/placement"
-RESERVATION_LABEL = "gpuledger.io/reservation-id"
+from gpuledger.names import PLACEMENT_ANNOTATION
+
 MILLI_PER_GPU = 1000
 
 
