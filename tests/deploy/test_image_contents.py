@@ -9,6 +9,7 @@ builds the wheel from them (and, with root, the whole image: tests/e2e/test_prod
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 import zipfile
 from collections import deque
@@ -53,7 +54,8 @@ def _run_time_nodes(tree: ast.AST):
             pending.extend(ast.iter_child_nodes(node))
 
 
-def first_party_imports(repo: Path, name: str, path: Path) -> set[str]:
+@functools.cache
+def first_party_imports(repo: Path, name: str, path: Path) -> frozenset[str]:
     """The first-party modules `name` imports at run time, at any depth of its code (a function's import runs
     when the function does), with the packages above each (importing a.b.c runs a and a.b)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -73,7 +75,7 @@ def first_party_imports(repo: Path, name: str, path: Path) -> set[str]:
                 f"{base}.{alias.name}" for alias in node.names if module_file(repo, f"{base}.{alias.name}")
             )
     first_party = {m for m in found if m.split(".")[0] in FIRST_PARTY}
-    return {".".join(m.split(".")[: n + 1]) for m in first_party for n in range(m.count(".") + 1)}
+    return frozenset(".".join(m.split(".")[: n + 1]) for m in first_party for n in range(m.count(".") + 1))
 
 
 def import_chains(repo: Path, root: str) -> dict[str, list[str]]:
