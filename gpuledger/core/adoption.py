@@ -1,6 +1,10 @@
 """Following the cluster: Node and Pod objects applied or deleted, the placements stored on pods adopted (a
 gang's unclaimed slots restored from the plan a pod carries), and the bulk load that rebuilds a ledger.
 One malformed object is recorded as a problem, never fatal; adoption never places a pod of its own.
+
+`Adoption` builds the books and the parts that keep them true to the cluster (leases, claims, the nodes'
+device truth), and hears what the books (`BookEvents`) and the claims (`ClaimEvents`) report, passing each on
+to the part it concerns: the books and the claims import none of the parts above them.
 """
 
 from __future__ import annotations
@@ -9,10 +13,10 @@ import gc
 from collections.abc import Iterable
 
 from gpuledger.core import objects as kube
-from gpuledger.core.books import TRUTH, Books, GroupState, Reservation, slot_hid
+from gpuledger.core.books import TRUTH, Books, GroupState, LedgerConfig, Reservation, slot_hid
 from gpuledger.core.claims import Claim, Claims, bound_claim_of_pod, claim_of
 from gpuledger.core.leases import Leases
-from gpuledger.core.model import GroupSlot, Placement, ReservationState
+from gpuledger.core.model import DeviceTruth, GroupSlot, Placement, ReservationState
 from gpuledger.core.node_state import Holding
 from gpuledger.core.steps import Steps, drain
 from gpuledger.core.truth import Truth
@@ -35,11 +39,40 @@ def _settle_young() -> None:
 class Adoption:
     """Keeps the books equal to what the cluster's Node and Pod objects say."""
 
-    def __init__(self, books: Books, leases: Leases):
-        self.books = books
-        self.leases = leases
-        self.claims = Claims(books, leases, self.adopt)
-        self.truth = Truth(books, leases, self.claims)
+    def __init__(self, config: LedgerConfig):
+        self.books = Books(config, self)
+        self.leases = Leases(self.books)
+        self.claims = Claims(self.books, self.leases, self)
+        self.truth = Truth(self.books, self.leases, self.claims)
+
+    # ----------------------------------------------------------------------------- what the books report
+    def freed(self, node: str, hid: str) -> None:
+        self.claims.freed(node, hid)
+
+    def overlapped(self, node: str, hids: set[str]) -> None:
+        self.claims.overlapped(node, hids)
+
+    def truth_changed(self, node: str, old: DeviceTruth | None, new: DeviceTruth | None) -> None:
+        self.truth.node_changed(node, old, new)
+
+    def truth_yielded(self, node: str) -> None:
+        self.truth.refresh(node)
+
+    # ---------------------------------------------------------------------------- what the claims report
+    # (and `adopt`, below)
+    def claim_changed(self, key: str, old: Claim | None, new: Claim | None) -> None:
+        self.truth.claim_changed(key, old, new)
+
+    def listing_changed(self, key: str, nodes: set[str]) -> None:
+        self.truth.refresh_listing(key, nodes)
+
+    def quiet(self, key: str, node: str) -> bool:
+        return self.truth.quiet(key, node)
+
+    def contended(self, node: str) -> None:
+        self.truth.refresh(node)
+
+    # ---------------------------------------------------------------------------------- cluster objects
 
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
@@ -121,7 +154,7 @@ class Adoption:
         hid = self.books.pods.pop(key, None)
         if hid is not None:
             self.leases.release(hid)
-        if key in self.books.claims:
+        if self.claims.claim_of(key) is not None:
             self.claims.put(key, None, self.books.last_now)
 
     def apply_pod(self, obj: dict, now: float) -> None:
@@ -150,7 +183,7 @@ class Adoption:
         if claim is not None:
             self.claims.put(usage.key, self.truth.effective(claim), now)
             return
-        if usage.key in books.claims:
+        if self.claims.claim_of(usage.key) is not None:
             self.claims.put(usage.key, None, now)
         prev = books.pods.get(usage.key)
         hid = "pod:" + usage.key
@@ -175,54 +208,32 @@ class Adoption:
     def _adopt_at_once(self, claim: Claim, now: float) -> bool:
         """The common pod of a rebuild, in one function: a first holder (`Claims._first_holder`) of a
         placement outside a gang, on devices nobody holds, on nodes without a kubelet's truth or foreign
-        holders. Does what `claims.put` (`_own`), `adopt` and `books.hold` do for it, in their order, without
-        their calls and checks (~10% of a 500,000-pod rebuild); False, having changed nothing, for any other
-        pod. The integrity property tests' long way (`rebuilt_the_long_way`) never comes here."""
+        holders. Does what `claims.put` (`_own`), `adopt` and `make_room` do for it, in their order, without
+        their walks and checks (~10% of a 500,000-pod rebuild): the claims record it at once
+        (`Claims.own_at_once`), the books hold it; False, having changed nothing, for any other pod. The
+        integrity property tests' long way (`rebuilt_the_long_way`) never comes here."""
         p = claim.placement
         if p.group is not None and p.slot is not None:
             return False
         books, truth = self.books, self.truth
         key, rid, node, where = claim.key, p.id, claim.node, p.node
-        foreign = books.foreign_on
         if (
-            key in books.claims
-            or key in books.pods
-            or rid in books.holders_of
-            or rid in books.owner_of
+            key in books.pods
             or rid in books.reservations
-            or (foreign and (node in foreign or where in foreign))
-            or truth.listed_on.get(key)
-            or truth.truth_of(node) is not None  # (so `truth.effective(claim)` is the claim itself)
+            or not truth.quiet(key, node)  # (so `truth.effective(claim)` is the claim itself)
             or TRUTH + where in books.holdings
         ):
             return False
         state = books.index.nodes.get(where)
         if state is not None and state.conflicts(p.devices, p.shares):
             return False
-        books.claims[key] = claim
-        books.holders_of[rid] = (key,)
-        on = truth.claims_on.get(node)
-        if on is None:
-            truth.claims_on[node] = {key}
-        else:
-            on.add(key)
-        books.owner_of[rid] = claim
-        h = Holding(rid, where, p.devices, p.shares, p.cpu_milli, p.memory_mib)
-        books.holdings[rid] = h
-        holders = books.node_holders.get(where)
-        if holders is None:
-            books.node_holders[where] = {rid}
-        else:
-            holders.add(rid)
-        if state is not None:
-            books.index.change(state, state.apply, h)
+        if not self.claims.own_at_once(claim):
+            return False
+        truth.claim_changed(key, None, claim)
+        books.hold(Holding(rid, where, p.devices, p.shares, p.cpu_milli, p.memory_mib))
         books.reservations[rid] = Reservation(p, ReservationState.CONFIRMED, now)
         books.pending.pop(rid, None)
-        claims = self.claims
-        if claims.deferred is not None:
-            claims.deferred.add(where)
-        elif where in claims.bumped:
-            claims.contend(now, where)
+        self.claims.revisit(where, now)
         return True
 
     def adopt(

@@ -1,13 +1,15 @@
 """The ledger's books: the nodes, and every record of what is held on them (holdings, reservations, gangs,
 counted pods), changed only through `hold`/`unhold` so a node's free state equals what its holders use.
 Shared by every part of the ledger; the books never decide a placement, read a clock or parse an object.
+What the parts above must hear of (a holding gone, a node's device truth changed) they are told through
+`BookEvents`, given at construction: the books import none of them.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpuledger.core import objects as kube
 from gpuledger.core.inventory import ClusterIndex
@@ -15,9 +17,6 @@ from gpuledger.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Re
 from gpuledger.core.node_state import Holding, NodeState
 from gpuledger.core.plugin import DEFAULT_BALANCED_WEIGHTS
 from gpuledger.core.topology import Topology
-
-if TYPE_CHECKING:  # claims.py builds on the books: the type only, no import cycle at run time
-    from gpuledger.core.claims import Claim
 
 
 @dataclass
@@ -85,11 +84,29 @@ def slot_hid(group: str, slot: int) -> str:
 StaticVerdicts = dict[str, tuple[Reason | None, tuple[Taint, ...]]]
 
 
+class BookEvents(Protocol):
+    """What the books tell, as each change happens, the parts that keep the claims and the nodes' device truth
+    true (gpuledger.core.claims and gpuledger.core.truth, through gpuledger.core.adoption)."""
+
+    def freed(self, node: str, hid: str) -> None:
+        """The holding `hid` on `node` went: foreign use counted around it there may take its devices."""
+
+    def overlapped(self, node: str, hids: set[str]) -> None:
+        """`node` (re)appeared with holdings `hids`, recorded while it was unknown, that share a device."""
+
+    def truth_changed(self, node: str, old: DeviceTruth | None, new: DeviceTruth | None) -> None:
+        """What the agent of `node` says of its devices changed (or the node came or went)."""
+
+    def truth_yielded(self, node: str) -> None:
+        """The "truth:" holding of `node` gave way to another holding: recount it around that one."""
+
+
 class Books:
     """The state every part of the ledger shares. Holders are keyed by the caller's id."""
 
-    def __init__(self, config: LedgerConfig):
+    def __init__(self, config: LedgerConfig, events: BookEvents):
         self.config = config
+        self._events = events
         self.index = ClusterIndex()
         self.performance: dict[str, float] = {}  # node -> historical performance in [0, 1] (balanced)
         self.context_extra: dict[str, Any] = {}  # inputs for plug-in strategies
@@ -106,18 +123,6 @@ class Books:
         ] = {}  # holder id (claimer or unclaimed slot) -> (group, slot)
         self.pods: dict[str, str] = {}  # pod key -> holder id of a pod counted by its requests ("pod:<key>")
         self.pod_gpus: dict[str, int] = {}  # pod key -> GPUs a pod counted by its requests asks for
-        # pods carrying a validly signed placement (gpuledger.core.claims): pod key -> its claim, the holders
-        # of each reservation id, the owner chosen among them, and the other holders by the node they use
-        self.claims: dict[str, Claim] = {}
-        self.holders_of: dict[str, tuple[str, ...]] = {}
-        self.owner_of: dict[str, Claim] = {}
-        self.foreign_on: dict[str, set[str]] = {}
-        self.on_freed: Any = None  # called with a node whose non-foreign holding went (claims refreshes it)
-        self.on_truth: Any = None  # called with (node, old truth, new truth): a node's device truth changed
-        self.on_overlap: Any = None  # called with (node, holder ids): a node arrived whose holdings overlap
-        self.on_truth_yield: Any = (
-            None  # called with a node whose "truth:" holding gave way to another holding
-        )
         self.pending_moved = 0  # pending reservations moved off a device the node says another pod holds
         self.rr_cursor = ""
         self.last_now = float("-inf")
@@ -152,11 +157,11 @@ class Books:
         self.index.add(state)
         for cache in self.filter_cache.values():
             cache.pop(node.name, None)
-        if overlap and self.on_overlap is not None:
-            self.on_overlap(node.name, overlap)
+        if overlap:
+            self._events.overlapped(node.name, overlap)
         was = old.info.truth if old is not None else None
-        if was != node.truth and self.on_truth is not None:
-            self.on_truth(node.name, was, node.truth)
+        if was != node.truth:
+            self._events.truth_changed(node.name, was, node.truth)
 
     def remove_node(self, name: str) -> None:
         """Forget a node's capacity; what is held on it stays recorded and returns if the node does."""
@@ -166,8 +171,8 @@ class Books:
                 self.topology_cache = None
             for cache in self.filter_cache.values():
                 cache.pop(name, None)
-            if old.info.truth is not None and self.on_truth is not None:
-                self.on_truth(name, old.info.truth, None)
+            if old.info.truth is not None:
+                self._events.truth_changed(name, old.info.truth, None)
 
     def renew_external(self) -> None:
         """Re-read every node's outside-Kubernetes GPU use against the (changed) threshold."""
@@ -209,8 +214,8 @@ class Books:
             holders.add(h.id)
         if node is not None:
             self.index.change(node, node.apply, h)
-        if yielded and self.on_truth_yield is not None:
-            self.on_truth_yield(h.node)
+        if yielded:
+            self._events.truth_yielded(h.node)
 
     def unhold(self, hid: str) -> Holding | None:
         h = self.holdings.pop(hid, None)
@@ -224,8 +229,7 @@ class Books:
         node = self.index.nodes.get(h.node)
         if node is not None:
             self.index.change(node, node.remove, hid)
-        if self.on_freed is not None and h.node in self.foreign_on:
-            self.on_freed(h.node, hid)
+        self._events.freed(h.node, hid)
         return h
 
     def drop_slot(self, group: GroupState, slot: int) -> None:

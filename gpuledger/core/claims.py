@@ -9,13 +9,18 @@ holder that is not the owner) holds the devices its placement names by identity 
 the node has them, in the same order, and counts as GPUs of unknown identity where they are held already.
 Owners of different ids naming one device contend in the same order (`contend`): the earlier holds it, the
 later is counted instead until it frees.
+
+`Claims` alone keeps the tables of who claims what (the claim of each pod, the holders and the owner of each
+id, the foreign holders on each node); every other part reads them through its methods. What the parts above
+must do as claims change (adopt an owner's placement, keep a node's device truth) they are asked through
+`ClaimEvents`, given at construction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from gpuledger.core import objects as kube
 from gpuledger.core.books import TRUTH, Books
@@ -113,33 +118,63 @@ def same_place(a: Placement, b: Placement) -> bool:
     return (a.node, a.devices, a.shares) == (b.node, b.devices, b.shares)
 
 
+class ClaimEvents(Protocol):
+    """What the claims ask of the parts above them (gpuledger.core.adoption, and through it
+    gpuledger.core.truth) as the claims change."""
+
+    def adopt(
+        self, key: str, placement: Placement, now: float, displaced: str, recorded: Placement | None
+    ) -> None:
+        """Hold `placement` for the owner `key` of its id (or count it instead: `displaced` says why)."""
+
+    def claim_changed(self, key: str, old: Claim | None, new: Claim | None) -> None:
+        """The pod `key` carried `old` and now carries `new`; told before its id is settled."""
+
+    def listing_changed(self, key: str, nodes: set[str]) -> None:
+        """The claim of `key` (on `nodes`, where it was and is) is settled: recount what the kubelets say."""
+
+    def quiet(self, key: str, node: str) -> bool:
+        """Whether a claim of `key` on `node` leaves what the nodes' kubelets say as it is."""
+
+    def contended(self, node: str) -> None:
+        """Owners on `node` changed places in a contest for its devices (`Claims.contend`)."""
+
+
 class Claims:
-    """Keeps `books.owner_of` and the foreign holdings true to `books.claims` after every change.
+    """Keeps who claims each reservation id, who owns it, and the foreign holdings true after every change.
 
-    `adopt(key, placement)` takes over an owner's placement (the adoption module's), `count(key)` is the
-    holder id a colliding owner was counted under instead (dropped when it stops being the owner)."""
+    `put` is the one way a pod's claim changes; the owner's placement is adopted through
+    `ClaimEvents.adopt`, and a colliding owner is counted instead (dropped when it stops being the owner)."""
 
-    def __init__(
-        self,
-        books: Books,
-        leases: Leases,
-        adopt: Callable[[str, Placement, float, str, Placement | None], None],
-    ):
+    def __init__(self, books: Books, leases: Leases, events: ClaimEvents):
         self.books = books
         self.leases = leases
-        self.adopt = adopt
+        self._events = events
+        # pods carrying a validly signed placement: pod key -> its claim, the holders of each reservation id,
+        # the owner chosen among them, and the other holders by the node where their use counts
+        self._claim_of: dict[str, Claim] = {}
+        self._holders_of: dict[str, tuple[str, ...]] = {}
+        self._owner_of: dict[str, Claim] = {}
+        self._foreign_on: dict[str, set[str]] = {}
         self._settling = False
         self._freed: set[str] = set()
-        self.truth: Any = None  # gpuledger.core.truth.Truth, told of every claim change
         # node -> owners counted instead because another holding had their devices (`contend` revisits them)
-        self.bumped: dict[str, set[str]] = {}
-        self.deferred: set[str] | None = None  # nodes to `contend` on once a batch of changes is done
+        self._bumped: dict[str, set[str]] = {}
+        self._deferred: set[str] | None = None  # nodes to `contend` on once a batch of changes is done
         self._contending = False
-        books.on_freed = self._on_freed
-        books.on_overlap = self.overlapped
 
-    def _on_freed(self, node: str, hid: str) -> None:
-        if hid.startswith(FOREIGN):
+    # ------------------------------------------------------------------------------------------ reading
+    def claim_of(self, key: str) -> Claim | None:
+        """The claim the pod `key` carries, if any."""
+        return self._claim_of.get(key)
+
+    def conflict_count(self) -> int:
+        """How many claims do not own their id (`conflicts`, without the walk)."""
+        return len(self._claim_of) - len(self._owner_of)
+
+    def freed(self, node: str, hid: str) -> None:
+        """The holding `hid` on `node` went (`BookEvents.freed`): the foreign use there is recounted."""
+        if node not in self._foreign_on or hid.startswith(FOREIGN):
             return
         if self._settling:
             self._freed.add(node)
@@ -153,7 +188,7 @@ class Claims:
         if claim is not None and self._first_holder(key, claim):
             self._own(key, claim, now)
             return
-        old = books.claims.pop(key, None)
+        old = self._claim_of.pop(key, None)
         if old is None and claim is not None:
             counted = books.pods.pop(key, None)  # it was counted by its requests until now
             if counted is not None:
@@ -161,34 +196,30 @@ class Claims:
         nodes: set[str] = set()
         rids: list[str] = []
         if old is not None:
-            holders = tuple(k for k in books.holders_of.get(old.rid, ()) if k != key)
+            holders = tuple(k for k in self._holders_of.get(old.rid, ()) if k != key)
             if holders:
-                books.holders_of[old.rid] = holders
+                self._holders_of[old.rid] = holders
             else:
-                books.holders_of.pop(old.rid, None)
+                self._holders_of.pop(old.rid, None)
             self._unforeign(old)
             nodes |= {old.node, old.placement.node}
             rids.append(old.rid)
         if claim is not None:
-            books.claims[key] = claim
-            holders = books.holders_of.get(claim.rid, ())
+            self._claim_of[key] = claim
+            holders = self._holders_of.get(claim.rid, ())
             if key not in holders:  # a tuple, not a set: most ids have one holder (48 bytes, not 216)
-                books.holders_of[claim.rid] = (*holders, key)
+                self._holders_of[claim.rid] = (*holders, key)
             if claim.rid not in rids:
                 rids.append(claim.rid)
-        if self.truth is not None:  # a pod the kubelet lists: its devices leave (or join) the node's truth
-            self.truth.claim_changed(key, old, claim)
+        # a pod the kubelet lists: its devices leave (or join) the node's truth
+        self._events.claim_changed(key, old, claim)
         for rid in rids:
             self.settle(rid, now, nodes)
-        if self.truth is not None:
-            self.truth.refresh_listing(key, {c.node for c in (old, claim) if c is not None})
-        if self.deferred is None and not self.bumped:  # (nothing to defer, nothing to contend)
+        self._events.listing_changed(key, {c.node for c in (old, claim) if c is not None})
+        if self._deferred is None and not self._bumped:  # (nothing to defer, nothing to contend)
             return
         for node in sorted({c.placement.node for c in (old, claim) if c is not None}):
-            if self.deferred is not None:
-                self.deferred.add(node)
-            elif node in self.bumped:
-                self.contend(now, node)
+            self.revisit(node, now)
 
     def _first_holder(self, key: str, claim: Claim) -> bool:
         """Whether `put` is the common case of a rebuild: a pod that held nothing, bound to an id nobody holds
@@ -201,59 +232,74 @@ class Claims:
             claim.bound
             and not claim.displaced
             and claim.recorded is None
-            and key not in books.claims
+            and key not in self._claim_of
             and key not in books.pods
-            and rid not in books.holders_of
-            and rid not in books.owner_of
+            and rid not in self._holders_of
+            and rid not in self._owner_of
             and rid not in books.reservations
-            and claim.node not in books.foreign_on
-            and claim.placement.node not in books.foreign_on
-            and (self.truth is None or self.truth.quiet(key, claim.node))
+            and claim.node not in self._foreign_on
+            and claim.placement.node not in self._foreign_on
+            and self._events.quiet(key, claim.node)
         )
 
     def _own(self, key: str, claim: Claim, now: float) -> None:
         """`put` of a first holder (`_first_holder`): what `settle` does for it, in the same order."""
-        books = self.books
         rid = claim.placement.id
-        books.claims[key] = claim
-        books.holders_of[rid] = (key,)
-        if self.truth is not None:
-            self.truth.claim_changed(key, None, claim)
-        books.owner_of[rid] = claim
+        self._claim_of[key] = claim
+        self._holders_of[rid] = (key,)
+        self._events.claim_changed(key, None, claim)
+        self._owner_of[rid] = claim
         self._settling = True
         try:
-            self.adopt(key, claim.placement, now, "", None)
+            self._events.adopt(key, claim.placement, now, "", None)
         finally:
             self._settling = False
         freed = self._freed
         if freed:
             self._freed = set()
-        if books.foreign_on:  # (a node without foreign holders has nothing to refresh: every rebuild's pod)
+        foreign_on = self._foreign_on
+        if foreign_on:  # (a node without foreign holders has nothing to refresh: every rebuild's pod)
             for node in sorted({claim.node, claim.placement.node} | freed):
-                if node in books.foreign_on:
+                if node in foreign_on:
                     self.refresh(node)
-        if self.deferred is not None:
-            self.deferred.add(claim.placement.node)
-        elif claim.placement.node in self.bumped:
-            self.contend(now, claim.placement.node)
+        self.revisit(claim.placement.node, now)
+
+    def own_at_once(self, claim: Claim) -> bool:
+        """Record `claim` as the one holder and the owner of its id, when its pod claims nothing, nobody holds
+        or owns the id, and neither node it names has foreign holders; False, changing nothing, otherwise.
+        The rebuild's shortcut (`Adoption._adopt_at_once`), which holds the placement itself, then `revisit`s
+        its node: what `_own` does for such a claim, less what `ClaimEvents` would be told of it."""
+        key, rid = claim.key, claim.placement.id
+        foreign = self._foreign_on
+        if (
+            key in self._claim_of
+            or rid in self._holders_of
+            or rid in self._owner_of
+            or (foreign and (claim.node in foreign or claim.placement.node in foreign))
+        ):
+            return False
+        self._claim_of[key] = claim
+        self._holders_of[rid] = (key,)
+        self._owner_of[rid] = claim
+        return True
 
     def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:
         """Choose `rid`'s owner from its holders, hand the reservation over, and recount foreign use."""
         books = self.books
-        keys = books.holders_of.get(rid, ())
+        keys = self._holders_of.get(rid, ())
         if len(keys) == 1:  # almost always (a rebuild: every id): no sort
-            holders = [books.claims[keys[0]]]
+            holders = [self._claim_of[keys[0]]]
         else:
-            holders = sorted((books.claims[k] for k in keys), key=lambda c: c.order)
+            holders = sorted((self._claim_of[k] for k in keys), key=lambda c: c.order)
         owner = next((c for c in holders if c.bound), None)
         nodes = set(nodes)
         for c in holders:
             nodes.add(c.node)
             nodes.add(c.placement.node)
-        old = books.owner_of.get(rid)
+        old = self._owner_of.get(rid)
         if old is not None:
             nodes.add(old.placement.node)
-        foreign_on = books.foreign_on
+        foreign_on = self._foreign_on
         self._settling = True
         try:
             for node in sorted(nodes):
@@ -265,26 +311,26 @@ class Claims:
                 or owner.placement != old.placement
                 or owner.displaced != old.displaced
             ):
-                del books.owner_of[rid]
+                del self._owner_of[rid]
                 counted = books.pods.pop(old.key, None)
                 if counted is not None:
                     self.leases.release(counted)
                 if owner is None or owner.placement != old.placement:
                     self.leases.release(rid)
             if owner is not None:
-                books.owner_of[rid] = owner
+                self._owner_of[rid] = owner
                 res = books.reservations.get(rid)
                 if res is not None and not owner.displaced and same_place(res.placement, owner.placement):
                     self.leases.confirm(rid, now)
                 elif owner.key not in books.pods:
                     if res is not None:  # held elsewhere than the pod is (a pending one moved): the pod wins
                         self.leases.release(rid)
-                    self.adopt(owner.key, owner.placement, now, owner.displaced, owner.recorded)
+                    self._events.adopt(owner.key, owner.placement, now, owner.displaced, owner.recorded)
             for c in holders:
                 if owner is not None and c.key == owner.key:
                     self._unforeign(c)
                 else:
-                    books.foreign_on.setdefault(c.node, set()).add(c.key)
+                    foreign_on.setdefault(c.node, set()).add(c.key)
         finally:
             self._settling = False
         nodes |= self._freed
@@ -296,11 +342,30 @@ class Claims:
     # ------------------------------------------------------------------------------------------ contention
     def bump(self, key: str, node: str) -> None:
         """The owner `key` is counted instead: another holding has devices its placement names on `node`."""
-        self.bumped.setdefault(node, set()).add(key)
+        self._bumped.setdefault(node, set()).add(key)
+
+    def revisit(self, node: str, now: float) -> None:
+        """An owner was settled on `node`: the owners counted instead there (`bump`) contend again, now or,
+        within a batch of changes (`defer`), once it is done."""
+        if self._deferred is not None:
+            self._deferred.add(node)
+        elif node in self._bumped:
+            self.contend(now, node)
+
+    def defer(self, node: str) -> set[str] | None:
+        """Begin a batch of changes: `revisit` gathers its nodes, `node` first, until `resume`. The batch it
+        nests in (None: none), for `resume`."""
+        outer, self._deferred = self._deferred, {node}
+        return outer
+
+    def resume(self, outer: set[str] | None) -> set[str]:
+        """End the batch `defer` began (back in `outer`): the nodes to `revisit` once it is done."""
+        gathered, self._deferred = self._deferred, outer
+        return gathered or set()
 
     def overlapped(self, node: str, hids: set[str]) -> None:
         """A node (re)appeared with holdings that overlap (held while the ledger did not know the node)."""
-        keys = {self.books.owner_of[h].key for h in hids if h in self.books.owner_of}
+        keys = {self._owner_of[h].key for h in hids if h in self._owner_of}
         self.contend(self.books.last_now if self.books.last_now > float("-inf") else 0.0, node, keys)
 
     def contend(self, now: float, node: str, extra: Iterable[str] = ()) -> None:
@@ -312,12 +377,12 @@ class Claims:
         state = books.index.nodes.get(node)
         if self._contending or state is None:
             return
-        members = {k: c for k in self.bumped.pop(node, set()) | set(extra) if (c := self._member(k, node))}
+        members = {k: c for k in self._bumped.pop(node, set()) | set(extra) if (c := self._member(k, node))}
         for c in list(members.values()):
             for d in c.placement.devices:
                 pos = state.pos.get(d)
                 hid = state.dev_owner[pos] if pos is not None else None
-                owner = books.owner_of.get(hid) if hid is not None else None
+                owner = self._owner_of.get(hid) if hid is not None else None
                 if owner is not None and owner.key not in members and self._member(owner.key, node):
                     members[owner.key] = owner
         if not members:
@@ -341,7 +406,7 @@ class Claims:
             return
         self._contending = True
         try:
-            self.bumped.pop(node, None)
+            self._bumped.pop(node, None)
             for c in contest:  # all out, then back in claim order (adopting counts a loser instead again)
                 counted = books.pods.pop(c.key, None)
                 if counted is not None:
@@ -351,15 +416,14 @@ class Claims:
                 self.settle(c.rid, now)
         finally:
             self._contending = False
-        if self.truth is not None:
-            self.truth.refresh(node)
+        self._events.contended(node)
 
     def _member(self, key: str, node: str) -> Claim | None:
         """The claim of `key` when it owns its id and holds (or would hold) whole devices of `node` alone."""
-        c = self.books.claims.get(key)
+        c = self._claim_of.get(key)
         if c is None or c.displaced or c.placement.node != node or c.placement.shares or c.placement.group:
             return None
-        owner = self.books.owner_of.get(c.rid)
+        owner = self._owner_of.get(c.rid)
         return c if owner is not None and owner.key == key else None
 
     def _gives_way(self, hid: str) -> bool:
@@ -371,32 +435,31 @@ class Claims:
         return res is not None and res.state == ReservationState.RESERVED
 
     def _unforeign(self, c: Claim) -> None:
-        books = self.books
-        keys = books.foreign_on.get(c.node)
+        keys = self._foreign_on.get(c.node)
         if keys is not None and c.key in keys:
-            books.unhold(FOREIGN + c.key)
+            self.books.unhold(FOREIGN + c.key)
             keys.discard(c.key)
             if not keys:
-                del books.foreign_on[c.node]
+                del self._foreign_on[c.node]
 
     def _clear(self, node: str) -> None:
-        for key in sorted(self.books.foreign_on.get(node, ())):
+        for key in sorted(self._foreign_on.get(node, ())):
             self.books.unhold(FOREIGN + key)
 
     def refresh(self, node: str) -> None:
         """Recount the foreign holders on `node` from scratch, in claim order, around what else is held."""
         books = self.books
         self._clear(node)
-        keys = books.foreign_on.get(node)
+        keys = self._foreign_on.get(node)
         if not keys:
-            books.foreign_on.pop(node, None)
+            self._foreign_on.pop(node, None)
             return
         taken: set[int] = set()
         for hid in books.node_holders.get(node, ()):
             h = books.holdings[hid]
             taken.update(h.devices)
             taken.update(s.device for s in h.shares)
-        for c in sorted((books.claims[k] for k in keys), key=lambda c: c.order):
+        for c in sorted((self._claim_of[k] for k in keys), key=lambda c: c.order):
             p = c.placement
             devices: list[int] = []
             shares: tuple[DeviceShare, ...] = ()
@@ -425,16 +488,15 @@ class Claims:
     # ------------------------------------------------------------------------------------------ views
     def conflicts(self) -> list[list[str]]:
         """[pod, reservation id, why] for every holder that is not its id's owner, sorted."""
-        books = self.books
-        if len(books.claims) == len(books.owner_of):  # every holder owns its id (stats counts it so too)
+        if not self.conflict_count():  # every holder owns its id
             return []  # the common case, without a walk over every reservation (status reports it often)
         out = []
-        for rid, keys in books.holders_of.items():
-            owner = books.owner_of.get(rid)
+        for rid, keys in self._holders_of.items():
+            owner = self._owner_of.get(rid)
             for key in keys:
                 if owner is not None and owner.key == key:
                     continue
-                c = books.claims[key]
+                c = self._claim_of[key]
                 why = c.why or (
                     f"reservation {rid} belongs to pod {owner.key}, its earliest created holder"
                     if owner is not None

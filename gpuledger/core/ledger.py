@@ -18,12 +18,11 @@ from dataclasses import is_dataclass, replace
 from typing import Any
 
 from gpuledger.core.adoption import Adoption
-from gpuledger.core.books import Books, GroupState, LedgerConfig, Reservation, slot_hid
+from gpuledger.core.books import GroupState, LedgerConfig, Reservation, slot_hid
 from gpuledger.core.decisions import Decider
 from gpuledger.core.diagnosis import Diagnoser
 from gpuledger.core.filters import Filters
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
-from gpuledger.core.leases import Leases
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
 from gpuledger.core.selection import Selector
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
@@ -79,14 +78,15 @@ class Ledger:
     problems = _shared("problems", "malformed cluster data seen, newest last")
 
     def __init__(self, config: LedgerConfig | None = None):
-        books = self._books = Books(config or LedgerConfig())
+        # the books are built by the part that follows the cluster: it hears what changes them (adoption.py)
+        adoption = self._adoption = Adoption(config or LedgerConfig())
+        books = self._books = adoption.books
+        self._leases = adoption.leases
         filters = self._filters = Filters(books)
         selector = self._selector = Selector(books, filters)
         diagnoser = self._diagnoser = Diagnoser(books, filters)
         gangs = self._gangs = Gangs(books, selector, diagnoser)
         self._decider = Decider(books, filters, selector, diagnoser, gangs)
-        leases = self._leases = Leases(books)
-        self._adoption = Adoption(books, leases)
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -234,6 +234,7 @@ class Ledger:
         truth = self._adoption.truth
         return replace(
             ledger_stats(self._books),
+            conflicts=self._adoption.claims.conflict_count(),
             device_corrections=len(truth.corrected),
             device_conflicts=len(truth.displaced),
         )

@@ -109,6 +109,5 @@ def ledger_stats(books: Books) -> LedgerStats:
         unclaimed_slots=sum(1 for g in books.groups.values() for who in g.claims.values() if who is None),
         leaves=tuple(leaf_stats),
         spines=spine_stats,
-        conflicts=len(books.claims) - len(books.owner_of),
         devices_moved=books.pending_moved,
     )

@@ -37,9 +37,6 @@ class Truth:
         self.listed_on: dict[str, set[str]] = {}  # pod key -> nodes whose truth lists it
         self.corrected: set[str] = set()  # claims holding the kubelet's devices instead of their placement's
         self.displaced: set[str] = set()  # claims whose devices the kubelet says another pod holds
-        books.on_truth = self.node_changed
-        books.on_truth_yield = self.refresh
-        claims.truth = self
 
     # ------------------------------------------------------------------------------------------ reading
     def truth_of(self, node: str) -> tuple[NodeState, DeviceTruth] | None:
@@ -111,7 +108,7 @@ class Truth:
         self.refresh(name)  # the "truth:" holding as the new truth says, before claims are adopted around it
         changes = []
         for k in sorted(old_keys | new_keys | self.claims_on.get(name, set())):
-            c = books.claims.get(k)
+            c = self.claims.claim_of(k)
             if c is not None:
                 fresh = self.effective(c)
                 if fresh != c:
@@ -119,22 +116,19 @@ class Truth:
         now = books.last_now if math.isfinite(books.last_now) else 0.0
         # all out, then all in: two claims swapping devices never meet half-moved; contention for a device
         # between owners of different ids is settled once all are in, in claim order (Claims.contend)
-        outer, self.claims.deferred = self.claims.deferred, {name}
+        outer = self.claims.defer(name)
         try:
             for k, _ in changes:
                 self.claims.put(k, None, now)
             for k, fresh in changes:
                 self.claims.put(k, fresh, now)
         finally:
-            deferred, self.claims.deferred = self.claims.deferred, outer
+            deferred = self.claims.resume(outer)
         for k in sorted(old_keys | new_keys):
             self._recount(k)
         self.refresh(name)
         for node in sorted(deferred):
-            if outer is not None:
-                outer.add(node)
-            else:
-                self.claims.contend(now, node)
+            self.claims.revisit(node, now)
 
     def claim_changed(self, key: str, old: Claim | None, new: Claim | None) -> None:
         """Called by Claims.put before it settles: keep the indexes, and let a newly listed claim's devices
@@ -167,7 +161,7 @@ class Truth:
     def _recount(self, key: str) -> None:
         """A pod counted by its requests: its unknown GPUs as its node's truth now says."""
         books = self.books
-        if key in books.claims or key not in books.pod_gpus:
+        if key not in books.pod_gpus or self.claims.claim_of(key) is not None:
             return
         h = books.holdings.get("pod:" + key)
         if h is None:
@@ -189,7 +183,7 @@ class Truth:
         state, truth = found
         wanted = []
         for d, key, _ in truth.holders:
-            c = books.claims.get(key)
+            c = self.claims.claim_of(key)
             if c is None or c.node != name:
                 wanted.append(d)
         if not wanted:
@@ -243,14 +237,16 @@ class Truth:
         """[pod, reservation id, node, devices its placement names, devices the kubelet says it holds]."""
         out = []
         for key in sorted(self.corrected):
-            c = self.books.claims[key]
-            recorded: Placement = c.recorded or c.placement
-            out.append([key, c.rid, c.node, list(recorded.devices), list(c.placement.devices)])
+            c = self.claims.claim_of(key)
+            if c is not None:  # (always: a claim leaves this index as it goes)
+                recorded: Placement = c.recorded or c.placement
+                out.append([key, c.rid, c.node, list(recorded.devices), list(c.placement.devices)])
         return out
 
     def conflicts(self) -> list[list[str]]:
         """[pod, reservation id, why] for every claim whose devices the kubelet says another pod holds."""
         return [
-            [key, self.books.claims[key].rid, self.books.claims[key].displaced]
+            [key, c.rid, c.displaced]
             for key in sorted(self.displaced)
+            if (c := self.claims.claim_of(key)) is not None  # (always: a claim leaves this index as it goes)
         ]
