@@ -11,7 +11,7 @@ export KUBELET ?= $(GPULEDGER_CACHE)/kubelet-v$(K8S_VERSION)
 export HELM_VERSION ?= 3.22.0
 HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
-.PHONY: all venv apiserver helm runtime test test-fast lint demo bench simulate clean
+.PHONY: all venv apiserver helm runtime image test test-fast lint demo bench simulate clean
 
 all: test
 
@@ -43,6 +43,12 @@ helm: $(HELM)
 # what is missing (as root, or through sudo)
 runtime:
 	@bash devcluster/runtime.sh || { echo "the real node's runtime could not be installed: run 'sudo bash devcluster/runtime.sh'" >&2; exit 1; }
+
+# the product image without docker or a registry, from the Dockerfile's recipe with Debian's packages
+# (mmdebstrap) and PyPI: an OCI archive cached in $(GPULEDGER_CACHE)/images, which the real node imports
+# (root; docs/deployment.md, "Building the image without a registry")
+image: venv runtime
+	$(PY) -m devcluster.product_image
 
 # ruff (rules and format) over LINT_PATHS, mypy over the product code among them, then the import-linter
 # contracts. A subset checks only those paths: make lint LINT_PATHS="gpuledger/certs gpuledger/sim" (mypy still reads

@@ -404,8 +404,8 @@ def build_top(recipe: Recipe, base: Path, wheel: Path, cache: Path, key: str) ->
         )
     _tar_layer(upper, partial / "layer.tar", log)
     (partial / "layer.sha256").write_text(_sha256(partial / "layer.tar"))
-    shutil.rmtree(upper)
-    shutil.rmtree(work)
+    for scratch in (upper, work, merged):
+        shutil.rmtree(scratch)
     partial.replace(folder)
     return folder
 

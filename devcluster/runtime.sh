@@ -11,6 +11,8 @@ command -v runc >/dev/null || need+=(runc)
   || need+=(containernetworking-plugins)
 # the static build: an image holds no libc for a dynamically linked busybox to load
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "ok installed" || need+=(busybox-static)
+# builds the product image's Debian root filesystem (devcluster/product_image.py)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 if [ "${#need[@]}" -eq 0 ]; then exit 0; fi
 echo "== installing the real node's runtime from Debian: ${need[*]}" >&2
 sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
