@@ -89,6 +89,10 @@ WARP_GROUP, WARP_VERSION = "gpu.warp.dev", "v1alpha1"  # GPUWorkload
 AGENTAFLOW_API_VERSION = f"{AGENTAFLOW_GROUP}/{AGENTAFLOW_VERSION}"
 WARP_API_VERSION = f"{WARP_GROUP}/{WARP_VERSION}"
 GPUWORKLOAD_PLURAL, GPUNODE_PLURAL = "gpuworkloads", "gpunodes"
+# GPUQueue: gpuledger's own API (no earlier tool had queues), so in gpuledger's group (docs/queues.md)
+QUEUE_GROUP, QUEUE_VERSION = "gpuledger.io", "v1alpha1"
+QUEUE_API_VERSION = f"{QUEUE_GROUP}/{QUEUE_VERSION}"
+GPUQUEUE_KIND, GPUQUEUE_PLURAL = "GPUQueue", "gpuqueues"
 # the topology scheduler's SchedulerConfig, accepted as a webhook config file
 SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
 

@@ -287,3 +287,164 @@ def gpunode_status() -> S:
             "conditions": conditions(),
         }
     )
+
+
+# --- GPUQueue (parsed by gpuledger.core.gpu_queues, which names the same fields) ---------------------------
+
+MAX_QUEUE_GPUS = 10_000_000
+MAX_QUEUE_WEIGHT = 1_000_000
+MAX_MIN_RUN_SECONDS = 31_536_000
+QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+def queue_spec() -> S:
+    lending_rule: S = {
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.lendingLimit) || self.lendingLimit <= self.gpus",
+                "fieldPath": ".lendingLimit",
+                "message": "lendingLimit must not exceed gpus",
+            }
+        ]
+    }
+    quota = obj_field(
+        {
+            "product": str_field(
+                "A GPU product as the nodes' nvidia.com/gpu.product label names it (any case), or `any` for "
+                "every product the queue names no entry for. Default any.",
+                minLength=1,
+                maxLength=253,
+                default="any",
+            ),
+            "gpus": int_field(0, MAX_QUEUE_GPUS, "GPUs of the product the queue is guaranteed."),
+            "borrowingLimit": int_field(
+                0,
+                MAX_QUEUE_GPUS,
+                "GPUs it may use above `gpus` when other queues do not use theirs. Absent: no limit.",
+            ),
+            "lendingLimit": int_field(
+                0,
+                MAX_QUEUE_GPUS,
+                "GPUs of its unused quota other queues may borrow; the rest stays free for it. Absent: all.",
+            ),
+        },
+        required=["gpus"],
+        **lending_rule,
+    )
+    expression = obj_field(
+        {
+            "key": str_field(minLength=1),
+            "operator": str_field(enum=["In", "NotIn", "Exists", "DoesNotExist"]),
+            "values": {"type": "array", "items": str_field()},
+        },
+        required=["key", "operator"],
+    )
+    return obj_field(
+        {
+            "quotas": {
+                "type": "array",
+                "maxItems": 64,
+                "description": "GPU quota per product; a GPU counts against its product's entry, else `any`.",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["product"],
+                "items": quota,
+            },
+            "weight": {
+                "type": "number",
+                "minimum": 0,
+                "exclusiveMinimum": True,
+                "maximum": MAX_QUEUE_WEIGHT,
+                "default": 1,
+                "description": "Fair-share weight: among queues borrowing, the one furthest below its "
+                "weighted share goes next. Default 1.",
+            },
+            "parent": str_field(
+                "The organisation's GPUQueue this team's queue belongs to (two levels at most).",
+                maxLength=253,
+                pattern=QUEUE_NAME_PATTERN,
+            ),
+            "default": {
+                "type": "boolean",
+                "default": False,
+                "description": "The queue of namespaces no queue's namespaceSelector selects (one at most).",
+            },
+            "namespaceSelector": obj_field(
+                {
+                    "matchLabels": {"type": "object", "additionalProperties": str_field()},
+                    "matchExpressions": {"type": "array", "items": expression},
+                },
+                "The namespaces whose GPU workloads belong to this queue; {} selects every namespace.",
+                **{"x-kubernetes-map-type": "atomic"},
+            ),
+            "preemption": obj_field(
+                {
+                    "reclaim": {
+                        "type": "boolean",
+                        "default": True,
+                        "description": "Take back GPUs it lent from queues above their quota. Default true.",
+                    },
+                    "withinQueue": {
+                        "type": "boolean",
+                        "default": True,
+                        "description": "Preempt lower-priority workloads of this queue. Default true.",
+                    },
+                    "criticalAcrossQueues": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "Let its critical workloads preempt lower priority in other queues. "
+                        "Default false.",
+                    },
+                    "minRunSeconds": int_field(
+                        0,
+                        MAX_MIN_RUN_SECONDS,
+                        "A workload of this queue that has run for less is never preempted. Default 0.",
+                        default=0,
+                    ),
+                },
+                "What its waiting workloads may take back, and how long its running ones are safe.",
+            ),
+        },
+        "A GPU queue: quota, borrowing and lending, fair-share weight, namespaces.",
+    )
+
+
+def queue_status() -> S:
+    product = obj_field(
+        {
+            "product": str_field(),
+            "quota": int_field(0),
+            "used": {"type": "number"},
+            "borrowed": {"type": "number"},
+        }
+    )
+    return obj_field(
+        {
+            "quota": int_field(0, description="GPUs guaranteed (every quota entry)."),
+            "used": {
+                "type": "number",
+                "description": "GPUs its running workloads hold (shares in fractions).",
+            },
+            "borrowed": {"type": "number", "description": "GPUs used above its quota."},
+            "waiting": int_field(0, description="Workloads waiting in it."),
+            "share": {
+                "type": "number",
+                "description": "Its dominant share of what it borrows, over its weight (0 within quota).",
+            },
+            "products": {"type": "array", "items": product, "description": "The same per quota entry."},
+            "conditions": conditions(),
+            "updatedTime": str_field("When this was last written from the ledger.", format="date-time"),
+        }
+    )
+
+
+def queue_columns() -> list[S]:
+    return [
+        {"name": "Parent", "type": "string", "jsonPath": ".spec.parent"},
+        {"name": "Quota", "type": "integer", "jsonPath": ".status.quota"},
+        {"name": "Used", "type": "number", "jsonPath": ".status.used"},
+        {"name": "Borrowed", "type": "number", "jsonPath": ".status.borrowed"},
+        {"name": "Waiting", "type": "integer", "jsonPath": ".status.waiting"},
+        {"name": "Weight", "type": "number", "jsonPath": ".spec.weight", "priority": 1},
+        {"name": "Share", "type": "number", "jsonPath": ".status.share", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]

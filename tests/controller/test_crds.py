@@ -11,6 +11,7 @@ import yaml
 from gpuledger.controller import crds
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
+CHART_CRDS_DIR = Path(__file__).resolve().parents[2] / "charts" / "gpuledger" / "files" / "crds"
 
 
 @pytest.mark.parametrize("name", list(crds.CRD_FILES))
@@ -18,6 +19,18 @@ def test_file_is_generated(name):
     assert (CRDS_DIR / name).read_text() == crds.render(name), (
         "run: python -m gpuledger.controller.crds manifests/crds"
     )
+
+
+@pytest.mark.parametrize("name", list(crds.CRD_FILES))
+def test_the_charts_copy_is_generated(name):
+    assert (CHART_CRDS_DIR / name).read_text() == crds.render(name), (
+        "run: python -m gpuledger.controller.crds manifests/crds && cp manifests/crds/gpu*.yaml "
+        "charts/gpuledger/files/crds/"
+    )
+
+
+def test_the_chart_holds_no_other_crd():
+    assert sorted(p.name for p in CHART_CRDS_DIR.glob("*.yaml")) == sorted(crds.CRD_FILES)
 
 
 def test_kustomization_lists_the_files():
