@@ -1,91 +1,15 @@
-"""The GPUWorkload queue's rule: priority, then age, with a bounded backfill window. Pure.
-
-Which queued workload starts next, given whether each one fits the ledger now. Time is an argument; this
-module never reads a clock, asks the ledger or talks to the API.
-
-The rule (docs/operator.md):
-1. Order: higher priority first; equal priority, older first (creation time); then the key, for a total order.
-2. Walk that order and start the first workload that fits whole.
-3. A workload that does not fit is passed over (backfill: a smaller one behind it may start) only while it
-   has waited less than `backfill_window_s`. Once it has waited that long it becomes a barrier: nothing behind
-   it starts until it has started, so every GPU freed from then on goes to it or to workloads ahead of it.
-   Its wait is bounded by the window plus the time the workloads ahead of it need to free enough GPUs.
+"""The GPUWorkload queue's rule: the ledger's own (gpuledger.core.queue_rule, reached through the service),
+so GPUWorkloads and waiting pods are ordered by one rule: priority, then age, with a bounded backfill
+window. Pure: `plan` takes time as an argument and whether each workload fits the ledger now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from gpuledger.service.ledger_service import DEFAULT_BACKFILL_WINDOW_S
+from gpuledger.service.ledger_service import QueueEntry as Entry
+from gpuledger.service.ledger_service import QueuePlan as Plan
+from gpuledger.service.ledger_service import QueueVerdict as Verdict
+from gpuledger.service.ledger_service import queue_order as order
+from gpuledger.service.ledger_service import queue_plan as plan
 
-K = TypeVar("K", bound=Hashable)
-
-DEFAULT_BACKFILL_WINDOW_S = 300.0
-
-
-@dataclass(frozen=True)
-class Entry(Generic[K]):
-    key: K
-    priority: int
-    queued_at: float  # epoch seconds: the workload's age in the queue
-    gpus: int = 0  # total, for the record (the ledger decides what fits)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The ledger's answer for one workload: fits whole now, or not and why (the blocking resource)."""
-
-    fits: bool
-    reason: str = ""
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class Plan(Generic[K]):
-    """One pass: what to start (or None), each queued key's 1-based position, and why each one waits."""
-
-    start: K | None
-    positions: Mapping[K, int]
-    waiting: Mapping[K, Verdict]
-    barrier: K | None = None
-
-
-def order(entries: Sequence[Entry[K]]) -> list[Entry[K]]:
-    return sorted(entries, key=lambda e: (-e.priority, e.queued_at, str(e.key)))
-
-
-def plan(
-    entries: Sequence[Entry[K]],
-    verdicts: Mapping[K, Verdict],
-    now: float,
-    backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S,
-) -> Plan[K]:
-    """Apply the rule above. `verdicts` holds an answer per entry (a missing one counts as not fitting)."""
-    ordered = order(entries)
-    positions = {e.key: i + 1 for i, e in enumerate(ordered)}
-    waiting: dict[K, Verdict] = {}
-    start: K | None = None
-    barrier: Entry[K] | None = None
-    for entry in ordered:
-        verdict = verdicts.get(entry.key, Verdict(False, "Unknown", "no answer from the ledger"))
-        if start is None and barrier is None and verdict.fits:
-            start = entry.key
-            continue
-        if barrier is not None:
-            waiting[entry.key] = Verdict(
-                False,
-                "BehindBarrier",
-                f"waiting behind {barrier.key} (priority {barrier.priority}), which has "
-                f"waited past the {backfill_window_s:g}s backfill window"
-                + (f"; {verdict.message}" if not verdict.fits and verdict.message else ""),
-            )
-            continue
-        if verdict.fits:  # fits, but one workload starts per pass: it goes next
-            waiting[entry.key] = Verdict(
-                False, "Next", "fits; starts after the workload ahead of it is placed"
-            )
-            continue
-        waiting[entry.key] = verdict
-        if start is None and now - entry.queued_at >= backfill_window_s:
-            barrier = entry
-    return Plan(start, positions, waiting, barrier.key if barrier else None)
+__all__ = ["DEFAULT_BACKFILL_WINDOW_S", "Entry", "Plan", "Verdict", "order", "plan"]

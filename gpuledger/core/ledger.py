@@ -20,14 +20,17 @@ from typing import Any
 from gpuledger.core.adoption import Adoption
 from gpuledger.core.books import GroupState, LedgerConfig, Reservation, slot_hid
 from gpuledger.core.decisions import Decider
-from gpuledger.core.diagnosis import Diagnoser
+from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import Filters
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
+from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
 from gpuledger.core.selection import Selector
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
 from gpuledger.core.steps import Steps, drain
 from gpuledger.core.topology import Topology
+from gpuledger.core.waiting import LineEntry, Placed, Waiting, WaitingLine, rank_of, waiting_answer
+from gpuledger.names import WHEN_FULL, WHEN_FULL_REFUSE
 
 __all__ = [
     "DomainStats",
@@ -35,7 +38,10 @@ __all__ = [
     "Ledger",
     "LedgerConfig",
     "LedgerStats",
+    "LineEntry",
+    "Placed",
     "Reservation",
+    "Waiting",
     "slot_hid",
 ]
 
@@ -87,6 +93,7 @@ class Ledger:
         diagnoser = self._diagnoser = Diagnoser(books, filters)
         gangs = self._gangs = Gangs(books, selector, diagnoser)
         self._decider = Decider(books, filters, selector, diagnoser, gangs)
+        self._waiting = WaitingLine(books, filters, selector, self.reserve, self._leases.release)
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -115,6 +122,76 @@ class Ledger:
         if isinstance(decision, SlotClaim):
             return self._gangs.commit_claim(decision, request, now)
         return self._leases.hold_reserved(decision, now)
+
+    def reserve_or_wait(
+        self,
+        request: Request,
+        now: float,
+        may_wait: bool = True,
+        backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S,
+    ) -> Placement | Denial | Waiting:
+        """Admission with the line in mind (gpuledger.core.waiting): a placement when the request fits now
+        and no one waits ahead of it for what it would take; else, when it could fit the cluster were every
+        GPU free, `Waiting` (nothing reserved; `may_wait=False` turns that into a denial); else today's
+        denial."""
+        existing = self._books.reservations.get(request.id)
+        if existing is not None:
+            return existing.placement
+        line = self._waiting
+        behind = line.must_wait(request, now, backfill_window_s)
+        if not behind:
+            result = self.reserve(request, now)
+            if isinstance(result, Placement):
+                return result
+            # a denial naming no reason is about the request itself (a bad strategy, a gang of another shape)
+            if not result.by_reason or not line.could_fit(request):
+                return result
+            if not may_wait:
+                return result
+            line.failed_at_admission(request)
+            return waiting_answer(request, now, line.position(rank_of(request, now)), result, "")
+        dry = self._decider.explain(request, with_scores=False).result
+        if isinstance(dry, Denial) and (not dry.by_reason or not line.could_fit(request)):
+            return dry  # it could not wait for anything: denied as it would be with no one in line
+        if not may_wait:
+            return Denial(
+                id=request.id,
+                message=f"{describe(request)} fits now, but {behind}; it would wait in line "
+                f"(annotation {WHEN_FULL}={WHEN_FULL_REFUSE} refuses instead)",
+                strategy=request.strategy or "",
+            )
+        return waiting_answer(request, now, line.position(rank_of(request, now)), None, behind)
+
+    def place_waiting(self, now: float, backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S) -> list[Placed]:
+        """Place the waiting pods that fit now, in line order (each reserved, RESERVED, under its ticket
+        id)."""
+        books = self._books
+        books.last_now = max(books.last_now, now)
+        return self._waiting.place(now, backfill_window_s)
+
+    def waiting_line(self, limit: int | None = None) -> list[LineEntry]:
+        """The waiting pods, first to last."""
+        return self._waiting.in_order(limit)
+
+    def waiting_count(self) -> int:
+        return len(self._waiting.queued)
+
+    def waiting_by_priority(self) -> dict[int, int]:
+        """Waiting pods (those placing left out) per priority."""
+        out: dict[int, int] = {}
+        reserved = self._books.reservations
+        for wid, w in self._waiting.queued.items():
+            if wid not in reserved:
+                out[w.request.priority] = out.get(w.request.priority, 0) + 1
+        return out
+
+    def could_fit(self, request: Request) -> bool:
+        """Whether the request would fit the cluster were every GPU free (gpuledger.core.ever_fits)."""
+        return self._waiting.could_fit(request)
+
+    def waiting_answer(self, request: Request, now: float, denial: Denial) -> Waiting:
+        """The `Waiting` answer `reserve_or_wait` would give a request denied for now (a dry run's)."""
+        return waiting_answer(request, now, self._waiting.position(rank_of(request, now)), denial, "")
 
     def explain(self, request: Request, with_scores: bool = True) -> Explanation:
         """The decision `reserve` would make now, with every node's score or reasons; reserves nothing.
@@ -155,9 +232,11 @@ class Ledger:
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
         self._adoption.apply_object(obj, now)
+        self._waiting.observe(obj)
 
     def delete_object(self, obj: dict) -> None:
         self._adoption.delete_object(obj)
+        self._waiting.observe_deleted(obj)
 
     @classmethod
     def rebuild(cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0) -> Ledger:
@@ -172,7 +251,7 @@ class Ledger:
         caller keep serving from the ledger this one replaces while it is built."""
         ledger = cls(config)
         ledger._books.last_now = now
-        yield from ledger._adoption.load_in_steps(objects, now, step)
+        yield from ledger._adoption.load_in_steps(ledger._waiting.passing(objects), now, step)
         return ledger
 
     def discard(self) -> None:
@@ -203,6 +282,7 @@ class Ledger:
         """Canonical state (no timestamps, no rotation cursor): equal for a live ledger and its rebuild."""
         snap = self._books.snapshot()
         snap["conflicts"] = self.conflicts()
+        snap["waiting"] = self._waiting.snapshot()
         return snap
 
     def conflicts(self) -> list[list[str]]:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from gpuledger import strategies  # noqa: F401  (registers the built-in strategies with the core's registry)
-from gpuledger.core.ledger import Ledger, LedgerConfig, LedgerStats
+from gpuledger.core.ledger import Ledger, LedgerConfig, LedgerStats, LineEntry, Waiting
 from gpuledger.core.model import (
     BindingMode,
     Denial,
@@ -39,6 +39,12 @@ from gpuledger.core.objects import (
     encode_placement,
     iter_objects,
 )
+from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
+from gpuledger.core.queue_rule import Entry as QueueEntry
+from gpuledger.core.queue_rule import Plan as QueuePlan
+from gpuledger.core.queue_rule import Verdict as QueueVerdict
+from gpuledger.core.queue_rule import order as queue_order
+from gpuledger.core.queue_rule import plan as queue_plan
 from gpuledger.core.request import (
     AnnotationError,
     PodRequestConfig,
@@ -49,6 +55,8 @@ from gpuledger.core.request import (
     seed_for,
 )
 from gpuledger.core.steps import Steps, drain
+from gpuledger.core.waiting import device_annotations, wants
+from gpuledger.core.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.live_settings import SETTINGS_HISTORY, LiveSettings
 from gpuledger.service.settings import (
@@ -67,6 +75,7 @@ from gpuledger.service.sync_writer import DEFAULT_TERM_S, SyncFenced, SyncLeaseA
 # The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
 # from a core module, so the core can be rearranged without touching them.
 __all__ = [
+    "DEFAULT_BACKFILL_WINDOW_S",
     "DEFAULT_SCORING_WEIGHTS",
     "PLACEMENT_ANNOTATION",
     "RESERVATION_ID_KEY",
@@ -81,8 +90,12 @@ __all__ = [
     "LedgerConfig",
     "LedgerService",
     "LedgerSettings",
+    "PlacedPod",
     "Placement",
     "PodRequestConfig",
+    "QueueEntry",
+    "QueuePlan",
+    "QueueVerdict",
     "Recoveries",
     "Request",
     "ServedCalls",
@@ -91,6 +104,8 @@ __all__ = [
     "SyncLeaseAnswer",
     "Taint",
     "Unavailable",
+    "WaitTicket",
+    "Waiting",
     "binding_mismatch",
     "binding_of",
     "check_external_threshold",
@@ -101,14 +116,19 @@ __all__ = [
     "controller_owner",
     "decode_bound",
     "decode_placement",
+    "decode_waiting",
     "drain",
     "encode_placement",
+    "encode_waiting",
     "for_another_pod",
     "iter_objects",
     "pod_name",
+    "queue_order",
+    "queue_plan",
     "request_from_pod",
     "seed_for",
     "strategy_names",
+    "ticket_for",
 ]
 
 log = logging.getLogger("gpuledger.service")
@@ -122,11 +142,31 @@ RESYNC_STEP = 500
 
 @dataclass(frozen=True)
 class AdmitCall:
-    """One admission. `prior_id`: the id of a validly signed placement the pod already carries."""
+    """One admission. `prior_id`: the id of a validly signed placement the pod already carries. `may_wait`:
+    a pod that does not fit now but could fit an empty cluster is answered `Waiting` (admitted gated, in
+    line) instead of a denial."""
 
     request: Request
     dry_run: bool = False
     prior_id: str | None = None
+    may_wait: bool = False
+
+
+@dataclass(frozen=True)
+class PlacedPod:
+    """A waiting pod the ledger has just placed and reserved for: what the placement adapter
+    (gpuledger.sync.placer) writes on it, through what a gated pod may still change, before removing its
+    gate. `annotations` and `labels` are the placement's, signed for this pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    reservation_id: str
+    node: str
+    annotations: Mapping[str, str]
+    labels: Mapping[str, str]
+    waited_s: float
+    tolerated_taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -217,6 +257,8 @@ class LedgerService(LiveSettings):
         self._claimed: dict[str, str] = {}
         # which cluster sync may write the ledger (one at a time; gpuledger.service.sync_writer)
         self.sync_writer = SyncWriter(incarnation=incarnation)
+        # how long a waiting pod may be passed over by smaller ones behind it (gpuledger.core.queue_rule)
+        self.backfill_window_s = DEFAULT_BACKFILL_WINDOW_S
         self.rebuild_from_source(now)
 
     # ---------------------------------------------------------------- sources
@@ -304,10 +346,12 @@ class LedgerService(LiveSettings):
             "(it just started or restarted)"
         )
 
-    def admit(self, calls: Iterable[AdmitCall | tuple], now: float) -> list[Placement | Denial | Unavailable]:
+    def admit(
+        self, calls: Iterable[AdmitCall | tuple], now: float
+    ) -> list[Placement | Denial | Waiting | Unavailable]:
         if not self.synced:
             return [self._unsynced() for _ in calls]
-        out: list[Placement | Denial | Unavailable] = []
+        out: list[Placement | Denial | Waiting | Unavailable] = []
         for call in calls:
             if not isinstance(call, AdmitCall):
                 call = AdmitCall(*call)
@@ -326,7 +370,7 @@ class LedgerService(LiveSettings):
         )
         return request if limited == group else replace(request, group=limited)
 
-    def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial:
+    def _admit_one(self, call: AdmitCall, now: float) -> Placement | Denial | Waiting:
         request = self._with_leaf_limits(call.request)
         if call.prior_id and call.prior_id != request.id:
             held = self._held(call.prior_id)
@@ -334,8 +378,11 @@ class LedgerService(LiveSettings):
                 # a reinvocation or retry of the same admission: the same answer, nothing new reserved
                 return held.placement
         if call.dry_run:
-            return self.ledger.explain(request).result
-        result = self.ledger.reserve(request, now)
+            dry = self.ledger.explain(request).result
+            if isinstance(dry, Denial) and call.may_wait and dry.by_reason and self.ledger.could_fit(request):
+                return self.ledger.waiting_answer(request, now, dry)
+            return dry
+        result = self.ledger.reserve_or_wait(request, now, call.may_wait, self.backfill_window_s)
         if isinstance(result, Placement):
             self._pending[request.id] = request
         return result
@@ -423,6 +470,43 @@ class LedgerService(LiveSettings):
     def expiry_candidates(self, now: float) -> list[str]:
         return self.ledger.expiry_candidates(now)
 
+    # ---------------------------------------------------------------- the line of waiting pods
+    def place_waiting(self, now: float, holder: str | None = None) -> list[PlacedPod]:
+        """Place the waiting pods that fit now, in line order (gpuledger.core.waiting), each reserved at once
+        (RESERVED, and replayed by a resync like an admission's until its pod comes back placed). Only the
+        sync holding the ledger's sync lease asks: its placement adapter writes them, and two writing the
+        same pods would race."""
+        if not self.synced:
+            return []
+        self.sync_writer.check(holder, now, "place_waiting")
+        out: list[PlacedPod] = []
+        key = self.config.placement_key
+        for placed in self.ledger.place_waiting(now, self.backfill_window_s):
+            p = placed.placement
+            self._pending[p.id] = placed.request
+            annotations = {
+                PLACEMENT_ANNOTATION: encode_placement(p, key, Binding(placed.namespace, placed.name)),
+                **device_annotations(p),
+            }
+            out.append(
+                PlacedPod(
+                    placed.namespace,
+                    placed.name,
+                    placed.uid,
+                    p.id,
+                    p.node,
+                    annotations,
+                    {RESERVATION_ID_KEY: p.id},
+                    max(0.0, now - placed.arrival),
+                    p.tolerated_taints,
+                )
+            )
+        return out
+
+    def waiting_line(self, limit: int | None = 100) -> list[dict[str, Any]]:
+        """The waiting pods, first to last: position (0 while placing), pod, priority, arrival, wants."""
+        return [line_row(entry) for entry in self.ledger.waiting_line(limit)]
+
     def sync_lease(
         self, holder: str, now: float, term_s: float = DEFAULT_TERM_S, hand_back: bool = False
     ) -> SyncLeaseAnswer:
@@ -457,6 +541,9 @@ class LedgerService(LiveSettings):
             "external_source": self.external_source,
             "rebuilds": self.rebuilds,
             "pending": len(self._pending),
+            # pods admitted gated, in line for GPUs (gpuledger.core.waiting), by priority
+            "waiting": self.ledger.waiting_count(),
+            "waiting_by_priority": self.ledger.waiting_by_priority(),
             "default_strategy": self.settings.default_strategy,
             "settings_changed_by": self.changed_by,
             "settings_changed_at": self.changed_at,
@@ -493,6 +580,20 @@ class LedgerService(LiveSettings):
 
     def snapshot(self) -> dict:
         return self.ledger.snapshot()
+
+
+def line_row(entry: LineEntry) -> dict[str, Any]:
+    w = entry.waiter
+    return {
+        "position": entry.position,
+        "pod": w.key,
+        "priority": w.request.priority,
+        "arrival": w.arrival,
+        "gpus": w.request.gpus,
+        "gang": w.request.group.key if w.request.group is not None else "",
+        "placing": entry.placing,
+        "wants": wants(w.request),
+    }
 
 
 def _pin(placement: Placement) -> PinnedDevices:
