@@ -1,14 +1,15 @@
-"""A real ledger, as the queue tests build it: nodes by leaf and product, workloads (single pods or gangs)
-reserved through `Ledger.reserve`."""
+"""A real ledger with running workloads, as the queue tests build it: nodes by leaf and product, workloads
+(single pods or gangs) reserved through `Ledger.reserve`, and the `Running` each becomes for the planner."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gpuledger.strategies  # noqa: F401 - registers the built-in strategies
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.ledger_view import LedgerView
-from gpuledger.core.model import Device, GroupSpec, NodeInfo, Request
+from gpuledger.core.model import Device, GroupSpec, NodeInfo, Placement, Request
+from gpuledger.core.preemption import Running
 
 
 def gpu_node(
@@ -38,6 +39,7 @@ class Cluster:
     """A ledger and what runs on it."""
 
     ledger: Ledger
+    running: list[Running] = field(default_factory=list)
 
     @property
     def view(self) -> LedgerView:
@@ -49,6 +51,42 @@ class Cluster:
         for n in nodes:
             ledger.upsert_node(n)
         return cls(ledger)
+
+    def start(
+        self,
+        key: str,
+        queue: str,
+        gpus: int,
+        pods: int = 1,
+        *,
+        priority: int = 0,
+        started: float = 0.0,
+        budgets: tuple[tuple[str, int], ...] = (),
+        product: str | None = None,
+    ) -> Running | None:
+        """Reserve a workload; its Running, or None when the ledger denies it."""
+        req = workload_request(key, gpus, pods, priority=priority, product=product)
+        placed = self.ledger.reserve(req, started)
+        if not isinstance(placed, Placement):
+            return None
+        run = Running(
+            key=key,
+            queue=queue,
+            priority=priority,
+            started=started,
+            holders=(req.id,),
+            use=self.view.use_of([req.id]),
+            pods=pods,
+            budgets=budgets,
+        )
+        self.running.append(run)
+        return run
+
+    def evict(self, key: str) -> None:
+        run = next(r for r in self.running if r.key == key)
+        self.running.remove(run)
+        for rid in run.holders:
+            self.ledger.release(rid)
 
     def free_gpus(self) -> int:
         return sum(n.whole_free for n in self.ledger.index.nodes.values())

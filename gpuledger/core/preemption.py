@@ -1,0 +1,460 @@
+"""Preemption plans: which running workloads a waiting one may take GPUs back from, decided whole before any
+eviction, proven against the ledger's exact topology, and minimal.
+
+A waiting workload (the preemptor) that does not fit the free GPUs may take GPUs back by three rules:
+- reclaim: from a queue that borrows (uses above its quota) GPUs the preemptor's queue lent, while the
+  preemptor's queue stays within its own quota once it runs. In a two-level tree the rule is read where the
+  two queues' branches meet: two teams of one organisation, or two organisations.
+- priority: from lower-priority work of its own queue, where the queue borrows no more than before.
+- critical: a `critical` (or higher) workload, where its queue allows it, from lower priority in other queues.
+Never a victim: a workload younger than its queue's minimum run time, one whose PodDisruptionBudget would be
+broken, and work of `critical` priority or above except for strictly higher priority. A preemptor with
+`preemptionPolicy: Never` waits. Gangs are victims whole (a `Running` is a whole workload).
+
+The plan is found in the ledger, not estimated: candidates are ordered node by node (the cheapest way to open
+room for one more pod on a node first: reclaimed before preempted, lower priority first, the youngest first),
+the shortest prefix with which the ledger would place the preemptor (`LedgerView.decide_without`: its gang
+window, leaf rules, product, filters) and the quotas admit it is found, then every victim the placement does
+not need is dropped, one at a time, each drop checked by the ledger again: removing any victim left makes
+the preemptor not fit.
+
+No loop: each plan strictly improves, in this order, (1) the priorities of the running critical work, (2) the
+GPUs leaf queues borrow, (3) the GPUs top-level queues borrow, (4) the priorities of all running work; so no
+set of preemptions can come back to where it started (tests/core/test_preemption_properties.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from gpuledger.core.annotation_values import PRIORITY_WORDS
+from gpuledger.core.gpu_queues import GPUQueue, QueueSet
+from gpuledger.core.ledger_view import LedgerView, holding_milli
+from gpuledger.core.model import MILLI_PER_GPU, Denial, Placement, Request
+from gpuledger.core.node_state import Holding
+from gpuledger.core.plugin import product_matches
+from gpuledger.core.quotas import Capacity, Usage, Use, gpus_text, quota_refusal
+
+CRITICAL = PRIORITY_WORDS["critical"]
+PASSED_OVER_SHOWN = 20  # workloads named in a NoPlan's passed_over (the rest are counted)
+
+
+class Rule(str, Enum):
+    RECLAIM = "reclaim"  # its queue borrows what the preemptor's queue lent
+    PRIORITY = "priority"  # lower priority in the preemptor's own queue
+    CRITICAL = "critical"  # critical work across queues, allowed by the preemptor's queue
+
+
+_RULE_ORDER = {Rule.RECLAIM: 0, Rule.PRIORITY: 1, Rule.CRITICAL: 2}
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running workload as a victim: a pod, or a gang's pods together (evicted whole or not at all)."""
+
+    key: str
+    queue: str
+    priority: int
+    started: float
+    holders: tuple[str, ...]  # the ledger's reservation ids of its pods
+    use: Use  # what it holds (LedgerView.use_of)
+    pods: int = 1
+    budgets: tuple[tuple[str, int], ...] = ()  # (PodDisruptionBudget "ns/name", its pods that budget covers)
+    grace_s: float = 30.0  # the longest terminationGracePeriodSeconds of its pods
+
+
+@dataclass(frozen=True)
+class Preemptor:
+    key: str
+    queue: str
+    request: Request  # its first pod's (a gang's with its GroupSpec); request.priority orders it
+    never: bool = False  # preemptionPolicy: Never
+
+
+@dataclass(frozen=True)
+class Victim:
+    workload: Running
+    rule: Rule
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    preemptor: str
+    victims: tuple[Victim, ...]  # empty: it fits now, nothing to evict
+    placement: Placement  # where the preemptor goes once the victims are gone
+    ready_by: float  # when the last victim's grace ends, at the latest
+
+    @property
+    def freed_milli(self) -> int:
+        return sum(v.workload.use.milli for v in self.victims)
+
+
+@dataclass(frozen=True)
+class NoPlan:
+    preemptor: str
+    reason: str
+    passed_over: tuple[tuple[str, str], ...] = ()  # (workload, why it is no victim), the first few
+    passed_over_count: int = 0
+
+
+@dataclass
+class _Candidate:
+    run: Running
+    rules: tuple[Rule, ...]  # the rules that may allow it, before the plan's own state is known
+    holdings: list[Holding]
+    rank: tuple[int, int, float, str]
+
+
+class Planner:
+    """Plans one preemption at a time over a fixed state: queues, what runs (usage), capacity, the ledger."""
+
+    def __init__(self, queues: QueueSet, usage: Usage, capacity: Capacity, view: LedgerView):
+        self.queues, self.usage, self.capacity, self.view = queues, usage, capacity, view
+
+    # ------------------------------------------------------------------------------------------ the plan
+    def plan(
+        self,
+        preemptor: Preemptor,
+        running: Iterable[Running],
+        budgets: Mapping[str, int],
+        now: float,
+    ) -> Plan | NoPlan:
+        """Victims whose eviction lets the preemptor run where the ledger would place it, or why none."""
+        req, key = preemptor.request, preemptor.key
+        if preemptor.queue not in self.queues:
+            return NoPlan(key, f"queue {preemptor.queue} does not exist")
+        first = self._check(preemptor, [])
+        if isinstance(first, tuple):
+            return Plan(key, (), first[0], now)
+        if preemptor.never:
+            return NoPlan(key, f"preemptionPolicy is Never: it waits for GPUs to free ({first})")
+        candidates, passed = self._candidates(preemptor, running, now)
+        shown = tuple(passed[:PASSED_OVER_SHOWN])
+        if not candidates:
+            return NoPlan(key, f"no running workload may be preempted for it ({first})", shown, len(passed))
+        best: tuple[tuple, Plan] | None = None
+        last = f"no candidate holds GPUs of a product it may use ({first})"
+        blocked: dict[str, str] = {}
+        for product in self._products(req, candidates):
+            ordered = self._order(preemptor, candidates, product, budgets, blocked)
+            found = self._search(preemptor, ordered, now, product)
+            if isinstance(found, str):
+                last = found
+                continue
+            cost = (
+                max(_RULE_ORDER[v.rule] for v in found.victims),
+                max(v.workload.priority for v in found.victims),
+                sum(v.workload.pods for v in found.victims),
+                found.freed_milli,
+            )
+            if best is None or cost < best[0]:
+                best = (cost, found)
+        if best is None:
+            passed += sorted(blocked.items())
+            shown = tuple(passed[:PASSED_OVER_SHOWN])
+            return NoPlan(key, f"no set of victims lets it run: {last}", shown, len(passed))
+        return best[1]
+
+    # ------------------------------------------------------------------------------------------ candidates
+    def _candidates(
+        self, preemptor: Preemptor, running: Iterable[Running], now: float
+    ) -> tuple[list[_Candidate], list[tuple[str, str]]]:
+        out: list[_Candidate] = []
+        passed: list[tuple[str, str]] = []
+        for run in running:
+            if run.key == preemptor.key:
+                continue
+            possible, why = self._rules_for(preemptor, run, now)
+            if not possible:
+                passed.append((run.key, why))
+                continue
+            holdings = self.view.holdings(run.holders)
+            if not holdings:
+                continue
+            rank = (min(_RULE_ORDER[r] for r in possible), run.priority, -run.started, run.key)
+            out.append(_Candidate(run, possible, holdings, rank))
+        return out, passed
+
+    def _rules_for(self, preemptor: Preemptor, run: Running, now: float) -> tuple[tuple[Rule, ...], str]:
+        """The rules that may let the preemptor take `run`'s GPUs as things stand (before any other victim is
+        chosen), or none and why."""
+        queues, own = self.queues, preemptor.queue
+        rules = queues[own].preemption
+        p = preemptor.request.priority
+        if run.queue not in queues:
+            return (), f"its queue {run.queue} does not exist"
+        victim_rules = queues[run.queue].preemption
+        if now - run.started < victim_rules.min_run_s:
+            return (), (
+                f"it has run {now - run.started:.0f} s, less than queue {run.queue}'s minimum run time "
+                f"({victim_rules.min_run_s:.0f} s)"
+            )
+        if run.queue == own:
+            if not rules.within_queue:
+                return (), f"queue {own} does not preempt within itself"
+            if run.priority >= p:
+                return (), f"its priority {run.priority} is not below {p}"
+            return (Rule.PRIORITY,), ""
+        if run.priority >= CRITICAL and run.priority >= p:
+            return (), f"it is critical work (priority {run.priority}), taken only by higher priority"
+        possible: list[Rule] = []
+        theirs, _ = queues.siblings_level(run.queue, own)
+        if rules.reclaim and self._borrows(self.usage, theirs, run.use):
+            possible.append(Rule.RECLAIM)
+        if p >= CRITICAL and rules.critical_across_queues and run.priority < p:
+            possible.append(Rule.CRITICAL)
+        if possible:
+            return tuple(possible), ""
+        if not rules.reclaim:
+            return (), f"queue {own} does not reclaim"
+        return (), f"queue {theirs} borrows none of what it holds"
+
+    def verify(
+        self, preemptor: Preemptor, victims: Iterable[Victim], budgets: Mapping[str, int], now: float
+    ) -> str | None:
+        """None when evicting `victims` (in this order) lets the preemptor run by the rules and the ledger;
+        else what fails. The planner's plans pass; tests ask it of every plan less one victim."""
+        chosen: list[tuple[_Candidate, Rule]] = []
+        usage = self.usage.copy()
+        spent: dict[str, int] = {}
+        for v in victims:
+            possible, why = self._rules_for(preemptor, v.workload, now)
+            if v.rule not in possible:
+                return f"{v.workload.key} is no victim by the rule {v.rule.value}: {why or 'not here'}"
+            for b, n in v.workload.budgets:
+                spent[b] = spent.get(b, 0) + n
+                if spent[b] > budgets.get(b, 0):
+                    return f"{v.workload.key} would break PodDisruptionBudget {b}"
+            c = _Candidate(v.workload, possible, self.view.holdings(v.workload.holders), (0, 0, 0.0, ""))
+            rule = self._rule_now(preemptor, c, usage)
+            if rule is None:
+                return f"{v.workload.key}: its queue no longer borrows once the victims before it are gone"
+            usage.add(v.workload.queue, v.workload.use, -1)
+            chosen.append((c, rule))
+        found = self._check(preemptor, chosen)
+        return found if isinstance(found, str) else None
+
+    def _borrows(self, usage: Usage, queue: str, use: Use) -> bool:
+        q = self.queues[queue]
+        return any(
+            usage.borrowed(queue, q.bucket(product)) > 0 for product, milli, _, _ in use.parts if milli
+        )
+
+    def _products(self, req: Request, candidates: list[_Candidate]) -> list[str]:
+        """The GPU products the preemptor may run on where candidates hold GPUs, most room first."""
+        room: dict[str, int] = {}
+        for c in candidates:
+            for product, milli, _, _ in c.run.use.parts:
+                if milli and product_matches(req.product, product):
+                    room[product] = room.get(product, 0) + milli
+        for product in room:
+            room[product] += self.capacity.free_milli(product)
+        return sorted(room, key=lambda product: (-room[product], product))
+
+    def _order(
+        self,
+        preemptor: Preemptor,
+        candidates: list[_Candidate],
+        product: str,
+        budgets: Mapping[str, int],
+        blocked: dict[str, str],
+    ) -> list[tuple[_Candidate, Rule]]:
+        """Candidates on `product` nodes, node by node: each node's cheapest victims to room one more pod of
+        the preemptor, the cheapest rooms first; each victim once, with the rule that allows it as the ones
+        before it are gone (a queue stops borrowing; a budget runs out)."""
+        req = preemptor.request
+        per_pod = req.gpus * MILLI_PER_GPU if req.gpus else max(1, req.gpu_milli)
+        pods = req.group.size if req.group is not None and req.group.size > 1 else 1
+        on_node: dict[str, list[_Candidate]] = {}
+        for c in candidates:
+            for node in sorted({h.node for h in c.holdings}):
+                if self.view.product(node) == product:
+                    on_node.setdefault(node, []).append(c)
+        units: list[tuple[tuple, str, list[_Candidate]]] = []
+        for node, cands in on_node.items():
+            cands.sort(key=lambda c: c.rank)
+            whole, milli = self.view.node_free(node)
+            room = whole * MILLI_PER_GPU if req.gpus else milli
+            fitted = min(pods, room // per_pod)
+            taken: list[_Candidate] = []
+            for c in cands:
+                taken.append(c)
+                room += sum(holding_milli(h) for h in c.holdings if h.node == node)
+                while fitted < pods and room >= (fitted + 1) * per_pod:
+                    fitted += 1
+                    cost = (
+                        max(x.rank[0] for x in taken),
+                        max(x.rank[1] for x in taken),
+                        sum(x.run.pods for x in taken),
+                        max(x.rank[2] for x in taken),  # the youngest victims first: the least work lost
+                    )
+                    units.append((cost, node, list(taken)))
+                if fitted >= pods:
+                    break
+        units.sort(key=lambda u: (u[0], u[1]))
+        usage = self.usage.copy()
+        spent: dict[str, int] = {}
+        seen: set[str] = set()
+        out: list[tuple[_Candidate, Rule]] = []
+        for _, _, taken in units:
+            for c in taken:
+                if c.run.key in seen:
+                    continue
+                seen.add(c.run.key)
+                broken = [b for b, n in c.run.budgets if spent.get(b, 0) + n > budgets.get(b, 0)]
+                if broken:
+                    b = broken[0]
+                    blocked[c.run.key] = (
+                        f"evicting it would break PodDisruptionBudget {b} (it allows {budgets.get(b, 0)} "
+                        f"disruption(s), {spent.get(b, 0)} planned before it)"
+                    )
+                    continue
+                rule = self._rule_now(preemptor, c, usage)
+                if rule is None:
+                    blocked[c.run.key] = "its queue borrows no more once the victims before it are gone"
+                    continue
+                for b, n in c.run.budgets:
+                    spent[b] = spent.get(b, 0) + n
+                usage.add(c.run.queue, c.run.use, -1)
+                out.append((c, rule))
+        return out
+
+    def _rule_now(self, preemptor: Preemptor, c: _Candidate, usage: Usage) -> Rule | None:
+        for rule in sorted(c.rules, key=_RULE_ORDER.__getitem__):
+            if rule is not Rule.RECLAIM:
+                return rule
+            theirs, _ = self.queues.siblings_level(c.run.queue, preemptor.queue)
+            if self._borrows(usage, theirs, c.run.use):
+                return rule
+        return None
+
+    # ------------------------------------------------------------------------------------------ the search
+    def _search(
+        self, preemptor: Preemptor, ordered: list[tuple[_Candidate, Rule]], now: float, product: str
+    ) -> Plan | str:
+        """The shortest prefix of `ordered` that lets the preemptor run, cut down to a minimal set."""
+        if not ordered:
+            return f"no candidate on {product} nodes could make room (see passed_over)"
+        k, bad = 1, 0
+        while True:
+            k = min(k, len(ordered))
+            found = self._check(preemptor, ordered[:k])
+            if isinstance(found, tuple):
+                break
+            if k == len(ordered):
+                return f"even with all {len(ordered)} candidate(s) gone: {found}"
+            bad, k = k, k * 2
+        lo, hi = bad, k
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            at_mid = self._check(preemptor, ordered[:mid])
+            if isinstance(at_mid, tuple):
+                hi, found = mid, at_mid
+            else:
+                lo = mid
+        chosen = ordered[:hi]
+        placement = found[0]
+        used = {placement.node, *(s.node for s in placement.group_plan)}
+        needed = [v for v in chosen if any(h.node in used for h in v[0].holdings)]
+        if len(needed) < len(chosen):
+            trial = self._check(preemptor, needed)
+            if isinstance(trial, tuple):
+                chosen, found = needed, trial
+        for victim in reversed(list(chosen)):
+            rest = [v for v in chosen if v is not victim]
+            trial = self._check(preemptor, rest)
+            if isinstance(trial, tuple):
+                chosen, found = rest, trial
+        placement, victims = found
+        ready = now + max((v.workload.grace_s for v in victims), default=0.0)
+        return Plan(preemptor.key, victims, placement, ready)
+
+    def _check(
+        self, preemptor: Preemptor, chosen: list[tuple[_Candidate, Rule]]
+    ) -> tuple[Placement, tuple[Victim, ...]] | str:
+        """The placement and the victims with the rule that allows each, if with `chosen` gone the ledger
+        places the preemptor and the quotas and rules admit it; else why not."""
+        holdings = [h for c, _ in chosen for h in c.holdings]
+        decision = self.view.decide_without(preemptor.request, holdings)
+        if isinstance(decision, Denial):
+            return decision.message
+        use = self.view.use_of_placement(decision)
+        queues, own = self.queues, preemptor.queue
+        after = self.usage.copy()
+        freed = Use()
+        for c, _ in chosen:
+            after.add(c.run.queue, c.run.use, -1)
+            freed = freed + c.run.use
+        refusal = quota_refusal(queues, after, self.capacity, own, use, freed)
+        if refusal:
+            return refusal
+        p = preemptor.request.priority
+        victims: list[Victim] = []
+        for c, rule in chosen:
+            run = c.run
+            if rule is Rule.RECLAIM:
+                theirs, mine = queues.siblings_level(run.queue, own)
+                over = self._over_quota(after, use, own, mine)
+                if over is None:
+                    why = (
+                        f"queue {theirs} borrows what queue {mine} lent; queue {mine} stays within its quota"
+                    )
+                    victims.append(Victim(run, rule, why))
+                    continue
+                if Rule.CRITICAL not in c.rules:
+                    return f"reclaiming {run.key} needs queue {over} to stay within its quota once it runs"
+                rule = Rule.CRITICAL
+            if rule is Rule.CRITICAL:
+                why = f"critical priority {p} over {run.priority}, allowed across queues by queue {own}"
+                victims.append(Victim(run, rule, why))
+                continue
+            grows = self._borrows_more(after, use, own)
+            if grows is not None:
+                return f"preempting within queue {own} would make queue {grows} borrow more"
+            victims.append(Victim(run, rule, f"priority {run.priority} below {p} in queue {own}"))
+        return decision, tuple(victims)
+
+    def _over_quota(self, after: Usage, use: Use, own: str, up_to: str) -> str | None:
+        """The first queue from `own` up to `up_to` that `use` would take above its quota, or None."""
+        for name in self.queues.path(own):
+            q = self.queues[name]
+            for bucket in sorted({q.bucket(product) for product, _, _, _ in use.parts}):
+                if (
+                    after.milli(name, bucket) + _bucket_milli(q, use, bucket)
+                    > q.quota(bucket).gpus * MILLI_PER_GPU
+                ):
+                    return name
+            if name == up_to:
+                break
+        return None
+
+    def _borrows_more(self, after: Usage, use: Use, own: str) -> str | None:
+        """The first queue on `own`'s path that would borrow more than it does now, or None."""
+        for name in self.queues.path(own):
+            q = self.queues[name]
+            for bucket in sorted({q.bucket(product) for product, _, _, _ in use.parts}):
+                now_used = self.usage.milli(name, bucket)
+                then = after.milli(name, bucket) + _bucket_milli(q, use, bucket)
+                if then > max(q.quota(bucket).gpus * MILLI_PER_GPU, now_used):
+                    return name
+        return None
+
+
+def _bucket_milli(queue: GPUQueue, use: Use, bucket: str) -> int:
+    return sum(milli for product, milli, _, _ in use.parts if queue.bucket(product) == bucket)
+
+
+def describe_plan(plan: Plan | NoPlan) -> str:
+    """One line for an Event or `gpuledger explain`."""
+    if isinstance(plan, NoPlan):
+        return f"{plan.preemptor} cannot preempt: {plan.reason}"
+    if not plan.victims:
+        return f"{plan.preemptor} fits without preempting anything"
+    parts = [
+        f"{v.workload.key} ({gpus_text(v.workload.use.milli)} GPU(s); {v.rule.value}: {v.why})"
+        for v in plan.victims
+    ]
+    return f"{plan.preemptor} preempts {len(plan.victims)} workload(s): " + "; ".join(parts)
