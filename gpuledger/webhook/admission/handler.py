@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from gpuledger.names import PLACEMENT_ANNOTATION
+from gpuledger.names import LEDGER_PREFIX, PLACEMENT_ANNOTATION
 from gpuledger.service.ledger_service import (
     AdmitCall,
     AnnotationError,
@@ -140,6 +140,8 @@ class AdmissionHandler(Validating):
             log.exception("could not queue the event of admission %s", review.uid)
 
     async def _mutate(self, review: Review, seen: _Seen) -> Decision:
+        """Pod CREATE -> its placement: each step below, in order, may answer instead (allowed untouched, a
+        denial, no GPU needed); `seen` keeps what the Event needs."""
         if review.operation != "CREATE" or review.sub_resource or review.kind not in ("Pod", ""):
             return Decision(True, outcome="allowed")
         pod = review.object
@@ -154,30 +156,13 @@ class AdmissionHandler(Validating):
         prior = _prior_placement(pod, namespace, self.key)
         # pods of one shape share what is read below before the ledger (gpuledger.webhook.admission.shapes)
         shape = self.shapes.key(pod, namespace) if prior is None and not removed else None
-        choice = self.shapes.choice(shape) if shape is not None else None
-        if choice is None:
-            if refused := env_guard.refusal(pod, self.key, self.config):  # before anything: one clear denial
-                return _forbidden(f"{who}: {refused}")
-            choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
-            if shape is not None:
-                self.shapes.remember_choice(shape, choice)
         warnings = []
         if removed and prior is None:
             warnings.append(
-                f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes gpuledger.io/*"
+                f"gpuledger removed {', '.join(removed)}: only the gpuledger webhook writes {LEDGER_PREFIX}*"
             )
-        if choice.verdict == scheduler_name.OTHER:  # another scheduler's pod: not ours to place
-            self.metrics.decided("none", "other_scheduler")
-            return Decision(
-                True,
-                patch=patch_of(pod, work),
-                warnings=[*warnings, choice.warning],
-                outcome="other_scheduler",
-                message=choice.warning,
-            )
-        if choice.verdict == scheduler_name.TAKEOVER:
-            scheduler_name.take_over(work)
-            warnings.append(choice.warning)
+        if (not_ours := self._scheduler_choice(pod, work, shape, who, warnings)) is not None:
+            return not_ours
         started = time.perf_counter()
         # the deadline bounds every wait below; it is armed only around the waits themselves: a pod without a
         # controller, placed from what the replica holds ahead, never waits, and an armed timer is ~3% of the
@@ -191,46 +176,20 @@ class AdmissionHandler(Validating):
             else:
                 async with asyncio.timeout_at(deadline):
                     seen.chain = await chain.walk(pod, namespace, self.owners)
-            rid = self.new_id()
-            kept = self.shapes.request_key(shape, seen.chain.owners) if shape is not None else None
-            known, request = self.shapes.request(kept, rid, pod_name(pod)) if kept else (False, None)
-            self.metrics.shaped("hit" if known else "miss" if kept else "apart")
-            if not known:
-                inputs = seen.chain.inputs(pod)
-                try:
-                    request = request_from_pod(
-                        inputs.pod, inputs.owner, self.parse_config, rid, namespace=namespace
-                    )
-                except AnnotationError as exc:
-                    self.metrics.decided("none", "invalid")
-                    return _invalid(f"{who}: {exc}{_inherited_from(exc, inputs)}")
-                if kept:
-                    self.shapes.remember_request(kept, request)
-            if request is None:
-                return Decision(
-                    True, patch=patch_of(pod, work), warnings=warnings, outcome="no_gpu", message=""
-                )
+            request = self._request(pod, work, namespace, shape, seen.chain, who, warnings)
+            if isinstance(request, Decision):  # an invalid annotation, or no GPU asked for
+                return request
             strategy = request.strategy or "default"
             if self.config.visibility_mode == "device-plugin" and request.is_shared:
-                self.metrics.decided(strategy, "invalid")
-                return _invalid(
-                    f"{who}: a shared GPU (agentaflow.gpu/milli, agentaflow.gpu/memory with "
-                    'exclusive-access "false") is not available in device-plugin visibility mode; accepted: '
-                    "whole GPUs, or ask the operator for host-indices or runtime-uuids mode"
-                )
+                return self._shared_refused(strategy, who)
             # reinvocations keep their own placement and dry runs reserve nothing: both ask the ledger
             prefetch = self.prefetch if prior is None and not review.dry_run else None
             taken = prefetch.take(request) if prefetch is not None else None
             result: Placement | Denial | Unavailable
-            if (
-                taken is not None
-            ):  # admitted ahead for this pod's shape: no round trip (gpuledger.webhook.ledger.prefetch)
+            if taken is not None:  # admitted ahead for this shape: no round trip (ledger.prefetch)
                 result, batch = taken, 0
             else:
-                asked = time.perf_counter()
-                async with asyncio.timeout_at(deadline):
-                    result, batch = await self._admit(request, review.dry_run, prior)
-                self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
+                result, batch = await self._admit(request, review.dry_run, prior, deadline)
         except TimeoutError:
             return self._unavailable(
                 pod, work, warnings, f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
@@ -239,18 +198,91 @@ class AdmissionHandler(Validating):
             return self._unavailable(pod, work, warnings, f"the GPU ledger is unavailable ({exc})")
         finally:
             self.metrics.observe_decision(strategy, time.perf_counter() - started)
+        if isinstance(result, Placement):
+            return self._placed(review, pod, work, namespace, prior, result, strategy, batch, warnings, seen)
+        return self._not_placed(pod, work, warnings, who, request, result, strategy, batch)
 
-        if isinstance(result, Unavailable):
-            return self._unavailable(pod, work, warnings, result.message)
-        if isinstance(result, Denial):
-            self.metrics.decided(strategy, "denied")
-            return _forbidden(
-                f"no placement for {who} ({_summary(request)}): {result.message}",
-                strategy=strategy,
-                ledger_batch=batch,
+    def _scheduler_choice(
+        self, pod: dict, work: dict, shape: bytes | None, who: str, warnings: list[str]
+    ) -> Decision | None:
+        """None when the pod is ours to place (one named for a scheduler gpuledger takes over is renamed in
+        `work`, with a warning); else the answer: the node's environment refused (env_guard), or another
+        scheduler's pod, allowed untouched (gpuledger.webhook.admission.scheduler_name)."""
+        choice = self.shapes.choice(shape) if shape is not None else None
+        if choice is None:
+            if refused := env_guard.refusal(pod, self.key, self.config):  # before anything: one clear denial
+                return _forbidden(f"{who}: {refused}")
+            choice = scheduler_name.choose(pod, self.config.takeover_scheduler_names)
+            if shape is not None:
+                self.shapes.remember_choice(shape, choice)
+        if choice.verdict == scheduler_name.OTHER:  # another scheduler's pod: not ours to place
+            self.metrics.decided("none", "other_scheduler")
+            return Decision(
+                True,
+                patch=patch_of(pod, work),
+                warnings=[*warnings, choice.warning],
+                outcome="other_scheduler",
+                message=choice.warning,
             )
-        if not isinstance(result, Placement):
-            raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
+        if choice.verdict == scheduler_name.TAKEOVER:
+            scheduler_name.take_over(work)
+            warnings.append(choice.warning)
+        return None
+
+    def _request(
+        self,
+        pod: dict,
+        work: dict,
+        namespace: str,
+        shape: bytes | None,
+        owners: chain.OwnerChain,
+        who: str,
+        warnings: list[str],
+    ) -> Request | Decision:
+        """The pod's request under a new reservation id: the one of its shape parsed before, else parsed from
+        its and its owners' annotations. Else the answer: an invalid annotation, or no GPU asked for."""
+        rid = self.new_id()
+        kept = self.shapes.request_key(shape, owners.owners) if shape is not None else None
+        known, request = self.shapes.request(kept, rid, pod_name(pod)) if kept else (False, None)
+        self.metrics.shaped("hit" if known else "miss" if kept else "apart")
+        if not known:
+            inputs = owners.inputs(pod)
+            try:
+                request = request_from_pod(
+                    inputs.pod, inputs.owner, self.parse_config, rid, namespace=namespace
+                )
+            except AnnotationError as exc:
+                self.metrics.decided("none", "invalid")
+                return _invalid(f"{who}: {exc}{_inherited_from(exc, inputs)}")
+            if kept:
+                self.shapes.remember_request(kept, request)
+        if request is None:
+            return Decision(True, patch=patch_of(pod, work), warnings=warnings, outcome="no_gpu", message="")
+        return request
+
+    def _shared_refused(self, strategy: str, who: str) -> Decision:
+        """A shared GPU cannot be served in device-plugin visibility mode."""
+        self.metrics.decided(strategy, "invalid")
+        return _invalid(
+            f"{who}: a shared GPU (agentaflow.gpu/milli, agentaflow.gpu/memory with "
+            'exclusive-access "false") is not available in device-plugin visibility mode; accepted: '
+            "whole GPUs, or ask the operator for host-indices or runtime-uuids mode"
+        )
+
+    def _placed(
+        self,
+        review: Review,
+        pod: dict,
+        work: dict,
+        namespace: str,
+        prior: Placement | None,
+        result: Placement,
+        strategy: str,
+        batch: int,
+        warnings: list[str],
+        seen: _Seen,
+    ) -> Decision:
+        """The placement written on the pod, signed for it, and the patch that writes it."""
         apply_placement(
             work,
             result,
@@ -280,29 +312,55 @@ class AdmissionHandler(Validating):
             + describe_placement(result),
         )
 
+    def _not_placed(
+        self,
+        pod: dict,
+        work: dict,
+        warnings: list[str],
+        who: str,
+        request: Request,
+        result: Denial | Unavailable,
+        strategy: str,
+        batch: int,
+    ) -> Decision:
+        """The ledger's refusal as the answer: unavailable (fail open or closed), or no room for the pod."""
+        if isinstance(result, Unavailable):
+            return self._unavailable(pod, work, warnings, result.message)
+        if isinstance(result, Denial):
+            self.metrics.decided(strategy, "denied")
+            return _forbidden(
+                f"no placement for {who} ({_summary(request)}): {result.message}",
+                strategy=strategy,
+                ledger_batch=batch,
+            )
+        raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
+
     async def _admit(
-        self, request: Request, dry_run: bool, prior: Placement | None
+        self, request: Request, dry_run: bool, prior: Placement | None, deadline: float
     ) -> tuple[Placement | Denial | Unavailable, int]:
-        """The ledger's answer and the batch it came in. A denial while this replica holds placements admitted
-        ahead gives them back and asks once more: they must never be why a pod the ledger has room for is
-        denied."""
+        """The ledger's answer, by `deadline`, and the batch it came in. A denial while this replica holds
+        placements admitted ahead gives them back and asks once more: they must never be why a pod the ledger
+        has room for is denied."""
         call, prefetch = AdmitCall(request, dry_run, prior.id if prior else None), self.prefetch
-        batcher.batch_size.set(0)
-        try:
-            result = await self.ledger.admit(call)
-        except LedgerUnavailable:
-            if prefetch is not None:
+        asked = time.perf_counter()
+        async with asyncio.timeout_at(deadline):
+            batcher.batch_size.set(0)
+            try:
+                result = await self.ledger.admit(call)
+            except LedgerUnavailable:
+                if prefetch is not None:
+                    prefetch.forget()
+                raise
+            if isinstance(result, Unavailable) and prefetch is not None:
                 prefetch.forget()
-            raise
-        if isinstance(result, Unavailable) and prefetch is not None:
-            prefetch.forget()
-        elif (
-            isinstance(result, Denial)
-            and prefetch is not None
-            and (prefetch.held or prefetch.filling)
-            and await prefetch.release_all()
-        ):
-            result = await self.ledger.admit(call)
+            elif (
+                isinstance(result, Denial)
+                and prefetch is not None
+                and (prefetch.held or prefetch.filling)
+                and await prefetch.release_all()
+            ):
+                result = await self.ledger.admit(call)
+        self.metrics.scheduling_duration.observe(time.perf_counter() - asked)
         return result, batcher.batch_size.get() or 1  # an unbatched client answers one admission per call
 
     def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision:
