@@ -8,6 +8,7 @@ export K8S_VERSION ?= 1.32.4
 export KUBE_APISERVER ?= $(GPULEDGER_CACHE)/kube-apiserver-v$(K8S_VERSION)
 export KUBE_CONTROLLER_MANAGER ?= $(GPULEDGER_CACHE)/kube-controller-manager-v$(K8S_VERSION)
 export KUBELET ?= $(GPULEDGER_CACHE)/kubelet-v$(K8S_VERSION)
+export KUBE_SCHEDULER ?= $(GPULEDGER_CACHE)/kube-scheduler-v$(K8S_VERSION)
 export HELM_VERSION ?= 3.22.0
 HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
@@ -31,7 +32,11 @@ $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER):
 $(KUBELET):
 	COMPONENTS=kubelet bash devcluster/build_kube_components.sh
 
-apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBELET)
+# the default scheduler, for the pods that waited in the ledger's line (devcluster/scheduler.py)
+$(KUBE_SCHEDULER):
+	COMPONENTS=kube-scheduler bash devcluster/build_kube_components.sh
+
+apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBELET) $(KUBE_SCHEDULER)
 
 # helm (tests/deploy/test_helm.py renders charts/gpuledger with it), built from helm.sh/helm/v3 the same way
 $(HELM):

@@ -6,6 +6,7 @@
 # The controller-manager runs only the workload controllers (job, statefulset, deployment, ...) in the tests;
 # it shares nearly every package with the apiserver, so its build mostly hits Go's build cache.
 # The kubelet (the real node of tests/e2e/test_real_node.py) is static too (CGO_ENABLED=0), as upstream ships it.
+# kube-scheduler (COMPONENTS=kube-scheduler) binds the pods that waited in the ledger's line (devcluster/scheduler.py).
 # Builds run under `nice -n 19`: the machines that run them are shared.
 set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-1.32.4}"

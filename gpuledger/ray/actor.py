@@ -123,6 +123,16 @@ class LedgerActor:
         async with self._write_lock():
             return self.service.apply_events(events, time.time(), holder)
 
+    async def place_waiting(self, holder: str | None = None) -> list:
+        """The next placements of waiting pods (the sync's placement adapter writes them)."""
+        self._tick()
+        async with self._write_lock():
+            return self.service.place_waiting(time.time(), holder)
+
+    async def waiting_line(self, limit: int | None = 100) -> list:
+        self._tick()
+        return self.service.waiting_line(limit)
+
     async def resync(self, objects: list[dict], holder: str | None = None) -> dict:
         """The new ledger is built in steps, answering the calls that arrive between them (see the module)."""
         self._tick(len(objects))

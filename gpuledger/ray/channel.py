@@ -30,7 +30,17 @@ from typing import Any, TypedDict
 # the calls a pod's admission makes, and the cluster sync's frequent ones (gpuledger.sync.channel); every
 # other actor method (resync, settings, stats, ...) is reached through Ray
 CHANNEL_METHODS = frozenset(
-    {"admit", "lookup", "claim", "apply_events", "confirm", "release", "expiry_candidates", "status"}
+    {
+        "admit",
+        "lookup",
+        "claim",
+        "apply_events",
+        "confirm",
+        "release",
+        "expiry_candidates",
+        "status",
+        "place_waiting",
+    }
 )
 # the `ledger_channel` setting: auto (127.0.0.1 from the actor's own Ray node, its node IP from others) |
 # loopback (127.0.0.1 only: other nodes keep Ray calls) | node-ip (always the node IP) | off (Ray calls only)

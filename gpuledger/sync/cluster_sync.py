@@ -37,6 +37,7 @@ from gpuledger.sync.config import NODE, POD, SyncConfig, SyncStats
 from gpuledger.sync.conflicts import ConflictReports, conflict_event
 from gpuledger.sync.device_events import DeviceTruthReports
 from gpuledger.sync.expiry import ExpiryChecks, batches
+from gpuledger.sync.placer import WaitingPlacer
 from gpuledger.sync.targets import LedgerTarget, LocalLedgerTarget, RayLedgerTarget
 
 # names importable from here as before the split (tests, devcluster and the webhook's serve import them)
@@ -113,9 +114,13 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         # called on the pod watch's thread with each pod it sees added (slimmed); they must be quick and not
         # raise (an exception is logged and the watch goes on): the webhook's Events find placed pods here
         self.on_pod_added: list[Callable[[dict], None]] = []
+        # writes the ledger's placements of waiting pods and removes their gate (gpuledger.sync.placer); asked
+        # on this sync's forwarding thread, the one that calls the ledger, right after what freed GPUs
+        self.placer = WaitingPlacer(self.core, self.config.affinity_key, clock)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ClusterSync:
+        self.placer.start()
         self._threads = [
             threading.Thread(target=self._lease_loop, name="gpuledger-sync-lease", daemon=True),
             threading.Thread(target=self._forward_loop, name="gpuledger-sync", daemon=True),
@@ -140,6 +145,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             self._interrupt(kind)
         for t in self._threads:
             t.join(timeout)
+        self.placer.stop()
         if hand_back and self.stats.leading:
             try:
                 self.target.sync_lease(self.identity, self.config.lease_term_s, True)
@@ -293,6 +299,8 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 if reason:
                     self.resync(reason)
                     next_status = time.monotonic() + self.config.status_interval_s
+                    if self.stats.leading:
+                        self.placer.after_apply(self.target, self.identity)
                 if not self.stats.leading:
                     self._stand_by()
                     continue
@@ -302,6 +310,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     self.target.apply_events(batch, self.identity)
                     self.stats.events_applied += len(batch)
                     self.stats.batches += 1
+                    self.placer.after_apply(self.target, self.identity)  # what the batch freed, placed
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + self.config.status_interval_s
                     status = self.target.status() or {}
@@ -309,9 +318,12 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                         self.request_resync("ledger restarted empty")
                     self.report_conflicts(status.get("conflicts") or [])
                     self.device_reports.report(status)
+                    if status.get("waiting"):  # a safety net: placements no event prompted
+                        self.placer.after_apply(self.target, self.identity)
                 if time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + self.config.expiry_interval_s
                     self.check_expiry(self.clock())
+                    self.placer.after_apply(self.target, self.identity)  # what expired, given to the line
                 failures = 0
             # everything, on purpose: the ledger (actor restarting) or the API is unavailable, and this
             # thread must outlive that; it logs, backs off and rebuilds the ledger from a full list

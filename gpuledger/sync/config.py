@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuledger.names import RESERVATION_ID_KEY
+from gpuledger.names import HOSTNAME_LABEL, RESERVATION_ID_KEY
 
 NODE, POD = "Node", "Pod"
 
@@ -29,6 +29,9 @@ class SyncConfig:
     # over within a term of its going silent, at once when it stops
     lease_term_s: float = 30.0
     lease_renew_s: float = 10.0  # how often the holder renews, and a standby asks
+    # the node label (or metadata.name) the placement adapter names a waiting pod's node by
+    # (gpuledger.sync.placer), as the webhook's binding does
+    affinity_key: str = HOSTNAME_LABEL
 
 
 @dataclass

@@ -31,6 +31,8 @@ class LedgerTarget(Protocol):
 
     def status(self) -> dict: ...
 
+    def place_waiting(self, holder: str) -> list: ...
+
 
 class CallingTarget:
     """The `LedgerTarget` methods, each one `_call(method, *args)` of the actor's method of that name."""
@@ -58,6 +60,9 @@ class CallingTarget:
 
     def status(self):
         return self._call("status")
+
+    def place_waiting(self, holder):
+        return self._call("place_waiting", holder)
 
 
 class RayLedgerTarget(CallingTarget):
@@ -106,3 +111,7 @@ class LocalLedgerTarget:
     def status(self):
         with self._lock:
             return self.service.status()
+
+    def place_waiting(self, holder):
+        with self._lock:
+            return self.service.place_waiting(self.clock(), holder)

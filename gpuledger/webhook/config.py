@@ -148,7 +148,11 @@ class WebhookConfig:
 
     def sync_config(self) -> SyncConfig:
         """The cluster sync's tuning this config sets (its lease; the rest are the sync's defaults)."""
-        return SyncConfig(lease_term_s=self.sync_lease_term_s, lease_renew_s=self.sync_lease_term_s / 3)
+        return SyncConfig(
+            lease_term_s=self.sync_lease_term_s,
+            lease_renew_s=self.sync_lease_term_s / 3,
+            affinity_key=self.affinity_key,
+        )
 
     def prefetch_settings(self) -> PrefetchSettings:
         return PrefetchSettings(depth=self.prefetch_depth, max_age_s=self.prefetch_max_age_s)

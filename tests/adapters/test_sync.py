@@ -89,6 +89,9 @@ class RecordingTarget:
     def status(self):
         return {"ready": True, "synced": self.synced}
 
+    def place_waiting(self, holder):  # no pod waits in these tests (gpuledger.sync.placer)
+        return []
+
     def seen(self, etype: str, kind: str, name: str) -> bool:
         with self.lock:
             return any(
