@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuledger.controller import backoff
 from gpuledger.controller.mapping import WorkloadRequest, format_time, job_name, parse_time
-from gpuledger.names import PLACEMENT_ANNOTATION  # read, never written
+from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL, PLACEMENT_ANNOTATION
 
 TERMINAL = ("Succeeded", "Failed")
 DEFAULT_PLACING_TIMEOUT_S = 60.0
@@ -87,8 +87,8 @@ def _job_condition(job: Mapping | None, type_: str) -> Mapping | None:
 
 
 def placements(pods: Sequence[Mapping]) -> list[dict]:
-    """Per placed pod: name, node, device indices, UUIDs (read from the webhook's annotation, unverified:
-    the status only reports it)."""
+    """Per placed pod: name, node, device indices, UUIDs (read from the webhook's annotation, never written
+    here, and unverified: the status only reports it)."""
     out = []
     for pod in pods:
         text = ((pod.get("metadata") or {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
@@ -149,13 +149,24 @@ def step(
     draw: float,
     placing_timeout_s: float = DEFAULT_PLACING_TIMEOUT_S,
 ) -> Step:
-    """The next status and Job actions for every phase but the queue's own decision."""
+    """The next status and Job actions for every phase but the queue's own decision: first what stops a
+    workload in any phase (its deadline, spec.suspend, a namespace not opted in), then its phase's rule."""
     status = dict(status or {})
     phase = status.get("phase") or "Pending"
-    current_job = status.get("jobName")
-    has_job = seen.job is not None
     if phase in TERMINAL:
         return Step(status)
+    stopped = _stopped(req, status, phase, seen, now)
+    if stopped is not None:
+        return stopped
+    if phase in ("Pending", "Retrying", "Queued"):
+        return _waiting(status, phase, now)
+    return _attempt(req, status, phase, seen, now, draw, placing_timeout_s)  # Placing or Running
+
+
+def _stopped(req: WorkloadRequest, status: dict, phase: str, seen: Observed, now: float) -> Step | None:
+    """Failed at its deadline, Pending while suspended or while its namespace is not opted in; else None."""
+    current_job = status.get("jobName")
+    has_job = seen.job is not None
     if req.deadline_s is not None and now >= req.created + req.deadline_s:
         new = with_phase(
             status,
@@ -181,12 +192,17 @@ def step(
         return Step(new, delete_job=current_job if has_job else None)
     if not seen.namespace_enabled:
         message = (
-            f"namespace {req.key.namespace} is not labelled gpuledger.io/admission=enabled: its pods would "
-            "not be placed by gpuledger"
+            f"namespace {req.key.namespace} is not labelled {ADMISSION_LABEL}={ADMISSION_ENABLED}: its pods "
+            "would not be placed by gpuledger"
         )
         if phase == "Pending" and status.get("reason") == "NamespaceNotEnabled":
             return Step(status)
         return Step(with_phase(status, "Pending", "NamespaceNotEnabled", message, now))
+    return None
+
+
+def _waiting(status: dict, phase: str, now: float) -> Step:
+    """Pending -> Queued; Retrying -> Queued once its backoff is over; Queued stays for the queue to move."""
     if phase == "Pending":
         return Step(
             with_phase(
@@ -198,18 +214,48 @@ def step(
                 queuedTime=status.get("queuedTime") or format_time(now),
             )
         )
-    if phase == "Retrying":
-        if now >= parse_time(status.get("nextRetryTime")):
-            return Step(with_phase(status, "Queued", "Retry", "back in the queue after a backoff", now))
-        return Step(status)
-    if phase == "Queued":
-        return Step(status)
-    # Placing or Running: the current attempt's Job
-    if not has_job:
+    if phase == "Retrying" and now >= parse_time(status.get("nextRetryTime")):
+        return Step(with_phase(status, "Queued", "Retry", "back in the queue after a backoff", now))
+    return Step(status)
+
+
+def _attempt(
+    req: WorkloadRequest,
+    status: dict,
+    phase: str,
+    seen: Observed,
+    now: float,
+    draw: float,
+    placing_timeout_s: float,
+) -> Step:
+    """Placing or Running, by the current attempt's Job and pods: its Job (re)created, its end, a node lost,
+    its pods placed in time or not, the placements recorded."""
+    current_job = status.get("jobName")
+    if seen.job is None:
         if phase == "Placing":
             return Step(status, create_job=True)  # the status was written, the Job not yet (or it was lost)
         new = retry_or_fail(req, status, "JobLost", f"Job {current_job} is gone", now, draw)
         return Step(new, events=_events(new))
+    ended = _ended(req, status, seen, now, draw)
+    if ended is not None:
+        return ended
+    placed = placements([p for p in seen.pods if (p.get("status") or {}).get("phase") != "Failed"])
+    nodes = sorted({p["node"] for p in placed})
+    lost = sorted(seen.lost_nodes & set(nodes))
+    if lost:
+        new = retry_or_fail(req, status, "NodeLost", f"node(s) {', '.join(lost)} left the cluster", now, draw)
+        return Step(new, delete_job=current_job, events=_events(new))
+    if phase == "Placing":
+        return _placing(req, status, placed, nodes, now, draw, placing_timeout_s)
+    if placed and (placed != status.get("devices") or nodes != status.get("assignedNodes")):
+        return Step({**status, "devices": placed, "assignedNodes": nodes})
+    return Step(status)
+
+
+def _ended(req: WorkloadRequest, status: dict, seen: Observed, now: float, draw: float) -> Step | None:
+    """The attempt's end, if its Job says so: failed at the Job's deadline, a pod failed (retried or failed by
+    retry_or_fail), or every pod succeeded; None while it runs."""
+    current_job = status.get("jobName")
     failed = _job_condition(seen.job, "Failed")
     failed_pods = [p for p in seen.pods if (p.get("status") or {}).get("phase") == "Failed"]
     if failed is not None and failed.get("reason") == "DeadlineExceeded":
@@ -239,38 +285,41 @@ def step(
             completionTime=format_time(now),
         )
         return Step(new, events=("succeeded",))
-    placed = placements([p for p in seen.pods if (p.get("status") or {}).get("phase") != "Failed"])
-    nodes = sorted({p["node"] for p in placed})
-    lost = sorted(seen.lost_nodes & set(nodes))
-    if lost:
-        new = retry_or_fail(req, status, "NodeLost", f"node(s) {', '.join(lost)} left the cluster", now, draw)
-        return Step(new, delete_job=current_job, events=_events(new))
-    if phase == "Placing":
-        if len(placed) >= req.parallelism:
-            new = with_phase(
-                status,
-                "Running",
-                "Placed",
-                f"{len(placed)} pod(s) placed on {', '.join(nodes)}",
-                now,
-                assignedNodes=nodes,
-                devices=placed,
-            )
-            return Step(new, events=(f"scheduled:{req.strategy_label}",))
-        if now - parse_time(status.get("startTime")) >= placing_timeout_s:
-            new = retry_or_fail(
-                req,
-                status,
-                "PlacementDenied",
-                f"{len(placed)} of {req.parallelism} pod(s) placed within {placing_timeout_s:g}s "
-                "(the webhook denied them: the GPUs were taken after the dry run)",
-                now,
-                draw,
-            )
-            return Step(new, delete_job=current_job, events=_events(new))
-        return Step(status)
-    if placed and (placed != status.get("devices") or nodes != status.get("assignedNodes")):
-        return Step({**status, "devices": placed, "assignedNodes": nodes})
+    return None
+
+
+def _placing(
+    req: WorkloadRequest,
+    status: dict,
+    placed: list[dict],
+    nodes: list[str],
+    now: float,
+    draw: float,
+    placing_timeout_s: float,
+) -> Step:
+    """Running once every pod is placed; retried (or failed) when they are not within the timeout."""
+    if len(placed) >= req.parallelism:
+        new = with_phase(
+            status,
+            "Running",
+            "Placed",
+            f"{len(placed)} pod(s) placed on {', '.join(nodes)}",
+            now,
+            assignedNodes=nodes,
+            devices=placed,
+        )
+        return Step(new, events=(f"scheduled:{req.strategy_label}",))
+    if now - parse_time(status.get("startTime")) >= placing_timeout_s:
+        new = retry_or_fail(
+            req,
+            status,
+            "PlacementDenied",
+            f"{len(placed)} of {req.parallelism} pod(s) placed within {placing_timeout_s:g}s "
+            "(the webhook denied them: the GPUs were taken after the dry run)",
+            now,
+            draw,
+        )
+        return Step(new, delete_job=status.get("jobName"), events=_events(new))
     return Step(status)
 
 
