@@ -12,7 +12,7 @@ export KUBE_SCHEDULER ?= $(GPULEDGER_CACHE)/kube-scheduler-v$(K8S_VERSION)
 export HELM_VERSION ?= 3.22.0
 HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
-.PHONY: all venv apiserver helm runtime image test test-fast lint demo bench simulate clean
+.PHONY: all venv apiserver helm runtime image test test-fast lint demo bench bench-cluster simulate clean
 
 all: test
 
@@ -95,6 +95,12 @@ bench: venv apiserver
 	$(PY) tests/benchmarks/bench_pod_create.py
 	$(PY) tests/benchmarks/bench_api_requests.py
 	$(PY) tests/benchmarks/bench_simulator.py
+	$(PY) tests/benchmarks/bench_cluster.py --nodes 24 --scenario fill,gang,never
+
+# the cluster-scale scenarios at the peers' size, 500 nodes x 8 GPUs, with the controller-manager's default client
+# rate limits and with a large cluster's (docs/benchmarks.md, "Cluster-scale figures"; most of an hour on 2 cores)
+bench-cluster: venv apiserver
+	$(PY) tests/benchmarks/bench_cluster.py --nodes 500
 
 simulate: venv
 	$(VENV)/bin/gpuledger simulate --trace ../shared/traces/openb --workload default --seeds 10

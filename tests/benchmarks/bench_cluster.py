@@ -368,6 +368,21 @@ def limited_by(w: dict) -> str:
 # -------------------------------------------------------------------------------------------- pod watching
 
 
+PLACEMENT_ANNOTATION = "gpuledger.io/placement"
+
+
+def placed_on(pod: dict) -> str | None:
+    """The node a pod is placed on: its spec.nodeName (bound at admission), or for a pod that waited, the
+    node of the placement written on it once its scheduling gates are gone (kube-scheduler binds it then)."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return spec["nodeName"]
+    placement = ((pod.get("metadata") or {}).get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    if placement and not spec.get("schedulingGates"):
+        return json.loads(placement).get("node")
+    return None
+
+
 class PodWatch:
     """Pods as the API server announces them: when each was first seen bound to a node (placed)."""
 
@@ -421,7 +436,7 @@ class PodWatch:
                         raise RuntimeError(f"pod watch: {obj}")
                     meta = obj["metadata"]
                     self._version = meta.get("resourceVersion", self._version)
-                    node = obj.get("spec", {}).get("nodeName")
+                    node = placed_on(obj)
                     key = f"{meta['namespace']}/{meta['name']}"
                     if event["type"] in ("ADDED", "MODIFIED") and node and key not in self.placed:
                         now = time.monotonic()
@@ -624,7 +639,6 @@ def scenario_fill(h: Harness, nodes: int) -> dict:
     )
     print_breakdown(w, seconds)
     print(f"  {limited_by(w)}")
-    h.clear([ns], "fill")
     return {"seconds": seconds, "pods": count, "jobs_created_s": creates_done - started, "breakdown": w}
 
 
@@ -656,7 +670,6 @@ def scenario_gang(h: Harness, nodes: int) -> dict:
     )
     print_breakdown(w, seconds)
     print(f"  {limited_by(w)}")
-    h.clear([ns], "gang")
     return {"seconds": seconds, "pods": pods, "first_pod_s": first, "spines": dict(spines), "breakdown": w}
 
 
@@ -714,7 +727,6 @@ def scenario_never(h: Harness, nodes: int) -> dict:
         f"{w['mutating']['mean_ms']:.1f} ms over {w['mutating']['calls']:.0f} call(s)"
     )
     print_breakdown(w, seconds)
-    h.clear([ns], "never")
     return {
         "seconds": seconds,
         "pods": NEVER_PODS,
@@ -793,21 +805,24 @@ def scenario_queues(h: Harness, nodes: int) -> dict:
     placed: dict[str, float] = {}
     cls_of: dict[str, str] = {}
     run_of: dict[str, float] = {}
-    job_pods: dict[str, list[str]] = {}  # Job -> its pods placed so far
+    job_pods: dict[str, list[str]] = {}  # workload -> its pods placed so far
     denials: Counter = Counter()
+    waited: Counter = Counter()
     lock = threading.Lock()
 
-    def on_placed(key: str, job_key: str | None, now: float) -> None:  # Job pods: a large workload
-        if job_key is None:
+    def on_placed(key: str, job_key: str | None, now: float) -> None:
+        """A workload is placed with its last pod (a large one's 4); it then runs for its run time."""
+        workload = job_key or key
+        if workload not in cls_of:
             return
         with lock:
-            names = job_pods.setdefault(job_key, [])
+            names = job_pods.setdefault(workload, [])
             names.append(key)
-            whole = len(names) == LARGE_PODS
-        if whole:
-            placed[job_key] = now
-            pods = [(k.split("/", 1)[0], k.split("/", 1)[1]) for k in names]
-            finisher.add(now + run_of[job_key], job_key, pods)
+            if len(names) < (LARGE_PODS if cls_of[workload] == "large" else 1) or workload in placed:
+                return
+            placed[workload] = now
+        pods = [(k.split("/", 1)[0], k.split("/", 1)[1]) for k in names]
+        finisher.add(now + run_of[workload], workload, pods)
 
     watch.listeners.append(on_placed)
     watch.start()
@@ -851,11 +866,8 @@ def scenario_queues(h: Harness, nodes: int) -> dict:
                         raise
                     denials[cls] += 1
                     time.sleep(1.0)
-            now = time.monotonic()
-            placed[key] = now
-            if not answer["spec"].get("nodeName"):
-                raise RuntimeError(f"queues: pod {key} admitted without a node: {answer['metadata']}")
-            finisher.add(now + run_s, key, [(ns, name)])
+            if not answer["spec"].get("nodeName"):  # admitted to wait (gated): placed when GPUs free
+                waited[cls] += 1
 
     threads = [threading.Thread(target=creator, daemon=True) for _ in range(h.clients)]
     for t in threads:
@@ -890,6 +902,7 @@ def scenario_queues(h: Harness, nodes: int) -> dict:
             f"{cls} {statistics.fmean(v):.2f} s ({max(v):.2f} s)" for cls, v in sorted(to_place.items())
         )
         + (f"; bare pods denied and resubmitted: {dict(denials)}" if denials else "; none denied")
+        + (f"; admitted to wait: {dict(waited)}" if waited else "")
     )
     print_breakdown(w, seconds)
     print(f"  {limited_by(w)}")
@@ -900,11 +913,19 @@ def scenario_queues(h: Harness, nodes: int) -> dict:
         "schedule_s": schedule,
         "to_placed_mean_s": {cls: statistics.fmean(v) for cls, v in to_place.items()},
         "denied": dict(denials),
+        "waited": dict(waited),
         "queues_as": f"{KUEUE_QUEUES} opted-in namespaces (no queues in gpuledger yet)",
         "breakdown": w,
     }
 
 
+# the namespaces each scenario leaves things in
+CLEARED = {
+    "fill": ["fill"],
+    "gang": ["gang"],
+    "never": ["never"],
+    "queues": [f"queue-{q:02d}" for q in range(KUEUE_QUEUES)],
+}
 RUNNERS = {"fill": scenario_fill, "gang": scenario_gang, "never": scenario_never, "queues": scenario_queues}
 
 
@@ -965,11 +986,17 @@ def run_profile(args, limits: str, scenarios: list[str]) -> dict[str, dict]:
                 cp, webhook, Scraper(cp, webhook, metrics_port), nodes, limits, args.clients, args.timeout
             )
             h.wait_controllers_idle()
-            for name in [s for s in RUN_ORDER if s in scenarios]:
+            order = [s for s in RUN_ORDER if s in scenarios]
+            for i, name in enumerate(order):
                 results[name] = RUNNERS[name](h, args.nodes)
-                sys.stdout.flush()
+                if i + 1 < len(order):  # the last one's leftovers go with the control plane
+                    cleared = time.monotonic()
+                    h.clear(CLEARED[name], name)
+                    print(f"  (cleared in {time.monotonic() - cleared:.0f} s)", flush=True)
         finally:
+            stopping = time.monotonic()
             webhook.stop()
+    print(f"(control plane and webhook stopped in {time.monotonic() - stopping:.0f} s)", flush=True)
     return results
 
 
