@@ -90,6 +90,7 @@ bench: venv apiserver
 	$(PY) tests/benchmarks/bench_allocator.py
 	$(if $(strip $(BENCH_SCALE)),$(PY) tests/benchmarks/bench_allocator.py $(BENCH_SCALE))
 	$(PY) tests/benchmarks/bench_waiting.py $(if $(strip $(BENCH_SCALE)),,--nodes 5000 --waiting 2000)
+	$(PY) tests/benchmarks/bench_preemption.py $(if $(strip $(BENCH_SCALE)),,--nodes 5000)
 	$(PY) tests/benchmarks/bench_handler_cpu.py
 	$(PY) tests/benchmarks/bench_webhook.py --in-process
 	$(PY) tests/benchmarks/bench_pod_create.py

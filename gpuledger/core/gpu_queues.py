@@ -88,15 +88,21 @@ class GPUQueue:
     namespace_selector: LabelSelector | None = None  # None: selects no namespace
     default: bool = False
     preemption: PreemptionRules = field(default_factory=PreemptionRules)
+    # product -> bucket, filled as asked (a plan asks for every running workload's products)
+    _buckets: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def bucket(self, product: str) -> str:
         """The quota entry a GPU of `product` counts against: its product's, else `any`, else (no entry: a
         quota of 0, all its use borrowed) the product itself."""
+        known = self._buckets.get(product)
+        if known is not None:
+            return known
         wanted = product.lower()
-        for q in self.quotas:
-            if q.product.lower() == wanted:
-                return q.product
-        return ANY_PRODUCT if any(q.product == ANY_PRODUCT for q in self.quotas) else product
+        found = next((q.product for q in self.quotas if q.product.lower() == wanted), None)
+        if found is None:
+            found = ANY_PRODUCT if any(q.product == ANY_PRODUCT for q in self.quotas) else product
+        self._buckets[product] = found
+        return found
 
     def quota(self, bucket: str) -> ProductQuota:
         """The entry named `bucket` (as `bucket` returns it); 0 GPUs where the queue names none."""

@@ -54,6 +54,23 @@ class LedgerView:
                         out[hid] = slot_state.holders[hid]
         return [out[k] for k in sorted(out)]
 
+    def nodes_of(self, reservation_ids: Iterable[str]) -> dict[str, int]:
+        """Node -> milli-GPUs the reservations hold there (with a gang's unclaimed slots, as `holdings`):
+        what freeing them gives each node, read from the placements (a pod's own, without its node's
+        holders, unless it is a gang's)."""
+        out: dict[str, int] = {}
+        for rid in reservation_ids:
+            placement = self.ledger.get(rid)
+            if placement is None:
+                continue
+            if placement.group is not None:
+                for h in self.holdings([rid]):
+                    out[h.node] = out.get(h.node, 0) + holding_milli(h)
+                continue
+            milli = len(placement.devices) * MILLI_PER_GPU + sum(x.milli for x in placement.shares)
+            out[placement.node] = out.get(placement.node, 0) + milli
+        return out
+
     def use_of_holdings(self, holdings: Iterable[Holding]) -> Use:
         return Use.of((self.product(h.node), holding_milli(h), h.cpu_milli, h.memory_mib) for h in holdings)
 
@@ -88,12 +105,14 @@ class LedgerView:
             s[3] += state.info.memory_mib
         return Capacity({p: ProductCapacity(*v) for p, v in sorted(sums.items())})
 
-    def node_free(self, node: str) -> tuple[int, int]:
-        """(whole GPUs free, milli-GPUs free) on a placeable node; (0, 0) on any other."""
+    def node_room(self, node: str) -> tuple[str, int, int]:
+        """(GPU product, whole GPUs free, milli-GPUs free) of a node; none free where it is not placeable."""
         state = self.ledger.index.nodes.get(node)
-        if state is None or not state.placeable:
-            return 0, 0
-        return state.whole_free, state.free_milli
+        if state is None:
+            return "", 0, 0
+        if not state.placeable:
+            return state.info.product, 0, 0
+        return state.info.product, state.whole_free, state.free_milli
 
     def decide_without(self, request: Request, holdings: Sequence[Holding]) -> Placement | Denial:
         """The decision `reserve` would make for `request` if `holdings` held nothing; changes nothing."""

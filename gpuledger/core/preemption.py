@@ -11,12 +11,15 @@ Never a victim: a workload younger than its queue's minimum run time, one whose 
 broken, and work of `critical` priority or above except for strictly higher priority. A preemptor with
 `preemptionPolicy: Never` waits. Gangs are victims whole (a `Running` is a whole workload).
 
-The plan is found in the ledger, not estimated: candidates are ordered node by node (the cheapest way to open
-room for one more pod on a node first: reclaimed before preempted, lower priority first, the youngest first),
-the shortest prefix with which the ledger would place the preemptor (`LedgerView.decide_without`: its gang
-window, leaf rules, product, filters) and the quotas admit it is found, then every victim the placement does
-not need is dropped, one at a time, each drop checked by the ledger again: removing any victim left makes
-the preemptor not fit.
+The plan is found in the ledger, not estimated. Candidates come in rank order (reclaimed before preempted
+before critical, lower priority first, the youngest first), each adding what it frees to the room of its
+nodes; a node with room for one more pod of the preemptor adds the candidates that made it to the line of
+victims. The shortest prefix of that line with which the ledger would place the preemptor
+(`LedgerView.decide_without`: its gang window, leaf rules, product, filters) and the quotas admit it is
+found, then every victim the placement does not need is dropped, one at a time, each drop checked by the
+ledger again: removing any victim left makes the preemptor not fit. The line is read only as far as the
+search asks, so a plan at 65,000 nodes looks closely at the few candidates it needs
+(tests/benchmarks/bench_preemption.py).
 
 No loop: each plan strictly improves, in this order, (1) the priorities of the running critical work, (2) the
 GPUs leaf queues borrow, (3) the GPUs top-level queues borrow, (4) the priorities of all running work; so no
@@ -25,13 +28,14 @@ set of preemptions can come back to where it started (tests/core/test_preemption
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 from gpuledger.core.annotation_values import PRIORITY_WORDS
 from gpuledger.core.gpu_queues import GPUQueue, QueueSet
-from gpuledger.core.ledger_view import LedgerView, holding_milli
+from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import MILLI_PER_GPU, Denial, Placement, Request
 from gpuledger.core.node_state import Holding
 from gpuledger.core.plugin import product_matches
@@ -100,12 +104,128 @@ class NoPlan:
     passed_over_count: int = 0
 
 
-@dataclass
 class _Candidate:
-    run: Running
-    rules: tuple[Rule, ...]  # the rules that may allow it, before the plan's own state is known
-    holdings: list[Holding]
-    rank: tuple[int, int, float, str]
+    """A workload that may be a victim: its rules, its rank among victims, what it frees where (read from the
+    ledger once, when first asked)."""
+
+    __slots__ = ("run", "rules", "rank", "_view", "_nodes", "_holdings")
+
+    def __init__(
+        self, run: Running, rules: tuple[Rule, ...], rank: tuple[int, int, float, str], view: LedgerView
+    ):
+        self.run, self.rules, self.rank, self._view = run, rules, rank, view
+        self._nodes: dict[str, int] | None = None
+        self._holdings: list[Holding] | None = None
+
+    @property
+    def nodes(self) -> dict[str, int]:
+        """Node -> milli-GPUs evicting it frees there."""
+        if self._nodes is None:
+            self._nodes = self._view.nodes_of(self.run.holders)
+        return self._nodes
+
+    @property
+    def holdings(self) -> list[Holding]:
+        if self._holdings is None:
+            self._holdings = self._view.holdings(self.run.holders)
+        return self._holdings
+
+
+class _Line:
+    """Victims in the order they are taken, read as far as the search asks and no further, so a plan at
+    65,000 nodes judges the few candidates it needs.
+
+    Candidates come off a heap in rank order (reclaimed before preempted before critical, lower priority
+    first, the youngest first), each adding what it frees to the room of the nodes it holds GPUs on (nodes of
+    the product planned for). When a node has room for one more pod of the preemptor, the candidates that
+    made it are taken, each once and with the rule that allows it as the ones before it are gone (a queue
+    stops borrowing; a PodDisruptionBudget runs out). A node's room is counted from its free GPUs."""
+
+    def __init__(
+        self,
+        planner: Planner,
+        preemptor: Preemptor,
+        candidates: list[_Candidate],
+        product: str,
+        budgets: Mapping[str, int],
+        blocked: dict[str, str],
+    ):
+        self.planner, self.preemptor, self.budgets, self.blocked = planner, preemptor, budgets, blocked
+        req = preemptor.request
+        self.product = product
+        self.whole = req.gpus > 0
+        self.per_pod = req.gpus * MILLI_PER_GPU if req.gpus else max(1, req.gpu_milli)
+        self.pods = req.group.size if req.group is not None and req.group.size > 1 else 1
+        self.heap = [(c.rank, i) for i, c in enumerate(candidates)]
+        heapq.heapify(self.heap)
+        self.candidates = candidates
+        self.room: dict[str, int] = {}  # node -> milli-GPUs free and freed so far (absent: not read yet)
+        self.fitted: dict[str, int] = {}  # node -> pods of the preemptor that room holds (-1: other product)
+        self.waiting: dict[str, list[_Candidate]] = {}  # node -> candidates not yet enough for one more pod
+        self.items: list[tuple[_Candidate, Rule]] = []
+        self.usage = planner.usage.copy()
+        self.spent: dict[str, int] = {}
+        self.seen: set[str] = set()
+
+    def extend_to(self, k: int) -> int:
+        """Expand to `k` victims if there are as many; how many there are."""
+        heap, pods, per_pod = self.heap, self.pods, self.per_pod
+        while len(self.items) < k and heap:
+            _, i = heapq.heappop(heap)
+            c = self.candidates[i]
+            if self._breaks_budget(c):
+                continue
+            for node, milli in c.nodes.items():
+                fitted = self.fitted.get(node)
+                if fitted is None:
+                    fitted = self._read(node)
+                if fitted < 0 or fitted >= pods:
+                    continue
+                room = self.room[node] + milli
+                self.room[node] = room
+                self.waiting.setdefault(node, []).append(c)
+                if room >= (fitted + 1) * per_pod:
+                    self.fitted[node] = min(pods, room // per_pod)
+                    for x in self.waiting.pop(node):
+                        self._take(x)
+        return min(k, len(self.items))
+
+    def _read(self, node: str) -> int:
+        product, whole, milli = self.planner.view.node_room(node)
+        if product != self.product:
+            self.fitted[node] = -1
+            return -1
+        room = whole * MILLI_PER_GPU if self.whole else milli
+        self.room[node] = room
+        self.fitted[node] = fitted = min(self.pods, room // self.per_pod)
+        return fitted
+
+    def _breaks_budget(self, c: _Candidate) -> bool:
+        spent, budgets = self.spent, self.budgets
+        for b, n in c.run.budgets:
+            if spent.get(b, 0) + n > budgets.get(b, 0):
+                self.blocked[c.run.key] = (
+                    f"evicting it would break PodDisruptionBudget {b} (it allows {budgets.get(b, 0)} "
+                    f"disruption(s), {spent.get(b, 0)} planned before it)"
+                )
+                return True
+        return False
+
+    def _take(self, c: _Candidate) -> None:
+        key = c.run.key
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        if self._breaks_budget(c):
+            return
+        rule = self.planner._rule_now(self.preemptor, c, self.usage)
+        if rule is None:
+            self.blocked[key] = "its queue borrows no more once the victims before it are gone"
+            return
+        for b, n in c.run.budgets:
+            self.spent[b] = self.spent.get(b, 0) + n
+        self.usage.add(c.run.queue, c.run.use, -1)
+        self.items.append((c, rule))
 
 
 class Planner:
@@ -113,6 +233,8 @@ class Planner:
 
     def __init__(self, queues: QueueSet, usage: Usage, capacity: Capacity, view: LedgerView):
         self.queues, self.usage, self.capacity, self.view = queues, usage, capacity, view
+        # preemptor key -> (the preemptor, (queue, priority, use) -> the rules `_rules_of` found)
+        self._memo: dict[str, tuple[Preemptor, dict[tuple, tuple[tuple[Rule, ...], str]]]] = {}
 
     # ------------------------------------------------------------------------------------------ the plan
     def plan(
@@ -138,9 +260,9 @@ class Planner:
         best: tuple[tuple, Plan] | None = None
         last = f"no candidate holds GPUs of a product it may use ({first})"
         blocked: dict[str, str] = {}
-        for product in self._products(req, candidates):
-            ordered = self._order(preemptor, candidates, product, budgets, blocked)
-            found = self._search(preemptor, ordered, now, product)
+        for product in self._products(req):
+            line = _Line(self, preemptor, candidates, product, budgets, blocked)
+            found = self._search(preemptor, line, now, product)
             if isinstance(found, str):
                 last = found
                 continue
@@ -171,19 +293,14 @@ class Planner:
             if not possible:
                 passed.append((run.key, why))
                 continue
-            holdings = self.view.holdings(run.holders)
-            if not holdings:
-                continue
-            rank = (min(_RULE_ORDER[r] for r in possible), run.priority, -run.started, run.key)
-            out.append(_Candidate(run, possible, holdings, rank))
+            rank = (_RULE_ORDER[possible[0]], run.priority, -run.started, run.key)
+            out.append(_Candidate(run, possible, rank, self.view))
         return out, passed
 
     def _rules_for(self, preemptor: Preemptor, run: Running, now: float) -> tuple[tuple[Rule, ...], str]:
         """The rules that may let the preemptor take `run`'s GPUs as things stand (before any other victim is
         chosen), or none and why."""
-        queues, own = self.queues, preemptor.queue
-        rules = queues[own].preemption
-        p = preemptor.request.priority
+        queues = self.queues
         if run.queue not in queues:
             return (), f"its queue {run.queue} does not exist"
         victim_rules = queues[run.queue].preemption
@@ -192,6 +309,20 @@ class Planner:
                 f"it has run {now - run.started:.0f} s, less than queue {run.queue}'s minimum run time "
                 f"({victim_rules.min_run_s:.0f} s)"
             )
+        memo = self._memo.get(preemptor.key)
+        if memo is None or memo[0] is not preemptor:
+            memo = self._memo[preemptor.key] = (preemptor, {})
+        memo_key = (run.queue, run.priority, run.use.parts)
+        known = memo[1].get(memo_key)
+        if known is None:
+            known = memo[1][memo_key] = self._rules_of(preemptor, run)
+        return known
+
+    def _rules_of(self, preemptor: Preemptor, run: Running) -> tuple[tuple[Rule, ...], str]:
+        """`_rules_for` but for the run time: the same for every workload of one queue, priority, products."""
+        queues, own = self.queues, preemptor.queue
+        rules = queues[own].preemption
+        p = preemptor.request.priority
         if run.queue == own:
             if not rules.within_queue:
                 return (), f"queue {own} does not preempt within itself"
@@ -228,7 +359,7 @@ class Planner:
                 spent[b] = spent.get(b, 0) + n
                 if spent[b] > budgets.get(b, 0):
                     return f"{v.workload.key} would break PodDisruptionBudget {b}"
-            c = _Candidate(v.workload, possible, self.view.holdings(v.workload.holders), (0, 0, 0.0, ""))
+            c = _Candidate(v.workload, possible, (0, 0, 0.0, ""), self.view)
             rule = self._rule_now(preemptor, c, usage)
             if rule is None:
                 return f"{v.workload.key}: its queue no longer borrows once the victims before it are gone"
@@ -243,84 +374,11 @@ class Planner:
             usage.borrowed(queue, q.bucket(product)) > 0 for product, milli, _, _ in use.parts if milli
         )
 
-    def _products(self, req: Request, candidates: list[_Candidate]) -> list[str]:
-        """The GPU products the preemptor may run on where candidates hold GPUs, most room first."""
-        room: dict[str, int] = {}
-        for c in candidates:
-            for product, milli, _, _ in c.run.use.parts:
-                if milli and product_matches(req.product, product):
-                    room[product] = room.get(product, 0) + milli
-        for product in room:
-            room[product] += self.capacity.free_milli(product)
-        return sorted(room, key=lambda product: (-room[product], product))
-
-    def _order(
-        self,
-        preemptor: Preemptor,
-        candidates: list[_Candidate],
-        product: str,
-        budgets: Mapping[str, int],
-        blocked: dict[str, str],
-    ) -> list[tuple[_Candidate, Rule]]:
-        """Candidates on `product` nodes, node by node: each node's cheapest victims to room one more pod of
-        the preemptor, the cheapest rooms first; each victim once, with the rule that allows it as the ones
-        before it are gone (a queue stops borrowing; a budget runs out)."""
-        req = preemptor.request
-        per_pod = req.gpus * MILLI_PER_GPU if req.gpus else max(1, req.gpu_milli)
-        pods = req.group.size if req.group is not None and req.group.size > 1 else 1
-        on_node: dict[str, list[_Candidate]] = {}
-        for c in candidates:
-            for node in sorted({h.node for h in c.holdings}):
-                if self.view.product(node) == product:
-                    on_node.setdefault(node, []).append(c)
-        units: list[tuple[tuple, str, list[_Candidate]]] = []
-        for node, cands in on_node.items():
-            cands.sort(key=lambda c: c.rank)
-            whole, milli = self.view.node_free(node)
-            room = whole * MILLI_PER_GPU if req.gpus else milli
-            fitted = min(pods, room // per_pod)
-            taken: list[_Candidate] = []
-            for c in cands:
-                taken.append(c)
-                room += sum(holding_milli(h) for h in c.holdings if h.node == node)
-                while fitted < pods and room >= (fitted + 1) * per_pod:
-                    fitted += 1
-                    cost = (
-                        max(x.rank[0] for x in taken),
-                        max(x.rank[1] for x in taken),
-                        sum(x.run.pods for x in taken),
-                        max(x.rank[2] for x in taken),  # the youngest victims first: the least work lost
-                    )
-                    units.append((cost, node, list(taken)))
-                if fitted >= pods:
-                    break
-        units.sort(key=lambda u: (u[0], u[1]))
-        usage = self.usage.copy()
-        spent: dict[str, int] = {}
-        seen: set[str] = set()
-        out: list[tuple[_Candidate, Rule]] = []
-        for _, _, taken in units:
-            for c in taken:
-                if c.run.key in seen:
-                    continue
-                seen.add(c.run.key)
-                broken = [b for b, n in c.run.budgets if spent.get(b, 0) + n > budgets.get(b, 0)]
-                if broken:
-                    b = broken[0]
-                    blocked[c.run.key] = (
-                        f"evicting it would break PodDisruptionBudget {b} (it allows {budgets.get(b, 0)} "
-                        f"disruption(s), {spent.get(b, 0)} planned before it)"
-                    )
-                    continue
-                rule = self._rule_now(preemptor, c, usage)
-                if rule is None:
-                    blocked[c.run.key] = "its queue borrows no more once the victims before it are gone"
-                    continue
-                for b, n in c.run.budgets:
-                    spent[b] = spent.get(b, 0) + n
-                usage.add(c.run.queue, c.run.use, -1)
-                out.append((c, rule))
-        return out
+    def _products(self, req: Request) -> list[str]:
+        """The GPU products the preemptor may run on, the most GPUs first."""
+        products = self.capacity.products
+        wanted = [p for p, cap in products.items() if cap.milli and product_matches(req.product, p)]
+        return sorted(wanted, key=lambda p: (-products[p].milli, p))
 
     def _rule_now(self, preemptor: Preemptor, c: _Candidate, usage: Usage) -> Rule | None:
         for rule in sorted(c.rules, key=_RULE_ORDER.__getitem__):
@@ -332,30 +390,28 @@ class Planner:
         return None
 
     # ------------------------------------------------------------------------------------------ the search
-    def _search(
-        self, preemptor: Preemptor, ordered: list[tuple[_Candidate, Rule]], now: float, product: str
-    ) -> Plan | str:
-        """The shortest prefix of `ordered` that lets the preemptor run, cut down to a minimal set."""
-        if not ordered:
-            return f"no candidate on {product} nodes could make room (see passed_over)"
+    def _search(self, preemptor: Preemptor, line: _Line, now: float, product: str) -> Plan | str:
+        """The shortest prefix of the line that lets the preemptor run, cut down to a minimal set."""
         k, bad = 1, 0
         while True:
-            k = min(k, len(ordered))
-            found = self._check(preemptor, ordered[:k])
+            n = line.extend_to(k)
+            if n == 0:
+                return f"no candidate on {product} nodes could make room (see passed_over)"
+            found = self._check(preemptor, line.items[:n])
             if isinstance(found, tuple):
                 break
-            if k == len(ordered):
-                return f"even with all {len(ordered)} candidate(s) gone: {found}"
-            bad, k = k, k * 2
-        lo, hi = bad, k
+            if n < k:
+                return f"even with all {n} candidate(s) on {product} nodes gone: {found}"
+            bad, k = n, n * 2
+        lo, hi = bad, n
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            at_mid = self._check(preemptor, ordered[:mid])
+            at_mid = self._check(preemptor, line.items[:mid])
             if isinstance(at_mid, tuple):
                 hi, found = mid, at_mid
             else:
                 lo = mid
-        chosen = ordered[:hi]
+        chosen = line.items[:hi]
         placement = found[0]
         used = {placement.node, *(s.node for s in placement.group_plan)}
         needed = [v for v in chosen if any(h.node in used for h in v[0].holdings)]
