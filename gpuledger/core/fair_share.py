@@ -18,19 +18,31 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuledger.core.gpu_queues import QueueSet
-from gpuledger.core.model import MILLI_PER_GPU
+from gpuledger.core.model import MILLI_PER_GPU, Request
+from gpuledger.core.queue_rule import order_key
 from gpuledger.core.quotas import Capacity, Usage, Use
 
 
 @dataclass(frozen=True)
-class Waiting:
-    """A workload waiting for GPUs, as the fair order sees it (a pod, or a gang as one)."""
+class WaitingWorkload:
+    """A workload waiting for GPUs, as the fair order sees it (a pod, or a gang as one): one entry of the
+    ledger's line of waiting pods (gpuledger.core.waiting) or of the GPUWorkload queue, with its queue."""
 
     key: str
     queue: str
     priority: int
     arrival: float  # when it began to wait (or a sequence number: only the order matters)
     use: Use = field(default_factory=Use)  # what it asks, by the product it insists on ("" where any will do)
+
+    @classmethod
+    def of_request(cls, key: str, queue: str, request: Request, arrival: float) -> WaitingWorkload:
+        """From the request of its (first) pod: every pod of a gang, on the product it insists on."""
+        pods = request.group.size if request.group is not None and request.group.size > 1 else 1
+        milli = request.gpus * MILLI_PER_GPU if request.gpus else request.gpu_milli
+        use = Use.of(
+            [(request.product or "", milli * pods, request.cpu_milli * pods, request.memory_mib * pods)]
+        )
+        return cls(key, queue, request.priority, arrival, use)
 
 
 def dominant_share(queues: QueueSet, usage: Usage, capacity: Capacity, queue: str) -> float:
@@ -72,16 +84,17 @@ def queue_key(queues: QueueSet, usage: Usage, capacity: Capacity, queue: str) ->
     return (dominant_share(queues, usage, capacity, queue), quota_used(queues, usage, queue), queue)
 
 
-def within_queue_key(w: Waiting) -> tuple[int, float, str]:
-    return (-w.priority, w.arrival, w.key)
+def within_queue_key(w: WaitingWorkload) -> tuple[int, float, str]:
+    """The queue rule's order (gpuledger.core.queue_rule): priority, then arrival."""
+    return order_key(w.priority, w.arrival, w.key)
 
 
 def next_waiting(
-    queues: QueueSet, usage: Usage, capacity: Capacity, waiting: Iterable[Waiting]
-) -> Waiting | None:
+    queues: QueueSet, usage: Usage, capacity: Capacity, waiting: Iterable[WaitingWorkload]
+) -> WaitingWorkload | None:
     """The workload that goes next: from the top-level queue, then the child queue, furthest below its fair
     share; within that queue, the highest priority, then the earliest arrival."""
-    heads: dict[str, Waiting] = {}
+    heads: dict[str, WaitingWorkload] = {}
     for w in waiting:
         head = heads.get(w.queue)
         if head is None or within_queue_key(w) < within_queue_key(head):
@@ -95,17 +108,19 @@ def next_waiting(
     return heads[leaf]
 
 
-def line(queues: QueueSet, usage: Usage, capacity: Capacity, waiting: Iterable[Waiting]) -> list[Waiting]:
+def line(
+    queues: QueueSet, usage: Usage, capacity: Capacity, waiting: Iterable[WaitingWorkload]
+) -> list[WaitingWorkload]:
     """Every waiting workload in the order they would go if each were placed in turn (its ask added to its
     queue's use before the next is chosen): the place in line `gpuledger workloads` shows. The use a workload
     asks for is an estimate until the ledger places it (its product may be any)."""
-    per_queue: dict[str, list[tuple[tuple[int, float, str], Waiting]]] = {}
+    per_queue: dict[str, list[tuple[tuple[int, float, str], WaitingWorkload]]] = {}
     for w in waiting:
         per_queue.setdefault(w.queue, []).append((within_queue_key(w), w))
     for entries in per_queue.values():
         heapq.heapify(entries)
     usage = usage.copy()
-    out: list[Waiting] = []
+    out: list[WaitingWorkload] = []
     while per_queue:
         tops = {queues.top(name) for name in per_queue}
         top = min(tops, key=lambda name: queue_key(queues, usage, capacity, name))

@@ -6,9 +6,16 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.core.annotation_values import PRIORITY_WORDS
-from gpuledger.core.fair_share import Waiting, dominant_share, line, next_waiting, queue_key, quota_used
+from gpuledger.core.fair_share import (
+    WaitingWorkload,
+    dominant_share,
+    line,
+    next_waiting,
+    queue_key,
+    quota_used,
+)
 from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, ProductQuota, QueueSet
-from gpuledger.core.model import MILLI_PER_GPU
+from gpuledger.core.model import MILLI_PER_GPU, GroupSpec, Request
 from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use
 
 G = MILLI_PER_GPU
@@ -53,8 +60,8 @@ def test_cpu_and_memory_held_beside_borrowed_gpus_count_where_they_dominate():
     assert share_b > share_a
 
 
-def w(key: str, queue: str, priority: int = 0, arrival: float = 0.0, n: int = 8) -> Waiting:
-    return Waiting(key, queue, priority, arrival, gpus(n))
+def w(key: str, queue: str, priority: int = 0, arrival: float = 0.0, n: int = 8) -> WaitingWorkload:
+    return WaitingWorkload(key, queue, priority, arrival, gpus(n))
 
 
 def test_the_queue_furthest_below_its_fair_share_goes_first():
@@ -84,6 +91,15 @@ def test_within_a_queue_priority_then_arrival():
     ]
     order = [x.key for x in line(qs, Usage(qs), CAP, waiting)]
     assert order == ["priorityclass-2000", "critical-late", "high-a", "high-b", "medium", "low-early"]
+
+
+def test_a_waiting_workload_asks_what_its_request_asks():
+    gang = Request(id="g#0", gpus=8, product="H100", cpu_milli=1000, group=GroupSpec("job/ns/g", 4))
+    assert WaitingWorkload.of_request("job/ns/g", "a", gang, 3.0) == WaitingWorkload(
+        "job/ns/g", "a", 0, 3.0, Use((("H100", 32 * G, 4000, 0),))
+    )
+    share = Request(id="s", gpu_milli=250, priority=PRIORITY_WORDS["high"])
+    assert WaitingWorkload.of_request("pod/ns/s", "a", share, 1.0).use == Use((("", 250, 0, 0),))
 
 
 def test_the_line_shares_the_cluster_by_weight():

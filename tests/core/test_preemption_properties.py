@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpuledger.core.annotation_values import PRIORITY_WORDS
-from gpuledger.core.fair_share import Waiting, next_waiting
+from gpuledger.core.fair_share import WaitingWorkload, next_waiting
 from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, PreemptionRules, ProductQuota, QueueSet
 from gpuledger.core.model import Placement
 from gpuledger.core.preemption import CRITICAL, NoPlan, Planner, Preemptor, Rule, Running
@@ -229,12 +229,12 @@ def test_no_preemption_loop_on_random_queues_and_arrivals(cspec, qspecs, tree, w
         for i, w in enumerate(works)
     }
     queue_of = {f"w{i}": f"q{w['queue']}" for i, w in enumerate(works)}
-    waiting: dict[str, Waiting] = {}
+    waiting: dict[str, WaitingWorkload] = {}
     pairs: set[tuple[str, str]] = set()
     seen_at_preemption: set[frozenset[str]] = set()
     steps = 0
     for arrival, key in enumerate(asks):  # one arrives, then everything is scheduled until nothing moves
-        waiting[key] = Waiting(key, queue_of[key], asks[key].priority, float(arrival))
+        waiting[key] = WaitingWorkload(key, queue_of[key], asks[key].priority, float(arrival))
         blocked: set[str] = set()
         while True:
             usage = Usage.of(qs, [(r.queue, r.use) for r in c.running])
@@ -253,7 +253,9 @@ def test_no_preemption_loop_on_random_queues_and_arrivals(cspec, qspecs, tree, w
             before = measure(qs, c.running)
             for v in plan.victims:
                 c.evict(v.workload.key)
-                waiting[v.workload.key] = Waiting(v.workload.key, v.workload.queue, v.workload.priority, -1.0)
+                waiting[v.workload.key] = WaitingWorkload(
+                    v.workload.key, v.workload.queue, v.workload.priority, -1.0
+                )
                 pairs.add((nxt.key, v.workload.key))
             placed = c.ledger.reserve(req, NOW)
             assert isinstance(placed, Placement), placed
