@@ -12,7 +12,16 @@ from gpuledger.core.books import Books, GroupState, Reservation, slot_hid
 from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import dynamic, tolerated_gpu_taints
 from gpuledger.core.leaf_caps import LeafCaps
-from gpuledger.core.model import Denial, GroupSlot, Placement, Reason, Request, ReservationState, Taint
+from gpuledger.core.model import (
+    Denial,
+    GroupSlot,
+    GroupSpec,
+    Placement,
+    Reason,
+    Request,
+    ReservationState,
+    Taint,
+)
 from gpuledger.core.node_state import Holding, LeafKey
 from gpuledger.core.selection import Choice, Selector, device_uuids, placement
 from gpuledger.core.topology import plan_leaves
@@ -44,102 +53,54 @@ class Gangs:
         self.leaf_caps = LeafCaps(books.index)  # per gang shape, each leaf's bound, kept current
 
     def decide_group(self, req, strategy, name, ctx, now):
-        books = self.books
-        group = books.groups.get(req.group.key)
+        """A claim of a known gang's slot; else a new gang's plan, all-or-nothing over the leaves (in the
+        preferred domain when one is named and can hold it), or a Denial."""
+        group = self.books.groups.get(req.group.key)
         if group is not None:
             return self.decide_claim(req, group, strategy, name, ctx)
         spec = req.group
-        per_pod = req.gpus
         # the leaf rules count nodes (max_nodes_per_leaf) and GPUs (max_gpus_per_leaf); pods of the gang may
         # share a node whenever its free devices hold more than one of them
         node_limit = spec.max_nodes_per_leaf or spec.size
         pod_limit = spec.size
-        if spec.max_gpus_per_leaf and per_pod:
-            pod_limit = min(pod_limit, spec.max_gpus_per_leaf // per_pod)
+        if spec.max_gpus_per_leaf and req.gpus:
+            pod_limit = min(pod_limit, spec.max_gpus_per_leaf // req.gpus)
         if pod_limit <= 0:
             return Denial(
                 id=req.id,
                 message=(
                     f"group {spec.key}: max_gpus_per_leaf={spec.max_gpus_per_leaf} cannot hold even one pod "
-                    f"of {per_pod} GPU(s)"
+                    f"of {req.gpus} GPU(s)"
                 ),
-                by_reason=((Reason.LEAF_CONSTRAINT, len(books.index.nodes)),),
+                by_reason=((Reason.LEAF_CONSTRAINT, len(self.books.index.nodes)),),
                 strategy=name,
             )
-        topo = books.topology()
         spread = name == "distributed"
-        exact: dict[LeafKey, list[list[Choice]]] = {}  # leaf -> per node (best first) the pods it can take
-
-        def per_node(free: int) -> int:
-            return min(free // per_pod, pod_limit) if per_pod else 1  # a shared pod: one per node
-
-        def exact_choices(leaf: LeafKey) -> list[list[Choice]]:
-            got = exact.get(leaf)
-            if got is None:
-                got = []
-                b = books.index.leaves.get(leaf)
-                if b is not None:
-                    for k, names in b.by_free.items():
-                        if k < per_pod:
-                            continue
-                        for nm in names:
-                            fits = self.node_fits(books.index.nodes[nm], req, strategy, ctx, per_node(k))
-                            if fits:
-                                got.append(fits)
-                got.sort(key=lambda fits: (-fits[0].score, fits[0].node.name))
-                exact[leaf] = got
-            return got
-
-        def capacity(leaf: LeafKey) -> int:
-            return min(sum(len(fits) for fits in exact[leaf][:node_limit]), pod_limit)
-
-        def attempt(leaves_allowed: set[LeafKey] | None):
-            caps, spines = self.leaf_caps.bounds(topo, per_pod, node_limit, pod_limit)
-            if leaves_allowed is not None:
-                caps = {leaf: cap for leaf, cap in caps.items() if leaf in leaves_allowed}
-                spines = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
-            for leaf in exact:
-                if leaf in caps:
-                    new = capacity(leaf)
-                    spines[leaf[0]] += new - caps[leaf]
-                    caps[leaf] = new
-            while True:
-                plan = plan_leaves(topo, caps, spec.size, spread, req.latency_sensitive, spines)
-                if plan is None:
-                    return None
-                stale = [leaf for leaf, _ in plan if leaf not in exact]
-                if not stale:
-                    return plan
-                for leaf in stale:
-                    exact_choices(leaf)
-                    new = capacity(leaf)
-                    spines[leaf[0]] += new - caps[leaf]
-                    caps[leaf] = new
-
+        planner = _LeafPlanner(self, req, strategy, ctx, spec.size, node_limit, pod_limit, spread)
         domain = self.selector.domain_leaves(req.preferred_domain)
-        plan = attempt(set(domain)) if domain else None
+        plan = planner.attempt(set(domain)) if domain else None
         if plan is None:
-            plan = attempt(None)
+            plan = planner.attempt(None)
         if plan is None:
-            counts, near, fitting = self.diagnoser.diagnose(req, strategy, ctx)
-            if fitting:
-                counts[Reason.LEAF_CONSTRAINT] += fitting
-            limits = []
-            if spec.max_nodes_per_leaf:
-                limits.append(f"max {spec.max_nodes_per_leaf} node(s) per leaf")
-            if spec.max_gpus_per_leaf:
-                limits.append(f"max {spec.max_gpus_per_leaf} GPU(s) per leaf")
-            prefix = (
-                f"no placement for group {spec.key}: {spec.size} pods x {describe(req)}"
-                f"{' (' + ', '.join(limits) + ')' if limits else ''}, with strategy {name}; "
-                f"{fitting} node(s) could take one pod"
-            )
-            return self.diagnoser.denial(req, name, counts, near, prefix=prefix)
-        slots: list[tuple[int, Choice]] = []
-        for leaf, n in plan:
-            for choice in deal(exact[leaf][:node_limit], n, spread):
-                slots.append((len(slots), choice))
-        return GroupPlan(spec.key, slots, name, now + books.config.reservation_ttl_s)
+            return self._group_denial(req, spec, strategy, name, ctx)
+        return GroupPlan(spec.key, planner.slots(plan), name, now + self.books.config.reservation_ttl_s)
+
+    def _group_denial(self, req: Request, spec: GroupSpec, strategy, name: str, ctx) -> Denial:
+        """No plan: why each node cannot take a pod, and the leaf rules when nodes could take one each."""
+        counts, near, fitting = self.diagnoser.diagnose(req, strategy, ctx)
+        if fitting:
+            counts[Reason.LEAF_CONSTRAINT] += fitting
+        limits = []
+        if spec.max_nodes_per_leaf:
+            limits.append(f"max {spec.max_nodes_per_leaf} node(s) per leaf")
+        if spec.max_gpus_per_leaf:
+            limits.append(f"max {spec.max_gpus_per_leaf} GPU(s) per leaf")
+        prefix = (
+            f"no placement for group {spec.key}: {spec.size} pods x {describe(req)}"
+            f"{' (' + ', '.join(limits) + ')' if limits else ''}, with strategy {name}; "
+            f"{fitting} node(s) could take one pod"
+        )
+        return self.diagnoser.denial(req, name, counts, near, prefix=prefix)
 
     def node_fits(self, node, req: Request, strategy, ctx, limit: int) -> list[Choice]:
         """The successive places up to `limit` pods of one gang take on one node (its first pod's choice,
@@ -315,6 +276,82 @@ class Gangs:
         books.reservations[req.id] = Reservation(placed, ReservationState.RESERVED, now)
         books.pending[req.id] = now
         return placed
+
+
+class _LeafPlanner:
+    """One new gang's plan over the leaves: each leaf counted by its bound (LeafCaps) until a plan uses it,
+    then by the exact pods its nodes take (Gangs.node_fits), so only the leaves a plan picks are tried."""
+
+    def __init__(
+        self,
+        gangs: Gangs,
+        req: Request,
+        strategy,
+        ctx,
+        size: int,
+        node_limit: int,
+        pod_limit: int,
+        spread: bool,
+    ) -> None:
+        self.gangs, self.req, self.strategy, self.ctx = gangs, req, strategy, ctx
+        self.size, self.node_limit, self.pod_limit, self.spread = size, node_limit, pod_limit, spread
+        self.topo = gangs.books.topology()
+        # leaf -> per node (best first) the pods it can take
+        self.exact: dict[LeafKey, list[list[Choice]]] = {}
+
+    def attempt(self, leaves_allowed: set[LeafKey] | None) -> list[tuple[LeafKey, int]] | None:
+        """(leaf, pods) for the whole gang over the allowed leaves (all when None); None if none fits."""
+        topo, req = self.topo, self.req
+        caps, spines = self.gangs.leaf_caps.bounds(topo, req.gpus, self.node_limit, self.pod_limit)
+        if leaves_allowed is not None:
+            caps = {leaf: cap for leaf, cap in caps.items() if leaf in leaves_allowed}
+            spines = {s: sum(caps.get(leaf, 0) for leaf in topo.leaves_of[s]) for s in topo.spines}
+        for leaf in self.exact:
+            if leaf in caps:
+                self._exact_cap(leaf, caps, spines)
+        while True:
+            plan = plan_leaves(topo, caps, self.size, self.spread, req.latency_sensitive, spines)
+            if plan is None:
+                return None
+            stale = [leaf for leaf, _ in plan if leaf not in self.exact]
+            if not stale:
+                return plan
+            for leaf in stale:
+                self._try_nodes(leaf)
+                self._exact_cap(leaf, caps, spines)
+
+    def slots(self, plan: list[tuple[LeafKey, int]]) -> list[tuple[int, Choice]]:
+        """The plan's pods, numbered, each on its node: dealt over each leaf's best nodes."""
+        slots: list[tuple[int, Choice]] = []
+        for leaf, n in plan:
+            for choice in deal(self.exact[leaf][: self.node_limit], n, self.spread):
+                slots.append((len(slots), choice))
+        return slots
+
+    def _try_nodes(self, leaf: LeafKey) -> None:
+        """The exact places each node of `leaf` has for the gang's pods, best node first."""
+        if leaf in self.exact:
+            return
+        index, req, per_pod = self.gangs.books.index, self.req, self.req.gpus
+        got = []
+        b = index.leaves.get(leaf)
+        if b is not None:
+            for k, names in b.by_free.items():
+                if k < per_pod:
+                    continue
+                per_node = min(k // per_pod, self.pod_limit) if per_pod else 1  # a shared pod: one per node
+                for nm in names:
+                    fits = self.gangs.node_fits(index.nodes[nm], req, self.strategy, self.ctx, per_node)
+                    if fits:
+                        got.append(fits)
+        got.sort(key=lambda fits: (-fits[0].score, fits[0].node.name))
+        self.exact[leaf] = got
+
+    def _exact_cap(self, leaf: LeafKey, caps: dict[LeafKey, int], spines: dict[str, int]) -> None:
+        """`leaf`'s bound replaced by the pods its nodes take, and its spine's sum with it."""
+        new = min(sum(len(fits) for fits in self.exact[leaf][: self.node_limit]), self.pod_limit)
+        spines[leaf[0]] += new - caps[leaf]
+        caps[leaf] = new
 
 
 def pod_shape(gpus: int, shares: tuple[tuple[int, int], ...]) -> str:
