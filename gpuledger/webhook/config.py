@@ -22,6 +22,8 @@ from gpuledger.names import (
     SCHEDULER_CONFIG_API_GROUP,
     SPINE_LABEL,
     SYSTEM_NAMESPACE,
+    WHEN_FULL_REFUSE,
+    WHEN_FULL_WAIT,
 )
 from gpuledger.ray.channel import CHANNEL_MODES
 from gpuledger.service.ledger_service import (
@@ -67,6 +69,9 @@ class WebhookConfig:
     visibility_mode: str = "runtime-uuids"
     # ledger slow/down: deny (False, default) or allow the pod unplaced (True)
     fail_open: bool = False
+    # a GPU pod that could fit the cluster but not now: admitted gated to wait in the ledger's line (wait,
+    # the default) or denied at once (refuse); a pod's or its workload's topology.scheduler/when-full wins
+    when_full: str = WHEN_FULL_WAIT
     # internal deadline for one admission, kept below the webhook's timeoutSeconds
     deadline_s: float = 2.0
     # how admissions reach the ledger actor: a direct channel, on 127.0.0.1 from the actor's own Ray node
@@ -125,6 +130,11 @@ class WebhookConfig:
         if self.ledger_channel not in CHANNEL_MODES:
             raise ValueError(
                 f"ledger_channel={self.ledger_channel!r}: expected one of {', '.join(CHANNEL_MODES)}"
+            )
+        if self.when_full not in (WHEN_FULL_WAIT, WHEN_FULL_REFUSE):
+            raise ValueError(
+                f"when_full={self.when_full!r}: expected {WHEN_FULL_WAIT} (a pod that does not fit now waits "
+                f"gated, in line) or {WHEN_FULL_REFUSE} (denied at once)"
             )
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s={self.deadline_s!r}: expected a positive number of seconds")

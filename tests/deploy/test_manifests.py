@@ -640,7 +640,7 @@ def test_rbac_is_least_privilege():
     granted, names = _grants(role)
     read = {"get", "list", "watch"}
     assert granted == {
-        ("", "pods"): read,
+        ("", "pods"): read | {"patch"},  # patch: the placement of a pod that waited (gpuledger.sync.placer)
         ("", "nodes"): read,
         ("batch", "jobs"): read,
         ("apps", "statefulsets"): read,

@@ -121,6 +121,7 @@ def _merged(rows: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, st
     [
         ("list", "pods", True, True),
         ("watch", "pods", True, True),
+        ("patch", "pods", True, True),  # the placement of a pod that waited, its gate removed
         ("list", "nodes", False, True),
         ("get", "jobs.batch", True, True),
         ("get", "statefulsets.apps", True, True),
@@ -136,7 +137,6 @@ def _merged(rows: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, st
         # and nothing more
         ("create", "pods", True, False),
         ("delete", "pods", True, False),
-        ("patch", "pods", True, False),
         ("update", "pods/status", True, False),
         ("create", "pods/exec", True, False),
         ("create", "pods/eviction", True, False),

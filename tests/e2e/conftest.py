@@ -10,7 +10,7 @@ import yaml
 
 from devcluster import images
 from devcluster.nodes import create_nodes, make_sample_cluster
-from devcluster.stack import Stack
+from devcluster.stack import Stack, e2e_webhook_config
 
 SAMPLE_NODES = make_sample_cluster()  # 2 spines, 4 leaves, 16 nodes x 8 GPUs; node-3 of each leaf tainted
 
@@ -28,7 +28,9 @@ def stack(apiserver, gpu_nodes):
 
     Package scope: Ray is shut down once tests/e2e is done, before other tests start a Ray of their own.
     """
-    with Stack(apiserver) as running:
+    # when_full: the suite's pods that do not fit are refused, as before waiting existed; the tests of waiting
+    # pods (tests/e2e/test_waiting_pods.py) reconfigure the webhook to the default, wait
+    with Stack(apiserver, config=e2e_webhook_config(when_full="refuse")) as running:
         yield running
 
 

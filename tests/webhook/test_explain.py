@@ -41,7 +41,8 @@ def pod(name, annotations=None, limits=None):
 
 
 def test_pods_in_order_share_one_ledger(tmp_path, capsys):
-    docs = [pod(f"p{i}", {"topology.scheduler/gpu-count": "8"}) for i in range(17)]
+    ask = {"topology.scheduler/gpu-count": "8", "topology.scheduler/when-full": "refuse"}
+    docs = [pod(f"p{i}", ask) for i in range(17)]
     docs.insert(0, pod("web"))
     results = run_explain(capsys, write(tmp_path, docs))
     assert len(results) == 18

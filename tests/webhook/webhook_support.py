@@ -80,7 +80,9 @@ def gpu_pod(
 
 
 def config(**overrides) -> WebhookConfig:
-    values = {"hmac_key": HMAC_KEY, "deadline_s": 2.0}
+    # when_full: these tests' pods that do not fit are refused, as before waiting existed; the tests of
+    # waiting pods (tests/webhook/test_waiting_admission.py) ask for the default, wait
+    values = {"hmac_key": HMAC_KEY, "deadline_s": 2.0, "when_full": "refuse"}
     values.update(overrides)
     return WebhookConfig(**values)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuledger.names import LEDGER_PREFIX
+from gpuledger.names import LEDGER_PREFIX, SCHEDULING_GATE
 from gpuledger.service.ledger_service import Placement
 from gpuledger.webhook.admission.patch import _dict_at
 from gpuledger.webhook.admission.review import Decision, Review
@@ -26,9 +26,21 @@ def _labels(obj: dict | None) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+# what a user may not change on a pod waiting for GPUs (gpuledger's gate on): where its placement will go
+WAITING_SPEC = ("nodeSelector", "affinity", "tolerations")
+
+
 def _ledger_keys(obj: dict | None) -> dict[str, object]:
+    """What only gpuledger writes on a pod: gpuledger.io/* annotations and labels, its scheduling gate, and,
+    while the pod waits gated, what the placement adapter writes with its placement."""
     keys = {f"annotation {k}": v for k, v in _annotations(obj).items() if str(k).startswith(LEDGER_PREFIX)}
     keys.update({f"label {k}": v for k, v in _labels(obj).items() if str(k).startswith(LEDGER_PREFIX)})
+    spec = _dict_at(obj or {}, "spec")
+    gates = spec.get("schedulingGates")
+    ours = {"name": SCHEDULING_GATE}
+    if isinstance(gates, list) and any(isinstance(g, dict) and g.get("name") == ours["name"] for g in gates):
+        keys[f"scheduling gate {SCHEDULING_GATE}"] = True
+        keys.update({f"spec.{k} of a pod waiting for GPUs": spec.get(k) for k in WAITING_SPEC})
     return keys
 
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
-from gpuledger.names import PLACEMENT_ANNOTATION
-from gpuledger.service.ledger_service import Placement, decode_bound
+from gpuledger.names import PLACEMENT_ANNOTATION, WAITING_ANNOTATION
+from gpuledger.service.ledger_service import Placement, Request, decode_bound, decode_waiting
 from gpuledger.webhook.admission.patch import (
     CONTAINER_KINDS,
     CUDA_VISIBLE_DEVICES,
     NVIDIA_VISIBLE_DEVICES,
+    VISIBLE_DEVICES_FROM,
     _dict_at,
     _list_at,
     gpu_containers,
     visibility_env,
+    waiting_env,
 )
 from gpuledger.webhook.config import WebhookConfig
 
@@ -55,6 +57,24 @@ def _env(container: dict, name: str) -> list[dict]:
     return [e for e in _list_at(container, "env") if isinstance(e, dict) and e.get("name") == name]
 
 
+# what `placed` holds for a GPU container of a pod still waiting: its devices are its placement's, to come
+WAITING_DEVICES = "<the devices of its placement, to come>"
+
+
+def waiting_placed(pod: dict, request: Request, config: WebhookConfig) -> dict[tuple[str, int], str]:
+    """(kind, index) -> what gpuledger's admission of a waiting pod writes for NVIDIA_VISIBLE_DEVICES there
+    (patch.apply_waiting)."""
+    value = waiting_env(request, config.visibility_mode).get(NVIDIA_VISIBLE_DEVICES)
+    if value is None:
+        return {}
+    targets = gpu_containers(pod, config.gpu_resource)
+    out = dict.fromkeys(targets, value if isinstance(value, str) else WAITING_DEVICES)
+    if config.visibility_mode == "runtime-uuids":
+        others = [(k, i) for k, i, _ in _containers(pod) if k in CONTAINER_KINDS and (k, i) not in out]
+        out.update(dict.fromkeys(others, "void"))
+    return out
+
+
 def placed_env(pod: dict, placement: Placement | None, config: WebhookConfig) -> dict[tuple[str, int], str]:
     """(kind, index) -> the NVIDIA_VISIBLE_DEVICES value gpuledger's placement writes there (patch.py)."""
     if placement is None:
@@ -77,6 +97,11 @@ def findings(pod: dict, placed: dict[tuple[str, int], str]) -> list[str]:
         for e in _env(c, NVIDIA_VISIBLE_DEVICES):
             where = f"spec.{kind}[{i}].env[{NVIDIA_VISIBLE_DEVICES}]"
             if "valueFrom" in e:
+                if (
+                    e.get("valueFrom") == VISIBLE_DEVICES_FROM
+                    and placed.get((kind, i), "void") not in NO_GPU_VALUES
+                ):
+                    continue  # gpuledger's own for a pod that waited: its placement's devices, read at start
                 found.append(f"{_named(c)} sets {where} from valueFrom (not readable at admission)")
                 continue
             value = str(e.get("value") or "")
@@ -136,9 +161,13 @@ def _problems(pod: dict, key: bytes, config: WebhookConfig, placement: Placement
     found = findings(pod, {})
     if not found:  # the fast path: most pods set nothing of this, and then nothing is decoded
         return found
-    text = _dict_at(_dict_at(pod, "metadata"), "annotations").get(PLACEMENT_ANNOTATION)
+    annotations = _dict_at(_dict_at(pod, "metadata"), "annotations")
+    text = annotations.get(PLACEMENT_ANNOTATION)
     decoded = decode_bound(text, key) if isinstance(text, str) else None
-    return found if decoded is None else findings(pod, placed_env(pod, decoded[0], config))
+    if decoded is not None:
+        return findings(pod, placed_env(pod, decoded[0], config))
+    ticket = decode_waiting(annotations.get(WAITING_ANNOTATION), key)
+    return found if ticket is None else findings(pod, waiting_placed(pod, ticket.request, config))
 
 
 def replacements(before: dict, after: dict, mode: str) -> list[str]:

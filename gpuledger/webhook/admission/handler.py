@@ -12,7 +12,15 @@ import time
 import uuid
 from collections.abc import Callable
 
-from gpuledger.names import LEDGER_PREFIX, PLACEMENT_ANNOTATION
+from gpuledger.names import (
+    LEDGER_PREFIX,
+    PLACEMENT_ANNOTATION,
+    SCHEDULING_GATE,
+    WAITING_ANNOTATION,
+    WHEN_FULL,
+    WHEN_FULL_REFUSE,
+    WHEN_FULL_WAIT,
+)
 from gpuledger.service.ledger_service import (
     AdmitCall,
     AnnotationError,
@@ -21,12 +29,16 @@ from gpuledger.service.ledger_service import (
     PodRequestConfig,
     Request,
     Unavailable,
+    Waiting,
+    WaitTicket,
     binding_mismatch,
     binding_of,
     decode_bound,
     encode_placement,
+    encode_waiting,
     pod_name,
     request_from_pod,
+    ticket_for,
 )
 from gpuledger.webhook.admission import chain, env_guard, scheduler_name
 from gpuledger.webhook.admission.common import (
@@ -42,6 +54,7 @@ from gpuledger.webhook.admission.common import (
 from gpuledger.webhook.admission.owners import WORKLOAD_KINDS, NoOwners, OwnerLookup, OwnerLookupError
 from gpuledger.webhook.admission.patch import (
     apply_placement,
+    apply_waiting,
     patch_of,
     shallow_pod,
     strip_ledger_keys,
@@ -65,6 +78,7 @@ class _Seen:
     def __init__(self) -> None:
         self.chain = chain.OwnerChain()
         self.placement: Placement | None = None
+        self.waiting: Waiting | None = None
 
 
 def reservation_ids() -> Callable[[], str]:
@@ -132,6 +146,8 @@ class AdmissionHandler(Validating):
             namespace = review.namespace or str(meta.get("namespace") or "")
             if decision.outcome == "placed" and seen.placement is not None:
                 self.events.emit(events.placed(namespace, seen.placement.id, describe_event(seen.placement)))
+            elif decision.outcome == "waiting" and seen.waiting is not None:
+                self.events.emit(events.waiting(namespace, seen.waiting.id, seen.waiting.message))
             elif not decision.allowed and review.operation == "CREATE":
                 target = _event_target(review, seen.chain, namespace)
                 if target is not None:
@@ -154,6 +170,8 @@ class AdmissionHandler(Validating):
         removed = strip_ledger_keys(work)
         namespace = review.namespace or str((pod.get("metadata") or {}).get("namespace") or "")
         prior = _prior_placement(pod, namespace, self.key)
+        if prior is None and (ticket := _prior_ticket(pod, namespace, self.key)) is not None:
+            return self._still_waiting(pod, work, ticket)
         # pods of one shape share what is read below before the ledger (gpuledger.webhook.admission.shapes)
         shape = self.shapes.key(pod, namespace) if prior is None and not removed else None
         warnings = []
@@ -182,14 +200,18 @@ class AdmissionHandler(Validating):
             strategy = request.strategy or "default"
             if self.config.visibility_mode == "device-plugin" and request.is_shared:
                 return self._shared_refused(strategy, who)
+            may_wait = _may_wait(pod, seen.chain, self.config.when_full == WHEN_FULL_WAIT)
+            if isinstance(may_wait, str):
+                self.metrics.decided(strategy, "invalid")
+                return _invalid(f"{who}: {may_wait}")
             # reinvocations keep their own placement and dry runs reserve nothing: both ask the ledger
             prefetch = self.prefetch if prior is None and not review.dry_run else None
             taken = prefetch.take(request) if prefetch is not None else None
-            result: Placement | Denial | Unavailable
+            result: Placement | Denial | Waiting | Unavailable
             if taken is not None:  # admitted ahead for this shape: no round trip (ledger.prefetch)
                 result, batch = taken, 0
             else:
-                result, batch = await self._admit(request, review.dry_run, prior, deadline)
+                result, batch = await self._admit(request, review.dry_run, prior, deadline, may_wait)
         except TimeoutError:
             return self._unavailable(
                 pod, work, warnings, f"the GPU ledger did not answer within {self.config.deadline_s:g}s"
@@ -200,6 +222,8 @@ class AdmissionHandler(Validating):
             self.metrics.observe_decision(strategy, time.perf_counter() - started)
         if isinstance(result, Placement):
             return self._placed(review, pod, work, namespace, prior, result, strategy, batch, warnings, seen)
+        if isinstance(result, Waiting):
+            return self._waiting(review, pod, work, namespace, result, strategy, batch, warnings, seen)
         return self._not_placed(pod, work, warnings, who, request, result, strategy, batch)
 
     def _scheduler_choice(
@@ -312,6 +336,67 @@ class AdmissionHandler(Validating):
             + describe_placement(result),
         )
 
+    def _waiting(
+        self,
+        review: Review,
+        pod: dict,
+        work: dict,
+        namespace: str,
+        answer: Waiting,
+        strategy: str,
+        batch: int,
+        warnings: list[str],
+        seen: _Seen,
+    ) -> Decision:
+        """The pod does not fit now but could: admitted gated, holding nothing, with its signed ticket (its
+        request and the arrival the ledger stamped) and the device variables its placement will fill."""
+        ticket = WaitTicket(answer.request, answer.arrival, binding_of(pod, namespace, review.name))
+        apply_waiting(
+            work,
+            answer.request,
+            encode_waiting(ticket, self.key),
+            visibility_mode=self.config.visibility_mode,
+            gpu_resource=self.config.gpu_resource,
+        )
+        warnings += env_guard.replacements(pod, work, self.config.visibility_mode)
+        outcome = "dry_run" if review.dry_run else "waiting"
+        self.metrics.decided(strategy, outcome)
+        seen.waiting = answer
+        told = (
+            f"gpuledger: {answer.message}; admitted with scheduling gate {SCHEDULING_GATE}: it starts when "
+            f"GPUs free and its turn comes ({WHEN_FULL}: {WHEN_FULL_REFUSE} refuses it instead)"
+        )
+        return Decision(
+            True,
+            patch=patch_of(pod, work),
+            warnings=[*warnings, told],
+            reservation_id=answer.id,
+            outcome=outcome,
+            strategy=strategy,
+            ledger_batch=batch,
+            message=("dry run: " if review.dry_run else "") + answer.message,
+        )
+
+    def _still_waiting(self, pod: dict, work: dict, ticket: tuple[WaitTicket, str]) -> Decision:
+        """A reinvocation of a waiting pod's admission: the same ticket, gate and variables again (an empty
+        patch when nothing else changed them), no ledger call."""
+        answer, text = ticket
+        apply_waiting(
+            work,
+            answer.request,
+            text,
+            visibility_mode=self.config.visibility_mode,
+            gpu_resource=self.config.gpu_resource,
+        )
+        self.metrics.decided(answer.request.strategy or "default", "reused")
+        return Decision(
+            True,
+            patch=patch_of(pod, work),
+            reservation_id=answer.request.id,
+            outcome="reused",
+            message="reinvocation: still waiting",
+        )
+
     def _not_placed(
         self,
         pod: dict,
@@ -336,12 +421,18 @@ class AdmissionHandler(Validating):
         raise TypeError(f"ledger answered {type(result).__name__}, expected Placement or Denial")
 
     async def _admit(
-        self, request: Request, dry_run: bool, prior: Placement | None, deadline: float
-    ) -> tuple[Placement | Denial | Unavailable, int]:
-        """The ledger's answer, by `deadline`, and the batch it came in. A denial while this replica holds
-        placements admitted ahead gives them back and asks once more: they must never be why a pod the ledger
-        has room for is denied."""
-        call, prefetch = AdmitCall(request, dry_run, prior.id if prior else None), self.prefetch
+        self,
+        request: Request,
+        dry_run: bool,
+        prior: Placement | None,
+        deadline: float,
+        may_wait: bool = False,
+    ) -> tuple[Placement | Denial | Waiting | Unavailable, int]:
+        """The ledger's answer, by `deadline`, and the batch it came in. A denial (or a wait) while this
+        replica holds placements admitted ahead gives them back and asks once more: they must never be why a
+        pod the ledger has room for is denied or made to wait."""
+        call = AdmitCall(request, dry_run, prior.id if prior else None, may_wait)
+        prefetch = self.prefetch
         asked = time.perf_counter()
         async with asyncio.timeout_at(deadline):
             batcher.batch_size.set(0)
@@ -354,7 +445,7 @@ class AdmissionHandler(Validating):
             if isinstance(result, Unavailable) and prefetch is not None:
                 prefetch.forget()
             elif (
-                isinstance(result, Denial)
+                isinstance(result, (Denial, Waiting))
                 and prefetch is not None
                 and (prefetch.held or prefetch.filling)
                 and await prefetch.release_all()
@@ -391,6 +482,39 @@ def _prior_placement(pod: dict, namespace: str, key: bytes) -> Placement | None:
     if decoded is None or binding_mismatch(decoded[1], pod, namespace):
         return None
     return decoded[0]
+
+
+def _prior_ticket(pod: dict, namespace: str, key: bytes) -> tuple[WaitTicket, str] | None:
+    """The validly signed waiting ticket a gated pod already carries for itself (a reinvocation) and its
+    text, else None."""
+    text = _annotations(pod).get(WAITING_ANNOTATION)
+    if text is None or not key:
+        return None
+    ticket = ticket_for(str(text), key, pod, namespace)
+    return None if ticket is None else (ticket, str(text))
+
+
+def _may_wait(pod: dict, owners: chain.OwnerChain, default: bool) -> bool | str:
+    """Whether a pod that does not fit now may wait (annotation topology.scheduler/when-full on the pod, else
+    on its nearest workload that sets it, else the webhook's `when_full`); a message naming the value when it
+    is neither word."""
+    where, value = "the pod", _annotations(pod).get(WHEN_FULL)
+    if value is None:
+        for owner in owners.owners:
+            value = _annotations(owner).get(WHEN_FULL)
+            if value is not None:
+                where = chain.describe(owner)
+                break
+    if value is None:
+        return default
+    word = str(value).strip().lower()
+    if word in (WHEN_FULL_WAIT, WHEN_FULL_REFUSE):
+        return word == WHEN_FULL_WAIT
+    return (
+        f"annotation {WHEN_FULL}={value!r} (on {where}) is not accepted; accepted: {WHEN_FULL_WAIT!r} "
+        f"(the default: a pod that does not fit now waits gated, in line) or {WHEN_FULL_REFUSE!r} (denied at "
+        "once, as before)"
+    )
 
 
 def _inherited_from(exc: AnnotationError, inputs: chain.Inputs) -> str:

@@ -9,18 +9,26 @@ from __future__ import annotations
 from typing import Any
 
 from gpuledger.names import (
+    DEVICE_INDICES_ANNOTATION,
     GPU_RESOURCE,
     HOSTNAME_LABEL,
     LEDGER_PREFIX,
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
+    SCHEDULING_GATE,
+    VISIBLE_DEVICES_ANNOTATION,
+    WAITING_ANNOTATION,
 )
-from gpuledger.service.ledger_service import BindingMode, Placement, Taint
+from gpuledger.service.ledger_service import BindingMode, Placement, Request, Taint
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VISIBILITY_VARS = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES)
 CONTAINER_KINDS = ("initContainers", "containers")
+# a waiting pod's device variables, read by the kubelet from the annotations the placement adapter writes
+# with its placement (gpuledger.sync.placer) when the container starts: after the gate is removed
+VISIBLE_DEVICES_FROM = {"fieldRef": {"fieldPath": f"metadata.annotations['{VISIBLE_DEVICES_ANNOTATION}']"}}
+DEVICE_INDICES_FROM = {"fieldRef": {"fieldPath": f"metadata.annotations['{DEVICE_INDICES_ANNOTATION}']"}}
 
 
 def _dict_at(parent: dict, key: str) -> dict:
@@ -52,7 +60,8 @@ def shallow_pod(pod: dict) -> dict:
 
 
 def strip_ledger_keys(pod: dict) -> list[str]:
-    """Remove every gpuledger.io/* annotation and label (only the webhook writes them); returns what went."""
+    """Remove every gpuledger.io/* annotation and label and gpuledger's scheduling gate (only the webhook
+    writes them); returns what went."""
     removed = []
     meta = pod["metadata"]
     for field in ("annotations", "labels"):
@@ -61,7 +70,26 @@ def strip_ledger_keys(pod: dict) -> list[str]:
             kept = {k: v for k, v in values.items() if not str(k).startswith(LEDGER_PREFIX)}
             removed += [f"{field[:-1]} {k}" for k in values if str(k).startswith(LEDGER_PREFIX)]
             meta[field] = kept
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        gates = spec.get("schedulingGates")
+        if isinstance(gates, list) and any(is_our_gate(g) for g in gates):
+            others = [g for g in gates if not is_our_gate(g)]
+            if others:
+                spec["schedulingGates"] = others
+            else:
+                del spec["schedulingGates"]
+            removed.append(f"scheduling gate {SCHEDULING_GATE}")
     return removed
+
+
+def is_our_gate(gate: Any) -> bool:
+    return isinstance(gate, dict) and gate.get("name") == SCHEDULING_GATE
+
+
+def gated(pod: dict) -> bool:
+    """Whether the pod carries gpuledger's scheduling gate."""
+    return any(is_our_gate(g) for g in _list_at(_dict_at(pod, "spec"), "schedulingGates"))
 
 
 def gpu_containers(pod: dict, resource: str) -> list[tuple[str, int]]:
@@ -93,11 +121,16 @@ def _container(spec: dict, kind: str, index: int) -> dict:
     return c
 
 
-def _set_env(container: dict, values: dict[str, str | None]) -> None:
-    """Overwrite (or remove, for None) these variables; user-supplied values never survive."""
+def _set_env(container: dict, values: dict[str, Any]) -> None:
+    """Overwrite (or remove, for None) these variables; user-supplied values never survive. A value is text,
+    or a dict: the entry's `valueFrom`."""
     env = _list_at(container, "env")
     kept = [e for e in env if not (isinstance(e, dict) and e.get("name") in values)]
-    kept += [{"name": k, "value": v} for k, v in values.items() if v is not None]
+    for k, v in values.items():
+        if isinstance(v, dict):
+            kept.append({"name": k, "valueFrom": v})
+        elif v is not None:
+            kept.append({"name": k, "value": v})
     if kept or "env" in container:
         container["env"] = kept
 
@@ -188,6 +221,59 @@ def _ensure_gpu_limits(spec: dict, resource: str, gpus: int) -> None:
     limits[resource] = str(gpus)
 
 
+def waiting_env(request: Request, mode: str) -> dict[str, Any]:
+    """The variables each GPU container of a waiting pod gets, per visibility mode: what depends on the
+    devices is read by the kubelet from the placement's annotations when the container starts (the env was
+    written now, before any placement); the rest is as `visibility_env` writes it."""
+    count = max(request.gpus, 1 if request.is_shared else 0)
+    if mode == "host-indices":
+        return {NVIDIA_VISIBLE_DEVICES: "all", CUDA_VISIBLE_DEVICES: DEVICE_INDICES_FROM}
+    if mode == "runtime-uuids":
+        return {
+            NVIDIA_VISIBLE_DEVICES: VISIBLE_DEVICES_FROM,
+            CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in range(count)),
+        }
+    return {NVIDIA_VISIBLE_DEVICES: None}
+
+
+def apply_waiting(
+    pod: dict,
+    request: Request,
+    ticket: str,
+    *,
+    visibility_mode: str,
+    gpu_resource: str = GPU_RESOURCE,
+) -> None:
+    """Admit `pod` (a `shallow_pod` copy, already stripped of gpuledger.io keys) to wait for GPUs: its signed
+    ticket (`ticket`, the `gpuledger.io/waiting` annotation), gpuledger's scheduling gate, and the device
+    variables of `waiting_env`. Nothing names a node yet: the placement adapter writes that later."""
+    annotations = _copy_dict(pod["metadata"], "annotations")
+    annotations[WAITING_ANNOTATION] = ticket
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        spec = pod["spec"] = {}
+    spec["schedulingGates"] = [*_list_at(spec, "schedulingGates"), {"name": SCHEDULING_GATE}]
+    targets = gpu_containers(pod, gpu_resource)
+    if visibility_mode == "device-plugin":
+        _ensure_gpu_limits(spec, gpu_resource, request.gpus)
+    env = waiting_env(request, visibility_mode)
+    for kind, i in targets:
+        _set_env(_container(spec, kind, i), env)
+    if visibility_mode == "runtime-uuids":
+        _void_others(spec, targets)
+
+
+def _void_others(spec: dict, targets: list[tuple[str, int]]) -> None:
+    """Other containers of a GPU pod must not inherit an image default such as NVIDIA_VISIBLE_DEVICES=all."""
+    chosen = set(targets)
+    for kind in CONTAINER_KINDS:
+        for i, c in enumerate(spec.get(kind) or []):
+            if (kind, i) not in chosen and isinstance(c, dict):
+                _set_env(
+                    _container(spec, kind, i), {NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: None}
+                )
+
+
 def apply_placement(
     pod: dict,
     placement: Placement,
@@ -220,15 +306,7 @@ def apply_placement(
     for kind, i in targets:
         _set_env(_container(spec, kind, i), env)
     if visibility_mode == "runtime-uuids":
-        # other containers of a GPU pod must not inherit an image default such as NVIDIA_VISIBLE_DEVICES=all
-        chosen = set(targets)
-        for kind in CONTAINER_KINDS:
-            for i, c in enumerate(spec.get(kind) or []):
-                if (kind, i) not in chosen and isinstance(c, dict):
-                    _set_env(
-                        _container(spec, kind, i),
-                        {NVIDIA_VISIBLE_DEVICES: "void", CUDA_VISIBLE_DEVICES: None},
-                    )
+        _void_others(spec, targets)
 
 
 def _escape(token: Any) -> str:
@@ -240,7 +318,7 @@ _MISSING: Any = object()
 # Every member the mutating path writes (strip_ledger_keys, scheduler_name.take_over, apply_placement): the
 # patch compares these and nothing else. tests/webhook/test_webhook_fuzz.py checks, on random pods through
 # every mode, that the patch turns the original into the mutated pod exactly.
-SPEC_MEMBERS = ("schedulerName", "nodeName", "affinity", "tolerations")
+SPEC_MEMBERS = ("schedulerName", "nodeName", "affinity", "tolerations", "schedulingGates")
 CONTAINER_MEMBERS = ("env", "resources")
 
 

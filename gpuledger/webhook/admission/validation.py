@@ -10,8 +10,20 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gpuledger.names import LEDGER_PREFIX, PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
-from gpuledger.service.ledger_service import Placement, Unavailable, binding_mismatch, decode_bound
+from gpuledger.names import (
+    LEDGER_PREFIX,
+    PLACEMENT_ANNOTATION,
+    RESERVATION_ID_KEY,
+    SCHEDULING_GATE,
+    WAITING_ANNOTATION,
+)
+from gpuledger.service.ledger_service import (
+    Placement,
+    Unavailable,
+    binding_mismatch,
+    decode_bound,
+    ticket_for,
+)
 from gpuledger.webhook.admission import env_guard
 from gpuledger.webhook.admission.common import (
     MISSING_OBJECT,
@@ -23,7 +35,7 @@ from gpuledger.webhook.admission.common import (
     _pod_name,
     describe_placement,
 )
-from gpuledger.webhook.admission.patch import _dict_at
+from gpuledger.webhook.admission.patch import _dict_at, gated
 from gpuledger.webhook.admission.review import Decision, Review
 from gpuledger.webhook.config import WebhookConfig
 from gpuledger.webhook.ledger.client import LedgerClient, LedgerUnavailable
@@ -78,6 +90,8 @@ class Validating:
         annotations, labels = _annotations(pod), _labels(pod)
         text = annotations.get(PLACEMENT_ANNOTATION)
         label = labels.get(RESERVATION_ID_KEY)
+        if WAITING_ANNOTATION in annotations or gated(pod):
+            return self._validate_waiting(review, pod, who, text, label)
         if text is None:
             if label is not None:
                 return _forbidden(
@@ -148,6 +162,36 @@ class Validating:
             )
         return self._env_refusal(review, pod, placement) or Decision(True, outcome="allowed")
 
+    def _validate_waiting(
+        self, review: Review, pod: dict, who: str, placement: object, label: object
+    ) -> Decision:
+        """A pod admitted to wait for GPUs: gated by gpuledger, with a ticket signed for it and nothing placed
+        yet (the placement adapter writes that later, on the stored pod)."""
+        text = _annotations(pod).get(WAITING_ANNOTATION)
+        if text is None:
+            return _forbidden(
+                f"{who}: scheduling gate {SCHEDULING_GATE} without annotation {WAITING_ANNOTATION}; only "
+                "gpuledger gates a pod (remove the gate)"
+            )
+        ticket = ticket_for(text, self.key, _named(pod, review.name), review.namespace)
+        if ticket is None:
+            return _forbidden(
+                f"{who}: annotation {WAITING_ANNOTATION} has a bad signature, is malformed or was issued for "
+                "another pod; accepted: only the ticket the gpuledger webhook wrote for this pod (remove it)"
+            )
+        if not gated(pod):
+            return _forbidden(
+                f"{who}: annotation {WAITING_ANNOTATION} without scheduling gate {SCHEDULING_GATE}: a "
+                "waiting pod must stay gated until gpuledger places it"
+            )
+        if placement is not None or label is not None or _dict_at(pod, "spec").get("nodeName"):
+            return _forbidden(
+                f"{who}: a pod waiting for GPUs (annotation {WAITING_ANNOTATION}) carries a placement "
+                f"({PLACEMENT_ANNOTATION}, label {RESERVATION_ID_KEY} or spec.nodeName); accepted: none "
+                "until gpuledger places it"
+            )
+        return self._env_refusal(review, pod, None) or Decision(True, outcome="allowed")
+
     def _env_refusal(self, review: Review, pod: dict, placement: Placement | None) -> Decision | None:
         """A device variable or mount the pod may not set (env_guard), once the placement's own checks have
         spoken; `placement` is the pod's own, already verified (not decoded again)."""
@@ -174,7 +218,8 @@ class Validating:
         who = _pod_name(review, review.object or review.old_object or {})
         return _forbidden(
             f"{who}: {review.username or 'this user'} may not change {', '.join(changed)}; "
-            f"{LEDGER_PREFIX}* annotations and labels are written only by the gpuledger webhook "
+            f"{LEDGER_PREFIX}* annotations and labels, gpuledger's scheduling gate and where a waiting pod "
+            "will be placed are written only by gpuledger "
             f"({', '.join(self.config.privileged_usernames) or 'no user configured'})"
         )
 

@@ -1,4 +1,5 @@
-"""Kubernetes Events for admission decisions (GPUPlaced, GPUPlacementDenied), posted off the request path.
+"""Kubernetes Events for admission decisions (GPUPlaced, GPUWaiting, GPUPlacementDenied), posted off the
+request path.
 
 The handler only calls `emit` (never blocks, never raises, no I/O); a background task drains the queue in
 batches, finds each placed pod once it is stored, merges repeats and posts them through an `EventWriter`,
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import socket
 import time
@@ -21,11 +23,11 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuledger.names import EVENTS_REPORTING_COMPONENT, RESERVATION_ID_KEY
+from gpuledger.names import EVENTS_REPORTING_COMPONENT, RESERVATION_ID_KEY, WAITING_ANNOTATION
 
 log = logging.getLogger("gpuledger.events")
 
-PLACED, DENIED = "GPUPlaced", "GPUPlacementDenied"
+PLACED, WAITING, DENIED = "GPUPlaced", "GPUWaiting", "GPUPlacementDenied"
 # a LIST answered with each object's metadata only (PartialObjectMetadataList), as `kubectl get -o name` asks
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 MAX_MESSAGE = 1024  # what events.k8s.io accepts for a note; core/v1 takes more, kubectl shows less
@@ -67,6 +69,12 @@ class AdmissionEvent:
 
 def placed(namespace: str, reservation_id: str, message: str) -> AdmissionEvent:
     return AdmissionEvent(PLACED, "Normal", message, namespace, reservation_id=reservation_id)
+
+
+def waiting(namespace: str, wait_id: str, message: str) -> AdmissionEvent:
+    """A pod admitted gated to wait for GPUs (what it waits for, its place in line), found by its ticket's
+    id once stored."""
+    return AdmissionEvent(WAITING, "Normal", message, namespace, reservation_id=wait_id)
 
 
 def denied(involved: ObjectRef, message: str) -> AdmissionEvent:
@@ -205,7 +213,7 @@ class EventPoster:
     def _reported(self, pod: dict) -> None:
         """On the watch's thread: hand a stored pod this poster waits for over to the loop, skip the rest."""
         meta = pod.get("metadata") or {}
-        rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY)
+        rid = (meta.get("labels") or {}).get(RESERVATION_ID_KEY) or _wait_id(meta)
         key = (str(meta.get("namespace") or ""), str(rid or ""))
         loop = self._loop
         if not rid or key not in self._awaited or loop is None:
@@ -376,6 +384,20 @@ class EventPoster:
         if close is not None:
             with contextlib.suppress(Exception):  # stopping: nothing left to post
                 await close()
+
+
+def _wait_id(meta: dict) -> str:
+    """The id of the waiting ticket a gated pod carries ("" when none): its GPUWaiting Event is found by
+    it."""
+    text = (meta.get("annotations") or {}).get(WAITING_ANNOTATION)
+    if not isinstance(text, str):
+        return ""
+    try:
+        ticket = json.loads(text)
+    except ValueError:
+        return ""
+    rid = ((ticket.get("req") if isinstance(ticket, dict) else None) or {}).get("id")
+    return rid if isinstance(rid, str) else ""
 
 
 def merge(events: list[AdmissionEvent]) -> list[AdmissionEvent]:

@@ -22,6 +22,7 @@ from gpuledger.service.ledger_service import (
     Placement,
     Request,
     Unavailable,
+    Waiting,
 )
 from gpuledger.webhook.ledger.batcher import Batcher
 from gpuledger.webhook.ledger.channel import LedgerChannel
@@ -37,7 +38,7 @@ class LedgerClient(Protocol):
     """`Unavailable` answers mean the ledger cannot decide yet (not synced); errors raise
     LedgerUnavailable."""
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable: ...
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Waiting | Unavailable: ...
 
     async def lookup(self, reservation_id: str) -> Held | Unavailable | None: ...
 
@@ -62,7 +63,7 @@ class InProcessLedgerClient:
         self.service, self.clock = service, clock
         self.transport_calls = {"in-process": 0}
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Waiting | Unavailable:
         self.transport_calls["in-process"] += 1
         return self.service.admit([call], self.clock())[0]
 
@@ -120,7 +121,7 @@ class RayLedgerClient:
         self.channel_failed_at: float | None = None
         self.transport_calls = {"channel": 0, "ray": 0}  # every call, by the way it went (/metrics)
         self._opening = asyncio.Lock()
-        self.admissions: Batcher[AdmitCall, Placement | Denial | Unavailable] = Batcher(
+        self.admissions: Batcher[AdmitCall, Placement | Denial | Waiting | Unavailable] = Batcher(
             lambda calls: self._call("admit", calls), max_batch, max_in_flight
         )
         self.lookups: Batcher[str, Held | Unavailable | None] = Batcher(
@@ -192,7 +193,7 @@ class RayLedgerClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def admit(self, call: AdmitCall) -> Placement | Denial | Unavailable:
+    async def admit(self, call: AdmitCall) -> Placement | Denial | Waiting | Unavailable:
         return await self.admissions.submit(call)
 
     async def lookup(self, reservation_id: str) -> Held | Unavailable | None:
