@@ -105,7 +105,7 @@ WAITING_ANNOTATION = "gpuledger.io/waiting"
 # downward API when they start: NVIDIA_VISIBLE_DEVICES (runtime-uuids) and CUDA_VISIBLE_DEVICES (host-indices)
 VISIBLE_DEVICES_ANNOTATION = "gpuledger.io/visible-devices"
 DEVICE_INDICES_ANNOTATION = "gpuledger.io/device-indices"
-# what a pod that does not fit now asks for: "wait" (the default) or "refuse" (denied at once); on the pod (or
-# its workload) as an annotation, on its namespace as a label (the pod's word wins)
+# what a pod that does not fit now asks for: "wait" or "refuse" (denied at once); an annotation on the pod or
+# its workload, else the webhook's `when_full` (wait by default)
 WHEN_FULL = "topology.scheduler/when-full"
 WHEN_FULL_WAIT, WHEN_FULL_REFUSE = "wait", "refuse"
