@@ -9,6 +9,8 @@ export KUBE_APISERVER ?= $(GPULEDGER_CACHE)/kube-apiserver-v$(K8S_VERSION)
 export KUBE_CONTROLLER_MANAGER ?= $(GPULEDGER_CACHE)/kube-controller-manager-v$(K8S_VERSION)
 export KUBELET ?= $(GPULEDGER_CACHE)/kubelet-v$(K8S_VERSION)
 export KUBE_SCHEDULER ?= $(GPULEDGER_CACHE)/kube-scheduler-v$(K8S_VERSION)
+export KUBE_PROXY ?= $(GPULEDGER_CACHE)/kube-proxy-v$(K8S_VERSION)
+COREDNS := $(GPULEDGER_CACHE)/coredns-v1.12.1
 export HELM_VERSION ?= 3.22.0
 HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
@@ -36,7 +38,14 @@ $(KUBELET):
 $(KUBE_SCHEDULER):
 	COMPONENTS=kube-scheduler bash devcluster/build_kube_components.sh
 
-apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBELET) $(KUBE_SCHEDULER)
+# a Service's virtual IP and cluster DNS, for the product deployed as pods (devcluster/services.py)
+$(KUBE_PROXY):
+	COMPONENTS=kube-proxy bash devcluster/build_kube_components.sh
+
+$(COREDNS):
+	bash devcluster/build_coredns.sh
+
+apiserver: $(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBELET) $(KUBE_SCHEDULER) $(KUBE_PROXY) $(COREDNS)
 
 # helm (tests/deploy/test_helm.py renders charts/gpuledger with it), built from helm.sh/helm/v3 the same way
 $(HELM):

@@ -5,7 +5,8 @@
 # and need `replace` directives to the matching v0.MINOR.PATCH tags.
 # The controller-manager runs only the workload controllers (job, statefulset, deployment, ...) in the tests;
 # it shares nearly every package with the apiserver, so its build mostly hits Go's build cache.
-# The kubelet (the real node of tests/e2e/test_real_node.py) is static too (CGO_ENABLED=0), as upstream ships it.
+# The kubelet (the real node of tests/e2e/test_real_node.py) is static too (CGO_ENABLED=0), as upstream ships it;
+# so is kube-proxy (COMPONENTS=kube-proxy: a Service's virtual IP for the product deployed as pods).
 # kube-scheduler (COMPONENTS=kube-scheduler) binds the pods that waited in the ledger's line (devcluster/scheduler.py).
 # Builds run under `nice -n 19`: the machines that run them are shared.
 set -euo pipefail

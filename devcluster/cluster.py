@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 CRDS_DIR = REPO / "manifests" / "crds"
+SERVICE_CIDR = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
 
 # only what makes workloads real; no node lifecycle (it would taint our kubelet-less nodes), no pod GC
 CONTROLLERS = (
@@ -98,6 +100,11 @@ class ControlPlane(KubeClient):
     extra_apiserver_args: tuple[str, ...] = ()
     controllers: tuple[str, ...] = CONTROLLERS  # add NODE_LIFECYCLE_CONTROLLER only where every node is real
     extra_controller_args: tuple[str, ...] = ()
+    # ServiceAccount: no token controller runs, pods without a token must be accepted. TaintNodesByCondition:
+    # it taints every new node not-ready, a taint only the node lifecycle controller would lift. A control
+    # plane whose pods run the product (devcluster/services.py) keeps ServiceAccount: their tokens come from
+    # the TokenRequest API through the kubelet
+    disabled_admission_plugins: tuple[str, ...] = ("ServiceAccount", "TaintNodesByCondition")
     url: str = ""
     port: int = 0
     tokens: dict[str, str] = field(default_factory=dict)
@@ -225,7 +232,7 @@ class ControlPlane(KubeClient):
         serving = pki.make_serving_cert(
             self.ca,
             ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
-            ["127.0.0.1"],
+            ["127.0.0.1", KUBERNETES_SERVICE_IP],  # pods reach it through the `kubernetes` Service
         )
         paths = pki.write_bundle(certs, self.ca, serving)
         self.ca_file = str(paths["ca.crt"])
@@ -260,10 +267,8 @@ class ControlPlane(KubeClient):
             f"--service-account-issuer={self.url}",
             f"--service-account-key-file={sa_pub}",
             f"--service-account-signing-key-file={sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            # ServiceAccount: no token controller runs. TaintNodesByCondition: it taints every new node
-            # not-ready, a taint only the node lifecycle controller (absent: no kubelets) would lift
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--disable-admission-plugins={','.join(self.disabled_admission_plugins)}",
             f"--kubelet-client-certificate={certs / 'kubelet-client.crt'}",
             f"--kubelet-client-key={certs / 'kubelet-client.key'}",
             "--kubelet-preferred-address-types=InternalIP,Hostname",

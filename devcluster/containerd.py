@@ -31,6 +31,9 @@ class Containerd:
     folder: Path
     bridge: str  # at most 15 characters (a Linux interface name)
     pod_cidr: str
+    # the bridge takes the subnet's first address and pods route through it: the host reaches pods and a
+    # Service's virtual IP works both ways (devcluster/services.py); off, pods have no route off the node
+    gateway: bool = False
     proc: subprocess.Popen | None = None
 
     @property
@@ -76,8 +79,8 @@ state = "{self.folder / "state"}"
 """
 
     def cni_conflist(self) -> dict:
-        """A bridge with no gateway or masquerade: pods get an address and no route off the node (no
-        iptables)."""
+        """A bridge with no masquerade and, unless `gateway`, no gateway: pods get an address and no route
+        off the node (no iptables)."""
         return {
             "cniVersion": "0.4.0",
             "name": "gpuledger-realnode",
@@ -85,7 +88,8 @@ state = "{self.folder / "state"}"
                 {
                     "type": "bridge",
                     "bridge": self.bridge,
-                    "isGateway": False,
+                    "isGateway": self.gateway,
+                    "isDefaultGateway": self.gateway,
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",

@@ -89,6 +89,9 @@ class RealNode:
     # the heartbeat: the kubelet renews its Lease every quarter of this; the node lifecycle controller
     # (cluster.node_lifecycle_args) marks the node NotReady once a renewal is its grace period late
     node_lease_s: int = 8
+    # pods routed through their bridge and resolving names at `cluster_dns` (devcluster/services.py)
+    pod_gateway: bool = False
+    cluster_dns: str = ""
     node_ip: str = ""
     healthz_url: str = ""
     kubelet: subprocess.Popen | None = None
@@ -124,7 +127,10 @@ class RealNode:
             tag = hashlib.sha256(str(self.workdir).encode()).hexdigest()[:8]
             self.node_ip = str(NODE_IP_NET[10 + self.index])
             self.containerd = Containerd(
-                self.workdir / "containerd", bridge=f"glbr{tag}", pod_cidr=f"10.244.{self.index}.0/24"
+                self.workdir / "containerd",
+                bridge=f"glbr{tag}",
+                pod_cidr=f"10.244.{self.index}.0/24",
+                gateway=self.pod_gateway,
             )
             self.containerd.start(CACHE / "images")
             make_cgroup_root(self.cgroup_root)
@@ -273,6 +279,11 @@ class RealNode:
             "nodeStatusReportFrequency": "5m",  # unchanged status: rarely
             "nodeLeaseDurationSeconds": self.node_lease_s,
             "resolvConf": "/etc/resolv.conf",
+            **(
+                {"clusterDNS": [self.cluster_dns], "clusterDomain": "cluster.local"}
+                if self.cluster_dns
+                else {}
+            ),
         }
 
     def _start_kubelet(self) -> None:

@@ -11,6 +11,9 @@ command -v runc >/dev/null || need+=(runc)
   || need+=(containernetworking-plugins)
 # the static build: an image holds no libc for a dynamically linked busybox to load
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "ok installed" || need+=(busybox-static)
+# a Service's virtual IP for the tests that deploy the product as pods (kube-proxy's iptables mode, the
+# rule that takes pods to kube-apiserver: devcluster/services.py)
+command -v iptables >/dev/null || need+=(iptables)
 # builds the product image's Debian root filesystem (devcluster/product_image.py)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 if [ "${#need[@]}" -eq 0 ]; then exit 0; fi
