@@ -75,6 +75,19 @@ def waiting_placed(pod: dict, request: Request, config: WebhookConfig) -> dict[t
     return out
 
 
+def _ours(value_from: object) -> bool:
+    """gpuledger's own `valueFrom` for NVIDIA_VISIBLE_DEVICES (its apiVersion defaulted or not)."""
+    if not isinstance(value_from, dict) or set(value_from) != {"fieldRef"}:
+        return False
+    ref, expected = value_from["fieldRef"], VISIBLE_DEVICES_FROM["fieldRef"]
+    return (
+        isinstance(ref, dict)
+        and set(ref) <= {"apiVersion", "fieldPath"}
+        and ref.get("fieldPath") == expected["fieldPath"]
+        and ref.get("apiVersion", "v1") == "v1"
+    )
+
+
 def placed_env(pod: dict, placement: Placement | None, config: WebhookConfig) -> dict[tuple[str, int], str]:
     """(kind, index) -> the NVIDIA_VISIBLE_DEVICES value gpuledger's placement writes there (patch.py)."""
     if placement is None:
@@ -97,10 +110,7 @@ def findings(pod: dict, placed: dict[tuple[str, int], str]) -> list[str]:
         for e in _env(c, NVIDIA_VISIBLE_DEVICES):
             where = f"spec.{kind}[{i}].env[{NVIDIA_VISIBLE_DEVICES}]"
             if "valueFrom" in e:
-                if (
-                    e.get("valueFrom") == VISIBLE_DEVICES_FROM
-                    and placed.get((kind, i), "void") not in NO_GPU_VALUES
-                ):
+                if _ours(e.get("valueFrom")) and placed.get((kind, i), "void") not in NO_GPU_VALUES:
                     continue  # gpuledger's own for a pod that waited: its placement's devices, read at start
                 found.append(f"{_named(c)} sets {where} from valueFrom (not readable at admission)")
                 continue

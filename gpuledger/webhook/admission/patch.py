@@ -27,8 +27,13 @@ VISIBILITY_VARS = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES)
 CONTAINER_KINDS = ("initContainers", "containers")
 # a waiting pod's device variables, read by the kubelet from the annotations the placement adapter writes
 # with its placement (gpuledger.sync.placer) when the container starts: after the gate is removed
-VISIBLE_DEVICES_FROM = {"fieldRef": {"fieldPath": f"metadata.annotations['{VISIBLE_DEVICES_ANNOTATION}']"}}
-DEVICE_INDICES_FROM = {"fieldRef": {"fieldPath": f"metadata.annotations['{DEVICE_INDICES_ANNOTATION}']"}}
+# (apiVersion written as the API server defaults it, so the stored pod reads back as written)
+VISIBLE_DEVICES_FROM = {
+    "fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{VISIBLE_DEVICES_ANNOTATION}']"}
+}
+DEVICE_INDICES_FROM = {
+    "fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{DEVICE_INDICES_ANNOTATION}']"}
+}
 
 
 def _dict_at(parent: dict, key: str) -> dict:
