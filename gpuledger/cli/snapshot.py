@@ -58,5 +58,5 @@ class Snapshot:
                 if namespace is None
                 else [p for p in pods if p["metadata"].get("namespace") == namespace]
             )
-            rows = workload_rows(kube.gpu_workloads(namespace), scoped)
+            rows = workload_rows(kube.gpu_workloads(namespace), scoped, pods)  # (pods: the whole line)
         return cls(views, rows, notice)

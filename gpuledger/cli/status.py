@@ -17,7 +17,7 @@ from gpuledger.cli import common
 from gpuledger.cli.kube import Kube, KubeError
 from gpuledger.cli.snapshot import Snapshot
 from gpuledger.views import inventory
-from gpuledger.views.workloads import WorkloadRow, age, phase_counts, queue
+from gpuledger.views.workloads import WorkloadRow, age, phase_counts, queue, waiting_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +39,8 @@ def status_data(snap: Snapshot, strategy: dict | None) -> dict[str, Any]:
             "placedPods": sum(1 for r in snap.workloads if r.kind == "Pod"),
         },
         "queue": [r.as_dict() for r in q],
+        # pods waiting for GPUs in the ledger's line (admitted gated), first in line first
+        "waiting": [r.as_dict() for r in waiting_line(snap.workloads)],
         "strategy": strategy,
     }
 
@@ -95,6 +97,19 @@ def queue_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
     )
 
 
+def waiting_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
+    """The pods waiting for GPUs in the ledger's line, with their place in it."""
+    line = waiting_line(rows)
+    return common.table(
+        ["position", "namespace", "name", "priority", "gpus", "waiting for", "age"],
+        [
+            [r.queue_position, r.namespace, r.name, r.priority, r.gpus, r.reason, age(r.created, now)]
+            for r in line
+        ],
+        title=f"PODS WAITING FOR GPUS {len(line)}" if line else "PODS WAITING FOR GPUS none",
+    )
+
+
 def read_strategy(kube: Kube, system_namespace: str | None) -> dict | None:
     """The default strategy as configured, or None when the ConfigMap cannot be read."""
     from gpuledger.cli.strategy import current_strategy, find_config_map
@@ -127,6 +142,7 @@ def main(argv: list[str]) -> int:
             status_data(snap, strategy),
             totals_table(snap.nodes),
             queue_table(snap.workloads, now),
+            waiting_table(snap.workloads, now),
             line,
         )
         return common.EXIT_OK

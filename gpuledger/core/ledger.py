@@ -185,6 +185,11 @@ class Ledger:
                 out[w.request.priority] = out.get(w.request.priority, 0) + 1
         return out
 
+    def oldest_arrival(self) -> float | None:
+        """The arrival of the first waiting pod to arrive (those placing left out), None when none waits."""
+        reserved, queued = self._books.reservations, self._waiting.queued
+        return min((w.arrival for wid, w in queued.items() if wid not in reserved), default=None)
+
     def could_fit(self, request: Request) -> bool:
         """Whether the request would fit the cluster were every GPU free (gpuledger.core.ever_fits)."""
         return self._waiting.could_fit(request)

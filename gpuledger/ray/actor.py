@@ -228,7 +228,7 @@ class LedgerActor:
     async def stats(self) -> ServiceStats:
         self._tick()
         served = ServedCalls(self.incarnation, dict(self.channel.calls), dict(self.channel.seconds))
-        return replace(self.service.stats(), served=served)
+        return replace(self.service.stats(time.time()), served=served)
 
     async def snapshot(self) -> dict:
         self._tick()

@@ -129,6 +129,7 @@ __all__ = [
     "seed_for",
     "strategy_names",
     "ticket_for",
+    "wants",
 ]
 
 log = logging.getLogger("gpuledger.service")
@@ -216,6 +217,11 @@ class ServiceStats(LedgerStats):
     settings: Mapping[str, Any] = field(default_factory=dict)
     recoveries: Recoveries | None = None
     served: ServedCalls | None = None
+    # pods waiting in line for GPUs (gpuledger.core.waiting), those placing left out: by priority, and how
+    # long the first to arrive has waited
+    waiting: int = 0
+    waiting_by_priority: Mapping[int, int] = field(default_factory=dict)
+    waiting_oldest_s: float = 0.0
 
     def as_dict(self) -> dict:
         d = super().as_dict()
@@ -567,15 +573,21 @@ class LedgerService(LiveSettings):
         """Whether someone else (gpuledger.sync.cluster_sync) keeps the inventory and expires reservations."""
         return isinstance(self.source, ExternalSource)
 
-    def stats(self) -> ServiceStats:
+    def stats(self, now: float | None = None) -> ServiceStats:
+        """The ledger's totals; with `now`, also how long the oldest waiting pod has waited."""
         totals = self.ledger.stats()
         settings = self.get_settings()
         del settings["history"]
         recoveries = Recoveries(self.incarnation, self.rebuilds, tuple(self._recent_recoveries))
+        by_priority = self.ledger.waiting_by_priority()
+        oldest = self.ledger.oldest_arrival()
         return ServiceStats(
             **{f.name: getattr(totals, f.name) for f in fields(LedgerStats)},
             settings=settings,
             recoveries=recoveries,
+            waiting=sum(by_priority.values()),
+            waiting_by_priority=by_priority,
+            waiting_oldest_s=max(0.0, now - oldest) if now is not None and oldest is not None else 0.0,
         )
 
     def snapshot(self) -> dict:

@@ -1,7 +1,10 @@
-"""GPUWorkloads (either API group) and gpuledger-placed pods as rows: phase, GPUs, node, devices, queue.
+"""GPUWorkloads (either API group), gpuledger-placed pods and pods waiting for GPUs as rows: phase, GPUs,
+node, devices, queue.
 
 Pure: API objects in, rows out. A GPUWorkload's status is the operator's (phase, assignedNodes, devices,
-attempts, queuePosition, reason); a pod's node and devices come from its placement annotation.
+attempts, queuePosition, reason); a pod's node and devices come from its placement annotation; a waiting
+pod's place in line from the tickets of every waiting pod, in the ledger's own order (the line is a function
+of those pods: gpuledger.service.ledger_service's queue_order).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION
+from gpuledger.service.ledger_service import QueueEntry, WaitTicket, decode_waiting, queue_order, wants
 from gpuledger.views.placement import placement_of_pod
 
 # the operator's phases, in the order a workload normally passes them
@@ -141,11 +146,66 @@ def pod_row(pod: dict) -> WorkloadRow | None:
     )
 
 
-def workload_rows(gpu_workloads: list[dict], pods: list[dict]) -> list[WorkloadRow]:
-    """GPUWorkloads first (by namespace, name), then placed pods."""
+WAITING = "Waiting"  # the phase shown for a pod waiting in line (kubectl shows it SchedulingGated)
+
+
+def waiting_tickets(pods: list[dict]) -> dict[tuple[str, str], tuple[int, WaitTicket]]:
+    """(namespace, name) -> (place in line, ticket) of every pod waiting for GPUs: gated by gpuledger, with a
+    ticket (read, not verified: the CLI holds no key; the ledger verifies), in the ledger's order."""
+    found: list[tuple[tuple[str, str], WaitTicket]] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(WAITING_ANNOTATION)
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        if text is None or not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
+            continue
+        ticket = decode_waiting(text)
+        if ticket is not None:
+            found.append(((meta.get("namespace", ""), meta.get("name", "")), ticket))
+    by_id = {t.request.id: (key, t) for key, t in found}
+    entries = [QueueEntry(t.request.id, t.request.priority, t.arrival) for _, t in found]
+    return {by_id[e.key][0]: (n + 1, by_id[e.key][1]) for n, e in enumerate(queue_order(entries))}
+
+
+def waiting_row(pod: dict, position: int, ticket: WaitTicket) -> WorkloadRow:
+    meta = pod.get("metadata") or {}
+    owners = [o for o in meta.get("ownerReferences") or () if o.get("controller")]
+    req = ticket.request
+    return WorkloadRow(
+        kind="Pod",
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        phase=WAITING,
+        gpus=str(req.gpus) if req.gpus else "share",
+        priority=str(req.priority),
+        queue_position=position,
+        reason=f"waiting for {wants(req)}",
+        strategy=req.strategy or "",
+        owner=f"{owners[0].get('kind')}/{owners[0].get('name')}" if owners else "",
+        created=meta.get("creationTimestamp", ""),
+    )
+
+
+def workload_rows(
+    gpu_workloads: list[dict], pods: list[dict], everyone: list[dict] | None = None
+) -> list[WorkloadRow]:
+    """GPUWorkloads first (by namespace, name), then placed and waiting pods. `everyone`: every pod of the
+    cluster (default `pods`), for waiting pods' places in the one line."""
     rows = sorted((workload_row(o) for o in gpu_workloads), key=lambda r: (r.namespace, r.name))
-    pod_rows = [r for r in (pod_row(p) for p in pods) if r is not None]
+    line = waiting_tickets(pods if everyone is None else everyone)
+    pod_rows = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        place = line.get((meta.get("namespace", ""), meta.get("name", "")))
+        row = waiting_row(p, *place) if place is not None else pod_row(p)
+        if row is not None:
+            pod_rows.append(row)
     return rows + sorted(pod_rows, key=lambda r: (r.namespace, r.name))
+
+
+def waiting_line(rows: list[WorkloadRow]) -> list[WorkloadRow]:
+    """The pods waiting for GPUs, first in line first."""
+    return sorted((r for r in rows if r.phase == WAITING), key=lambda r: r.queue_position or 0)
 
 
 def queue(rows: list[WorkloadRow]) -> list[WorkloadRow]:

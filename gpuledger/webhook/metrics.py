@@ -40,10 +40,15 @@ METRIC_NAMES: tuple[str, ...] = (
     "gpuledger_prefetch_total",
     "gpuledger_prefetch_held",
     "gpuledger_pod_shapes_total",
+    "gpuledger_pods_waiting",
+    "gpuledger_pod_oldest_wait_seconds",
+    "gpuledger_pod_wait_seconds",
 )
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # a rebuild reads every node and pod: milliseconds for a small cluster, seconds for a large one
+# a pod waits for GPUs as long as others hold them: from a second to hours
+_WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0)
 _RECOVERY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -62,7 +67,27 @@ class WebhookMetrics:
         )
         self.workloads_pending = Gauge(
             "agentaflow_workloads_pending",
-            "reservations made at admission whose pod is not yet seen stored",
+            "GPU pods not running yet: reservations made at admission whose pod is not yet seen stored, and "
+            "pods waiting in line for GPUs (admitted gated)",
+            registry=r,
+        )
+        self.pods_waiting = Gauge(
+            "gpuledger_pods_waiting",
+            "pods waiting in the ledger's line for GPUs (admitted gated, holding nothing), by priority",
+            ["priority"],
+            registry=r,
+        )
+        self.oldest_wait = Gauge(
+            "gpuledger_pod_oldest_wait_seconds",
+            "how long the first pod to arrive of those still waiting for GPUs has waited",
+            registry=r,
+        )
+        self._waiting_priorities: set[str] = set()  # the priority labels exported so far
+        self.pod_wait = Histogram(
+            "gpuledger_pod_wait_seconds",
+            "seconds a pod waited in line before the ledger placed it (observed by the replica whose "
+            "placement adapter wrote the placement)",
+            buckets=_WAIT_BUCKETS,
             registry=r,
         )
         self.workloads_running = Gauge(
@@ -279,7 +304,15 @@ class WebhookMetrics:
         ratio = stats.milli_allocated / stats.milli_total if stats.milli_total else 0.0
         self.gpu_utilization.set(ratio)
         self.gpu_allocation_ratio.set(ratio)
-        self.workloads_pending.set(stats.reservations_pending)
+        waiting = getattr(stats, "waiting", 0)
+        self.workloads_pending.set(stats.reservations_pending + waiting)
+        by_priority = {str(p): n for p, n in (getattr(stats, "waiting_by_priority", {}) or {}).items()}
+        for priority in self._waiting_priorities - set(by_priority):  # no longer waiting: 0, not stale
+            self.pods_waiting.labels(priority).set(0)
+        for priority, count in by_priority.items():
+            self.pods_waiting.labels(priority).set(count)
+        self._waiting_priorities |= set(by_priority)
+        self.oldest_wait.set(getattr(stats, "waiting_oldest_s", 0.0))
         self.workloads_running.set(stats.reservations_confirmed)
         self.placement_conflicts.set(getattr(stats, "conflicts", 0))
         for kind, field in (
@@ -300,6 +333,10 @@ class WebhookMetrics:
     def count_ledger_calls(self, by_transport: dict[str, int]) -> None:
         """Export the ledger client's own tally of calls by transport (a dict it keeps current)."""
         self.ledger_transport = by_transport
+
+    def placed_after_waiting(self, placed: Any) -> None:
+        """A waiting pod this replica's placement adapter placed (gpuledger.sync.placer's `on_placed`)."""
+        self.pod_wait.observe(placed.waited_s)
 
     def watch_sync(self, stats: Any) -> None:
         """Export this replica's cluster sync's lease and event counts (its SyncStats, kept current)."""

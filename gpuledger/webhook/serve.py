@@ -134,6 +134,7 @@ async def _run(
     poster = app[EVENTS_KEY]
     if sync is not None:
         app[METRICS_KEY].watch_sync(sync.stats)
+        sync.placer.on_placed = app[METRICS_KEY].placed_after_waiting  # the wait of each pod it places
     if poster is not None and sync is not None:  # placed pods found by the sync's watch, not a LIST each
         sync.on_pod_added.append(poster.watch_reports())
     server = await start_server(app, args.host, args.port, tls)

@@ -952,6 +952,9 @@ EXPORTED_METRICS = {
     "gpuledger_prefetch_total",
     "gpuledger_prefetch_held",
     "gpuledger_pod_shapes_total",
+    "gpuledger_pods_waiting",
+    "gpuledger_pod_oldest_wait_seconds",
+    "gpuledger_pod_wait_seconds",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 PROMQL_WORDS = {

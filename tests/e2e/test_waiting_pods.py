@@ -6,6 +6,7 @@ the one node the ledger chose. The sample cluster: 16 nodes x 8 GPUs (128 GPUs).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 from devcluster.scheduler import KubeScheduler
 from devcluster.stack import placements_by_device
 from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION
+from tests.cli.conftest import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -120,6 +122,18 @@ def test_a_job_larger_than_the_cluster_runs_16_and_the_rest_wait_in_order(apiser
     mine = [r for r in rows if r["pod"].startswith(f"{line.namespace}/")]
     assert [r["position"] for r in mine] == [1, 2, 3, 4]
     first = mine[0]["pod"].split("/", 1)[1]
+    # the operator's CLI shows the same line, from the pods alone
+    shown = json.loads(
+        run_cli("workloads", "--kubeconfig", apiserver.kubeconfig, "-n", line.namespace, "-o", "json").out
+    )
+    in_line = sorted((r for r in shown["items"] if r["phase"] == "Waiting"), key=lambda r: r["queuePosition"])
+    assert [(f"{line.namespace}/{r['name']}", r["queuePosition"]) for r in in_line] == [
+        (r["pod"], r["position"]) for r in mine
+    ]
+    status = json.loads(run_cli("status", "--kubeconfig", apiserver.kubeconfig, "-o", "json").out)
+    assert [r["name"] for r in status["waiting"] if r["namespace"] == line.namespace] == [
+        r["pod"].split("/", 1)[1] for r in mine
+    ]
     events = apiserver.get_json("events", "-n", line.namespace)["items"]
     said = [e["message"] for e in events if e.get("reason") == "GPUWaiting"]
     assert any("waiting for 8 GPUs on one node" in m and "in line" in m for m in said), said

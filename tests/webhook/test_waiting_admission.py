@@ -160,3 +160,27 @@ def test_a_user_cannot_set_the_device_variable_from_gpuledgers_annotation_itself
     ]
     d = run(h.mutate(review(pod)))
     assert not d.allowed and "valueFrom" in d.message
+
+
+def test_metrics_count_waiting_pods_by_priority_and_as_pending_workloads():
+    from gpuledger.webhook.metrics import WebhookMetrics
+
+    h, svc = full()
+    for name, priority in (("a", "0"), ("b", "high"), ("c", "0")):
+        pod = gpu_pod(4, name=name, annotations={"agentaflow.gpu/priority": priority})
+        stored = apply_patch(pod, run(h.mutate(review(pod))).patch)
+        svc.ledger.apply_object(stored, 1000.0)  # as the cluster sync applies the stored pod
+    stats = svc.stats(now=1060.0)
+    assert (stats.waiting, dict(stats.waiting_by_priority), stats.waiting_oldest_s) == (
+        3,
+        {0: 2, 100: 1},
+        60.0,
+    )
+    metrics = WebhookMetrics()
+    metrics.update_from_stats(stats)
+    text = metrics.exposition().decode()
+    assert 'gpuledger_pods_waiting{priority="0"} 2.0' in text
+    assert 'gpuledger_pods_waiting{priority="100"} 1.0' in text
+    assert "gpuledger_pod_oldest_wait_seconds 60.0" in text
+    # the seed metric counts them with the reservations not stored yet (the first pod's)
+    assert f"agentaflow_workloads_pending {stats.reservations_pending + 3:.1f}" in text
