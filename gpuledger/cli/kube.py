@@ -251,6 +251,18 @@ class Kube:
             names.GPUNODE_PLURAL,
         )
 
+    def gpu_queues(self) -> list[dict]:
+        """GPUQueue objects (cluster-scoped; [] when the CRD is not installed)."""
+        return self._items(
+            self.custom.list_cluster_custom_object,
+            names.QUEUE_GROUP,
+            names.QUEUE_VERSION,
+            names.GPUQUEUE_PLURAL,
+        )
+
+    def namespaces(self) -> list[dict]:
+        return self._items(self.core.list_namespace)
+
     def namespace_opted_in(self, namespace: str) -> bool | None:
         """True/False by the admission label; None when the namespace does not exist."""
         try:

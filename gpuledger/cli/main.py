@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "gpuledger.cli.status",
         "cluster GPU totals, allocation and fragmentation per leaf, the queue",
     ),
+    "queues": (
+        "gpuledger.cli.queues",
+        "GPU queues: quota, used, borrowed, lendable, fair share, waiting pods",
+    ),
     "nodes": ("gpuledger.cli.nodes", "per node and device: health, utilization, who holds what"),
     "workloads": ("gpuledger.cli.workloads", "GPUWorkloads and gpuledger-placed pods: phase, node, devices"),
     "submit": (

@@ -15,8 +15,10 @@ from rich.console import RenderableType
 
 from gpuledger.cli import common
 from gpuledger.cli.kube import Kube, KubeError
+from gpuledger.cli.queues import read_queues, summary, summary_table
 from gpuledger.cli.snapshot import Snapshot
 from gpuledger.views import inventory
+from gpuledger.views.queues import QueuesView
 from gpuledger.views.workloads import WorkloadRow, age, phase_counts, queue, waiting_line
 
 
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def status_data(snap: Snapshot, strategy: dict | None) -> dict[str, Any]:
+def status_data(snap: Snapshot, strategy: dict | None, queues: QueuesView | None = None) -> dict[str, Any]:
     q = queue(snap.workloads)
     return {
         "cluster": inventory.totals(snap.nodes).as_dict(),
@@ -42,6 +44,8 @@ def status_data(snap: Snapshot, strategy: dict | None) -> dict[str, Any]:
         # pods waiting for GPUs in the ledger's line (admitted gated), first in line first
         "waiting": [r.as_dict() for r in waiting_line(snap.workloads)],
         "strategy": strategy,
+        # each GPU queue's quota, use, borrowing and waiting pods ([] when no GPUQueue exists)
+        "queues": summary(queues.rows) if queues else [],
     }
 
 
@@ -110,6 +114,15 @@ def waiting_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
     )
 
 
+def read_queue_view(kube: Kube) -> QueuesView | None:
+    """The GPU queues' standing, or None when no GPUQueue exists or this identity may not read them."""
+    try:
+        return read_queues(kube, only_declared=True)
+    except (KubeError, common.CommandError) as exc:
+        common.warn("status", f"GPU queues not shown: {exc}")
+        return None
+
+
 def read_strategy(kube: Kube, system_namespace: str | None) -> dict | None:
     """The default strategy as configured, or None when the ConfigMap cannot be read."""
     from gpuledger.cli.strategy import current_strategy, find_config_map
@@ -137,12 +150,14 @@ def main(argv: list[str]) -> int:
             if strategy
             else "default strategy: unknown (gpuledger ConfigMap not readable)"
         )
+        queues = read_queue_view(kube)
         common.emit(
             args,
-            status_data(snap, strategy),
+            status_data(snap, strategy, queues),
             totals_table(snap.nodes),
             queue_table(snap.workloads, now),
             waiting_table(snap.workloads, now),
+            *([summary_table(queues.rows)] if queues else []),
             line,
         )
         return common.EXIT_OK
