@@ -11,16 +11,19 @@ NetworkPolicy, exactly as shipped.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from devcluster import images, product_image, services
+from devcluster.binaries import REPO
 from devcluster.cluster import ALICE, CONTROLLERS, ControlPlane
 from devcluster.device_plugin import FakeGPUPlugin
 from devcluster.kubelet import NODE_IP_NET, RealNode
@@ -28,6 +31,7 @@ from devcluster.nodes import device_uuid
 from devcluster.services import ClusterServices
 from gpuledger.names import ADMISSION_LABEL, PLACEMENT_ANNOTATION
 from tests.conftest import require_binaries, require_real_node
+from tests.deploy.test_helm import helm_binary
 from tests.e2e.conftest import busybox_pod
 from tests.e2e.test_product_image import require_image_builder
 from tests.parts import missing_part
@@ -52,6 +56,15 @@ def require_services() -> None:
     lacking = services.missing_parts()
     if lacking:
         missing_part("deploying the product needs: " + "; ".join(lacking))
+
+
+@dataclass
+class Deployed:
+    cp: ControlPlane
+    node: RealNode
+    plugin: FakeGPUPlugin
+    services: ClusterServices
+    tls: Path  # the directory `gpuledger certs generate` wrote, applied with `kubectl apply -k`
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +104,7 @@ def deployed(tmp_path_factory):
             print(diagnose(cp, node, cluster_services))
             raise
         print(f"\ndeployed module: up in {time.monotonic() - started:.1f}s (kubelet log {node.kubelet_log})")
-        yield cp, node, plugin, cluster_services
+        yield Deployed(cp, node, plugin, cluster_services, tls)
 
 
 def diagnose(cp, node, cluster_services) -> str:
@@ -103,6 +116,18 @@ def diagnose(cp, node, cluster_services) -> str:
         cp.kubectl("-n", SYSTEM, "describe", "pods", check=False).stdout[-6000:],
     ]
     return "\n".join(out)
+
+
+def user_namespace(cp, prefix: str) -> str:
+    """A namespace not yet opted in, where alice may work, once its default ServiceAccount exists (the
+    ServiceAccount admission plugin refuses pods before that)."""
+    namespace = cp.create_namespace(f"{prefix}-{uuid.uuid4().hex[:6]}", admission=False)
+    cp.wait_for(
+        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
+        timeout=30,
+        what=f"the default ServiceAccount of {namespace}",
+    )
+    return namespace
 
 
 def wait_ready_pods(cp, namespace: str, selector: str, count: int, timeout: float = 60) -> list[dict]:
@@ -119,7 +144,7 @@ def wait_ready_pods(cp, namespace: str, selector: str, count: int, timeout: floa
 
 
 def test_every_pod_of_the_install_is_ready_under_its_own_security_context(deployed):
-    cp, _, _, _ = deployed
+    cp = deployed.cp
     (pod,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
     assert pod["spec"]["nodeName"] == NODE  # placed by kube-scheduler
     assert (
@@ -139,21 +164,31 @@ def test_every_pod_of_the_install_is_ready_under_its_own_security_context(deploy
 
 
 def test_a_users_gpu_job_is_placed_by_the_deployed_webhook_and_run_by_the_kubelet(deployed):
-    cp, node, plugin, _ = deployed
-    namespace = cp.create_namespace(f"team-{uuid.uuid4().hex[:6]}", admission=False)
-    cp.wait_for(
-        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
-        timeout=30,
-        what=f"the default ServiceAccount of {namespace}",
-    )
-    cp.kubectl("label", "namespace", namespace, f"{ADMISSION_LABEL}=enabled")
-    job = {
+    cp, plugin = deployed.cp, deployed.plugin
+    namespace = user_namespace(cp, "team")
+    cp.kubectl("label", "namespace", namespace, f"{ADMISSION_LABEL}=enabled")  # as docs/deployment.md says
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(gpu_job("train")), as_user=ALICE)
+    cp.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/train", "--timeout=120s")
+    pods = cp.pods(namespace, "job-name=train")
+    assert len(pods) == 2
+    seen = []
+    for pod in pods:
+        assert PLACEMENT_ANNOTATION in pod["metadata"]["annotations"], pod["metadata"]
+        assert pod["spec"]["nodeName"] == NODE and pod["status"]["phase"] == "Succeeded"
+        printed = cp.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout.strip()
+        seen.append(printed.removeprefix("NV="))
+    assert all(devices in plugin.health for devices in seen) and len(set(seen)) == 2
+
+
+def gpu_job(name: str, pods: int = 2) -> dict:
+    """A Job as a user writes it: `pods` pods of one GPU each, printing the devices they were given."""
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": "train"},
+        "metadata": {"name": name},
         "spec": {
-            "parallelism": 2,
-            "completions": 2,
+            "parallelism": pods,
+            "completions": pods,
             "backoffLimit": 0,
             "template": {
                 "spec": {
@@ -172,31 +207,76 @@ def test_a_users_gpu_job_is_placed_by_the_deployed_webhook_and_run_by_the_kubele
             },
         },
     }
-    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job), as_user=ALICE)
-    cp.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/train", "--timeout=120s")
-    pods = cp.pods(namespace, "job-name=train")
-    assert len(pods) == 2
-    seen = []
-    for pod in pods:
-        assert PLACEMENT_ANNOTATION in pod["metadata"]["annotations"], pod["metadata"]
-        assert pod["spec"]["nodeName"] == NODE and pod["status"]["phase"] == "Succeeded"
-        printed = cp.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout.strip()
-        seen.append(printed.removeprefix("NV="))
-    assert all(devices in plugin.health for devices in seen) and len(set(seen)) == 2
 
 
 def test_service_names_resolve_inside_pods(deployed):
-    cp = deployed[0]
+    cp = deployed.cp
     service_ip = cp.get_json("service", "gpuledger", "-n", SYSTEM)["spec"]["clusterIP"]
-    namespace = cp.create_namespace(f"dns-{uuid.uuid4().hex[:6]}", admission=False)
-    cp.wait_for(
-        lambda: cp.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
-        timeout=30,
-        what=f"the default ServiceAccount of {namespace}",
-    )
+    namespace = user_namespace(cp, "dns")
     pod = busybox_pod("lookup", f"nslookup gpuledger.{SYSTEM}.svc.{services.CLUSTER_DOMAIN}", node=NODE)
     cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(pod))
     cp.kubectl(
         "wait", "-n", namespace, "--for=jsonpath={.status.phase}=Succeeded", "pod/lookup", "--timeout=60s"
     )
     assert service_ip in cp.kubectl("logs", "-n", namespace, "lookup").stdout
+
+
+def test_gpuledger_status_runs_inside_the_image_as_the_webhooks_service_account(deployed):
+    cp = deployed.cp
+    status = ["gpuledger", "status", "-A", "-o", "json"]
+    shown = cp.kubectl("exec", "-n", SYSTEM, "deploy/gpuledger", "-c", "webhook", "--", *status, check=False)
+    assert shown.returncode == 0, shown.stderr
+    cluster = json.loads(shown.stdout)["cluster"]
+    assert (cluster["nodes"], cluster["gpus"]) == (1, GPUS)
+
+
+# what a cluster without KubeRay, the Prometheus operator or the GPU operator's node layout installs: the dev
+# overlay's shape (one replica, embedded Ray), certificates and placement key made by Helm
+HELM_VALUES = (
+    "kuberay.enabled=false",
+    "webhook.replicas=1",
+    "monitoring.serviceMonitor=false",
+    "monitoring.dashboard=false",
+    "nodeAgent.enabled=false",
+    "createNamespace=false",  # docs/deployment.md: helm install needs its release namespace made first
+    "tls.mode=generate",
+    "placementKey.create=true",
+)
+
+
+def test_helm_install_of_the_chart_places_a_users_gpu_job(deployed):
+    """Last in the module: the kustomize install removed as docs/deployment.md's Uninstall says, then
+    `helm install` of the chart as its Helm section says."""
+    cp = deployed.cp
+    helm = helm_binary()
+    if helm is None:
+        missing_part("helm not built: run `make helm` (charts/build_helm.sh)")
+    cp.kubectl("delete", "mutatingwebhookconfiguration", "gpuledger-mutating")
+    cp.kubectl("delete", "validatingwebhookconfiguration", "gpuledger-validating")
+    # the webhook configurations are gone already: without --ignore-not-found kubectl exits 1 on them
+    cp.kubectl("delete", "-k", str(deployed.tls), "--ignore-not-found", "--timeout=120s", timeout=130)
+    cp.kubectl("create", "namespace", SYSTEM)
+    restricted = (
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+    cp.kubectl("label", "namespace", SYSTEM, *restricted)
+    sets = [arg for value in HELM_VALUES for arg in ("--set", value)]
+    installed = subprocess.run(
+        [helm, "install", "gpuledger", str(REPO / "charts" / "gpuledger"), "--namespace", SYSTEM, *sets,
+         "--kubeconfig", cp.kubeconfig, "--wait", "--timeout", "300s"],
+        capture_output=True, text=True, timeout=320,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr + diagnose(cp, deployed.node, deployed.services)
+    (pod,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
+    deployment = cp.get_json("deployment", "gpuledger", "-n", SYSTEM)
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert pod["spec"]["nodeName"] == NODE
+
+    namespace = user_namespace(cp, "helm")
+    cp.kubectl("label", "namespace", namespace, f"{ADMISSION_LABEL}=enabled")
+    job = yaml.safe_dump(gpu_job("after-helm", 1))
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=job, as_user=ALICE)
+    cp.kubectl("wait", "-n", namespace, "--for=condition=Complete", "job/after-helm", "--timeout=120s")
+    (placed,) = cp.pods(namespace, "job-name=after-helm")
+    assert PLACEMENT_ANNOTATION in placed["metadata"]["annotations"] and placed["spec"]["nodeName"] == NODE
