@@ -11,9 +11,11 @@ NetworkPolicy, exactly as shipped.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from devcluster.device_plugin import FakeGPUPlugin
 from devcluster.kubelet import NODE_IP_NET, RealNode
 from devcluster.nodes import device_uuid
 from devcluster.services import ClusterServices
+from gpuledger.core.placement_codec import decode_placement
 from gpuledger.names import ADMISSION_LABEL, PLACEMENT_ANNOTATION
 from tests.conftest import require_binaries, require_real_node
 from tests.deploy.test_helm import helm_binary
@@ -228,6 +231,78 @@ def test_gpuledger_status_runs_inside_the_image_as_the_webhooks_service_account(
     assert shown.returncode == 0, shown.stderr
     cluster = json.loads(shown.stdout)["cluster"]
     assert (cluster["nodes"], cluster["gpus"]) == (1, GPUS)
+
+
+def placement_key(cp) -> bytes:
+    """The key the deployed webhook signs placements with, from its Secret."""
+    secret = cp.get_json("secret", "gpuledger-placement-key", "-n", SYSTEM)
+    return base64.b64decode(secret["data"]["key"]).rstrip(b"\r\n")
+
+
+def test_a_rolling_restart_of_the_webhook_while_pods_are_created(deployed):
+    """Day two: `kubectl rollout restart` of the webhook Deployment while alice keeps creating 1-GPU pods.
+    The dev overlay's single replica is replaced, not surged (a second embedded Ray would be a second
+    ledger): creates are refused (failurePolicy Fail) until the new replica is Ready, none is admitted
+    unplaced, and the new replica's ledger, rebuilt from the API server, double-books nothing."""
+    cp = deployed.cp
+    key = placement_key(cp)
+    namespace = user_namespace(cp, "roll")
+    cp.kubectl("label", "namespace", namespace, f"{ADMISSION_LABEL}=enabled")
+    outcomes: dict[str, list[str]] = {"admitted": [], "refused": [], "denied": []}
+    refused_at: list[float] = []
+    stop = threading.Event()
+
+    def create_pods() -> None:
+        index = 0
+        while not stop.is_set():
+            name = f"roll-{index}"
+            pod = yaml.safe_dump(busybox_pod(name, "sleep 1", gpus=1))
+            made = cp.kubectl("create", "-n", namespace, "-f", "-", input=pod, as_user=ALICE, check=False)
+            if made.returncode == 0:
+                outcomes["admitted"].append(name)
+            elif "failed calling webhook" in made.stderr:
+                outcomes["refused"].append(name)  # the API server could not reach a ready replica
+                refused_at.append(time.monotonic())
+            else:
+                outcomes["denied"].append(made.stderr.strip())  # the ledger's answer: no GPU free
+            index += 1
+            stop.wait(0.3)
+
+    creator = threading.Thread(target=create_pods, daemon=True)
+    creator.start()
+    try:
+        cp.wait_for(
+            lambda: len(outcomes["admitted"]) >= 3, timeout=60, what="pods admitted before the restart"
+        )
+        before = len(outcomes["admitted"])
+        cp.kubectl("-n", SYSTEM, "rollout", "restart", "deploy/gpuledger")
+        cp.kubectl("-n", SYSTEM, "rollout", "status", "deploy/gpuledger", "--timeout=300s", timeout=310)
+        cp.wait_for(
+            lambda: len(outcomes["admitted"]) >= before + 3,
+            timeout=60,
+            what="pods admitted after the restart",
+        )
+    finally:
+        stop.set()
+        creator.join(30)
+
+    def finished():
+        pods = cp.pods(namespace)
+        done = [p for p in pods if p["status"].get("phase") in ("Succeeded", "Failed")]
+        return pods if len(done) == len(pods) else None
+
+    pods = cp.wait_for(finished, timeout=180, interval=1, what=f"every pod of {namespace} finished")
+    counts = {outcome: len(names) for outcome, names in outcomes.items()}
+    # the kubelet refuses a pod the ledger placed where no GPU was free (UnexpectedAdmissionError)
+    double_booked = [p["metadata"]["name"] for p in pods if p["status"]["phase"] != "Succeeded"]
+    window = refused_at[-1] - refused_at[0] if refused_at else 0.0
+    print(f"\nrolling restart: {counts}, double-booked {len(double_booked)}, refusals over {window:.1f}s")
+    assert {p["metadata"]["name"] for p in pods} == set(outcomes["admitted"])
+    assert not double_booked, [p["status"] for p in pods if p["metadata"]["name"] in double_booked]
+    for pod in pods:
+        placement = decode_placement(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION], key)
+        assert placement is not None and placement.node == NODE, pod["metadata"]
+    assert all("GPU" in message or "gpu" in message for message in outcomes["denied"]), outcomes["denied"]
 
 
 # what a cluster without KubeRay, the Prometheus operator or the GPU operator's node layout installs: the dev
