@@ -217,6 +217,19 @@ class Books:
         if yielded:
             self._events.truth_yielded(h.node)
 
+    def hold_unopposed(self, h: Holding, node: NodeState | None) -> None:
+        """`hold` of a holding nothing on its node is in the way of, its "truth:" holding included (the caller
+        checked: `node` is its node's state, or None while the node is unknown), without the checks: the
+        rebuild's shortcut (`Adoption._adopt_at_once`) holds nearly every pod so."""
+        self.holdings[h.id] = h
+        holders = self.node_holders.get(h.node)
+        if holders is None:
+            self.node_holders[h.node] = {h.id}
+        else:
+            holders.add(h.id)
+        if node is not None:
+            self.index.change(node, node.apply, h)
+
     def unhold(self, hid: str) -> Holding | None:
         h = self.holdings.pop(hid, None)
         if h is None:

@@ -151,11 +151,13 @@ class Claims:
         self.leases = leases
         self._events = events
         # pods carrying a validly signed placement: pod key -> its claim, the holders of each reservation id,
-        # the owner chosen among them, and the other holders by the node where their use counts
+        # the owner chosen among them, the other holders by the node where their use counts, and every holder
+        # by that node
         self._claim_of: dict[str, Claim] = {}
         self._holders_of: dict[str, tuple[str, ...]] = {}
         self._owner_of: dict[str, Claim] = {}
         self._foreign_on: dict[str, set[str]] = {}
+        self._keys_on: dict[str, set[str]] = {}
         self._settling = False
         self._freed: set[str] = set()
         # node -> owners counted instead because another holding had their devices (`contend` revisits them)
@@ -168,10 +170,15 @@ class Claims:
         """The claim the pod `key` carries, if any."""
         return self._claim_of.get(key)
 
+    def keys_on(self, node: str) -> frozenset[str]:
+        """The pods on `node` that carry a claim."""
+        return frozenset(self._keys_on.get(node, ()))
+
     def conflict_count(self) -> int:
         """How many claims do not own their id (`conflicts`, without the walk)."""
         return len(self._claim_of) - len(self._owner_of)
 
+    # ------------------------------------------------------------------------------------------ changes
     def freed(self, node: str, hid: str) -> None:
         """The holding `hid` on `node` went (`BookEvents.freed`): the foreign use there is recounted."""
         if node not in self._foreign_on or hid.startswith(FOREIGN):
@@ -181,7 +188,6 @@ class Claims:
         else:
             self.refresh(node)
 
-    # ------------------------------------------------------------------------------------------ changes
     def put(self, key: str, claim: Claim | None, now: float) -> None:
         """The pod `key` now carries `claim` (None: it carries none, or is gone)."""
         books = self.books
@@ -202,10 +208,16 @@ class Claims:
             else:
                 self._holders_of.pop(old.rid, None)
             self._unforeign(old)
+            on = self._keys_on.get(old.node)
+            if on is not None:
+                on.discard(key)
+                if not on:
+                    del self._keys_on[old.node]
             nodes |= {old.node, old.placement.node}
             rids.append(old.rid)
         if claim is not None:
             self._claim_of[key] = claim
+            self._keys_on.setdefault(claim.node, set()).add(key)
             holders = self._holders_of.get(claim.rid, ())
             if key not in holders:  # a tuple, not a set: most ids have one holder (48 bytes, not 216)
                 self._holders_of[claim.rid] = (*holders, key)
@@ -247,6 +259,7 @@ class Claims:
         rid = claim.placement.id
         self._claim_of[key] = claim
         self._holders_of[rid] = (key,)
+        self._keys_on.setdefault(claim.node, set()).add(key)
         self._events.claim_changed(key, None, claim)
         self._owner_of[rid] = claim
         self._settling = True
@@ -266,21 +279,31 @@ class Claims:
 
     def own_at_once(self, claim: Claim) -> bool:
         """Record `claim` as the one holder and the owner of its id, when its pod claims nothing, nobody holds
-        or owns the id, and neither node it names has foreign holders; False, changing nothing, otherwise.
-        The rebuild's shortcut (`Adoption._adopt_at_once`), which holds the placement itself, then `revisit`s
-        its node: what `_own` does for such a claim, less what `ClaimEvents` would be told of it."""
-        key, rid = claim.key, claim.placement.id
+        or owns the id, neither node it names has foreign holders and no owner waits to contend on its
+        placement's node (`bump`); False, changing nothing, otherwise (`put` then takes it). For the rebuild's
+        shortcut (`Adoption._adopt_at_once`), which holds the placement itself: what `_own` does for a claim
+        that `ClaimEvents.quiet` says leaves the kubelets' word alone (then `claim_changed` and
+        `listing_changed` change nothing), less the adoption."""
+        key, rid, where = claim.key, claim.placement.id, claim.placement.node
         foreign = self._foreign_on
         if (
             key in self._claim_of
             or rid in self._holders_of
             or rid in self._owner_of
-            or (foreign and (claim.node in foreign or claim.placement.node in foreign))
+            or where in self._bumped
+            or (foreign and (claim.node in foreign or where in foreign))
         ):
             return False
         self._claim_of[key] = claim
         self._holders_of[rid] = (key,)
+        on = self._keys_on.get(claim.node)
+        if on is None:
+            self._keys_on[claim.node] = {key}
+        else:
+            on.add(key)
         self._owner_of[rid] = claim
+        if self._deferred is not None:  # (contended on once the batch is done: the placement is held by then)
+            self._deferred.add(where)
         return True
 
     def settle(self, rid: str, now: float, nodes: Iterable[str] = ()) -> None:

@@ -33,7 +33,6 @@ class Truth:
         self.books = books
         self.leases = leases
         self.claims = claims
-        self.claims_on: dict[str, set[str]] = {}  # node -> keys of the claims whose pod is on it
         self.listed_on: dict[str, set[str]] = {}  # pod key -> nodes whose truth lists it
         self.corrected: set[str] = set()  # claims holding the kubelet's devices instead of their placement's
         self.displaced: set[str] = set()  # claims whose devices the kubelet says another pod holds
@@ -48,8 +47,12 @@ class Truth:
 
     def quiet(self, key: str, node: str) -> bool:
         """Whether a claim of `key` on `node` leaves every "truth:" holding as it is: no node's kubelet lists
-        the pod and its node's is not known (`Claims._first_holder`)."""
-        return not self.listed_on.get(key) and self.truth_of(node) is None
+        the pod and its node's is not known (`Claims._first_holder`, and the rebuild's shortcut: asked for
+        nearly every pod, so `truth_of`'s test is written out here)."""
+        if self.listed_on.get(key):
+            return False
+        state = self.books.index.nodes.get(node)
+        return state is None or state.info.truth is None or not state.info.truth.known
 
     def unlisted_gpus(self, key: str, node: str, gpus: int) -> int:
         """A counted pod's GPUs of unknown identity: those its node's kubelet does not name."""
@@ -107,7 +110,7 @@ class Truth:
             self.listed_on.setdefault(k, set()).add(name)
         self.refresh(name)  # the "truth:" holding as the new truth says, before claims are adopted around it
         changes = []
-        for k in sorted(old_keys | new_keys | self.claims_on.get(name, set())):
+        for k in sorted(old_keys | new_keys | self.claims.keys_on(name)):
             c = self.claims.claim_of(k)
             if c is not None:
                 fresh = self.effective(c)
@@ -134,15 +137,9 @@ class Truth:
         """Called by Claims.put before it settles: keep the indexes, and let a newly listed claim's devices
         leave the node's "truth:" holding before the claim is adopted on them."""
         if old is not None:
-            on = self.claims_on.get(old.node)
-            if on is not None:
-                on.discard(key)
-                if not on:
-                    del self.claims_on[old.node]
             self.corrected.discard(key)
             self.displaced.discard(key)
         if new is not None:
-            self.claims_on.setdefault(new.node, set()).add(key)
             if new.recorded is not None:
                 self.corrected.add(key)
             if new.displaced:
