@@ -93,6 +93,7 @@ def deployed(tmp_path_factory):
         FakeGPUPlugin([device_uuid(NODE, i) for i in range(GPUS)]) as plugin,
         ClusterServices(cp, NODE, node.node_ip) as cluster_services,
     ):
+        assert node.containerd is not None
         product_image.import_into(node.containerd.socket, archive)  # named as the manifests name it
         tls = tmp_path_factory.mktemp("gpuledger-tls")
         subprocess.run(
@@ -326,6 +327,7 @@ def test_helm_install_of_the_chart_places_a_users_gpu_job(deployed):
     helm = helm_binary()
     if helm is None:
         missing_part("helm not built: run `make helm` (charts/build_helm.sh)")
+        return
     cp.kubectl("delete", "mutatingwebhookconfiguration", "gpuledger-mutating")
     cp.kubectl("delete", "validatingwebhookconfiguration", "gpuledger-validating")
     # the webhook configurations are gone already: without --ignore-not-found kubectl exits 1 on them
