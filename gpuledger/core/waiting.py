@@ -28,6 +28,7 @@ from gpuledger.core.books import Books
 from gpuledger.core.ever_fits import EverFits
 from gpuledger.core.filters import Filters
 from gpuledger.core.model import Denial, Placement, Reason, Request, ReservationState
+from gpuledger.core.node_state import NodeState
 from gpuledger.core.objects import TERMINAL_PHASES, iter_objects, kind_of, pod_key_of
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S, is_barrier, order_key
 from gpuledger.core.registry import canonical_name, get_strategy
@@ -139,6 +140,14 @@ class _Line:
         for _, wid in self.entries:
             if wid not in reserved:
                 yield self.members[wid]
+
+    def head(self, reserved: Mapping[str, object]) -> Waiter | None:
+        """The first waiter not placing (what `undecided` yields first, without a generator: every pass asks
+        it of every line)."""
+        for _, wid in self.entries:
+            if wid not in reserved:
+                return self.members[wid]
+        return None
 
 
 def gated(pod: Mapping) -> bool:
@@ -379,7 +388,7 @@ class WaitingLine:
         for lk, line in self.lines.items():
             if lk == own:  # its gang is placed: it takes one of the gang's slots
                 continue
-            head = next(line.undecided(reserved), None)
+            head = line.head(reserved)
             if head is None or head.rank >= rank:
                 continue
             if is_barrier(head.arrival, now, backfill_window_s):
@@ -417,24 +426,25 @@ class WaitingLine:
         reserved = books.reservations
         heap: list[tuple[tuple[int, float, str], int, Hashable]] = []
         for n, (lk, line) in enumerate(self.lines.items()):
-            head = next(line.undecided(reserved), None)
+            head = line.head(reserved)
             if head is not None:
                 heap.append((head.rank, n, lk))
         heapq.heapify(heap)
         placed: list[Placed] = []
+        touched: dict[tuple[int, int], tuple[list[NodeState], int]] = {}  # this pass's, per slice of the log
         while heap:
             _, n, lk = heapq.heappop(heap)
             line = self.lines[lk]
-            head = next(line.undecided(reserved), None)
+            head = line.head(reserved)
             if head is None:
                 continue
-            if self._still_blocked(line, head.request):
+            if self._still_blocked(line, head.request, touched):
                 if is_barrier(head.arrival, now, backfill_window_s):
                     break
                 continue
             got = self._place_line(line, now)
             placed += got
-            head = next(line.undecided(reserved), None)
+            head = line.head(reserved)
             if head is None:
                 continue
             if got and line.blocked_at is None:  # placed some, more behind: their turn in line order
@@ -446,7 +456,8 @@ class WaitingLine:
     def _place_line(self, line: _Line, now: float) -> list[Placed]:
         """Place the line's head (a gang: every waiting member); on a denial, mark the line blocked."""
         reserved = self.books.reservations
-        head = next(line.undecided(reserved))
+        head = line.head(reserved)
+        assert head is not None
         members = list(line.undecided(reserved)) if head.request.group is not None else [head]
         out: list[Placed] = []
         probe = self._probe(head.request)
@@ -499,17 +510,24 @@ class WaitingLine:
         """A bound from the whole-free buckets alone: could the cluster's free GPUs hold the gang's pods at
         all? (False: no node change since it failed can have helped enough.)"""
         group = req.group
-        if group is None or req.gpus <= 0:
-            return True
+        if group is None or req.gpus <= 0 or group.key in self.books.groups:
+            return True  # (a gang already placed: its next pod takes a slot, held already, or one re-placed)
         pods = 0
         for k, names in self.books.index.all.by_free.items():
             if k >= req.gpus:
                 pods += len(names) * (k // req.gpus)
         return pods >= group.size
 
-    def _still_blocked(self, line: _Line, req: Request) -> bool:
+    def _still_blocked(
+        self,
+        line: _Line,
+        req: Request,
+        touched: dict[tuple[int, int], tuple[list[NodeState], int]] | None = None,
+    ) -> bool:
         """Whether the line's head, which failed at `blocked_at`, still cannot fit: true when no node touched
-        since could now take it (the others did not change)."""
+        since could now take it (the others did not change). `touched` keeps, for one pass, the placeable
+        nodes of each slice of the index's log and their most whole-free GPUs: lines that failed together
+        read it once."""
         if line.blocked_at is None:
             return False
         index = self.books.index
@@ -523,21 +541,27 @@ class WaitingLine:
                 return False
             line.blocked_at = now_at
             return True
-        names = set(index.touched[line.blocked_at - index.touched_base :])
-        if len(names) > _TOUCHED_CHECKED:
-            return False
-        try:
-            strategy = get_strategy(canonical_name(line.strategy))
-        except ValueError:
-            return False
-        ctx = self.filters.context(req)
-        nodes = index.nodes
-        for name in names:
-            node = nodes.get(name)
-            if node is None or not node.placeable or node.whole_free < req.gpus:
-                continue
-            if self.selector.try_node(node, req, strategy, ctx) is not None:
+        key = (line.blocked_at, now_at)
+        seen = touched.get(key) if touched is not None else None
+        if seen is None:
+            names = set(index.touched[line.blocked_at - index.touched_base :])
+            if len(names) > _TOUCHED_CHECKED:
                 return False
+            nodes = index.nodes
+            candidates = [n for n in map(nodes.get, names) if n is not None and n.placeable]
+            seen = (candidates, max((n.whole_free for n in candidates), default=-1))
+            if touched is not None:
+                touched[key] = seen
+        candidates, most_free = seen
+        if candidates and most_free >= req.gpus:
+            try:
+                strategy = get_strategy(canonical_name(line.strategy))
+            except ValueError:
+                return False
+            ctx, try_node = self.filters.context(req), self.selector.try_node
+            for node in candidates:
+                if node.whole_free >= req.gpus and try_node(node, req, strategy, ctx) is not None:
+                    return False
         line.blocked_at = now_at
         return True
 

@@ -9,7 +9,7 @@ nodes and pods equals the live one, the line included, and the restarted ledger 
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from gpuledger import strategies  # noqa: F401  (registers the built-in strategies)
@@ -146,7 +146,53 @@ def run(node_gpus: list[int], ops) -> None:
     assert Ledger.rebuild(objects(), config, now=now).snapshot() == led.snapshot()
 
 
+def _whole(gpus: int = 2) -> tuple:
+    return (
+        "arrive",
+        {
+            "kind": "whole",
+            "gpus": gpus,
+            "priority": 0,
+            "group": "g1",
+            "strategy": "best_fit",
+            "refuse": False,
+        },
+    )
+
+
+def _gang(gpus: int) -> tuple:
+    return (
+        "arrive",
+        {"kind": "gang", "gpus": gpus, "priority": 0, "group": "g1", "strategy": "best_fit", "refuse": False},
+    )
+
+
+# a waiting pod of a gang already placed takes one of its slots: no bound on free GPUs may keep it waiting
+SLOT_OF_A_PLACED_GANG = [
+    *[_whole()] * 5,
+    ("delete", 0),
+    ("delete", 4),
+    ("patch", 0),
+    ("restart", 0),
+    *[("delete", 0)] * 3,
+    *[_whole()] * 4,
+    ("delete", 0),
+    _gang(8),
+    _whole(),
+    _whole(8),
+    ("delete", 0),
+    _whole(),
+    ("delete", 0),
+    *[_whole()] * 3,
+    ("delete", 0),
+    *[_whole()] * 3,
+    _gang(4),
+    ("free", 1),
+]
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(node_gpus=[4, 4, 8], ops=SLOT_OF_A_PLACED_GANG)
 @given(st.lists(st.sampled_from([4, 8, 8]), min_size=1, max_size=4), st.lists(op, min_size=20, max_size=60))
 def test_random_arrivals_deletions_passes_and_restarts(node_gpus, ops):
     run(node_gpus, ops)
