@@ -147,6 +147,8 @@ def wait_ready_pods(cp, namespace: str, selector: str, count: int, timeout: floa
     return cp.wait_for(ready, timeout=timeout, what=f"{count} Ready pods {selector} in {namespace}")
 
 
+# the first build of the image's base layer (Debian and Ray from the network) can run in this test's setup
+@pytest.mark.timeout(3600)
 def test_every_pod_of_the_install_is_ready_under_its_own_security_context(deployed):
     cp = deployed.cp
     (pod,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
