@@ -18,7 +18,7 @@ from gpuledger.cli import common
 from gpuledger.cli.kube import Kube
 from gpuledger.cli.nodes import nodes_table
 from gpuledger.cli.snapshot import Snapshot
-from gpuledger.cli.status import queue_table, totals_table
+from gpuledger.cli.status import queue_table, totals_table, waiting_table
 from gpuledger.cli.workloads import workloads_table
 
 
@@ -40,6 +40,7 @@ def frame(kube: Kube, args: argparse.Namespace) -> Group:
         *([f"warning: {snap.notice}"] if snap.notice else []),
         totals_table(snap.nodes),
         queue_table(snap.workloads, now),
+        waiting_table(snap.workloads, now),  # the pods waiting for GPUs, in line
         workloads_table(snap.workloads, now, scope is None),
     ]
     if args.devices:

@@ -43,3 +43,15 @@ def test_status_lists_the_waiting_pods():
     snap = Snapshot([], workload_rows([], pods, pods))
     data = status_data(snap, None)
     assert [(r["name"], r["queuePosition"]) for r in data["waiting"]] == [("w1", 1), ("w2", 2)]
+
+
+def test_status_and_watch_draw_the_line_as_a_table():
+    from datetime import UTC, datetime
+
+    from gpuledger.cli import common
+    from gpuledger.cli.status import waiting_table
+
+    pods = [waiting_pod("a", "w1", 5, 1.0, gpus=4)]
+    text = common.render_text(waiting_table(workload_rows([], pods, pods), datetime.now(UTC)), color=False)
+    assert "PODS WAITING FOR GPUS 1" in text
+    assert "w1" in text and "waiting for 4 GPUs on one node" in text
