@@ -20,14 +20,20 @@ a spine (a spine is 512 GPUs). Scenarios, sizes for 500 nodes (smaller clusters 
   namespaces, since gpuledger has no queues: small and medium as bare pods, large as a 4 x 5-GPU Job gang;
   a workload "runs" from its placement for its run time, then its pods are marked Succeeded (as Kueue's
   runner marks its workloads finished). First create to the last workload finished.
-- free, reclaim-one, reclaim-large need a waiting queue and quotas, which gpuledger does not have yet: they
-  print "not available" (and the run exits 1 when one was asked for by name).
+- free: the cluster full of one-GPU pods, 1,000 more waiting (admitted gated, in the ledger's waiting line),
+  100 placed pods deleted at once: the first delete to 100 waiting pods placed (their placement written and
+  their gate removed by the cluster sync's placer; kube-scheduler would bind them next, and none runs here).
+- reclaim-one, reclaim-large need quotas with reclaim in the cluster path, which gpuledger does not have yet:
+  they print "not available" (and the run exits 1 when one was asked for by name).
 
-Each scenario runs with the controller-manager's default client rate limits and with the values large
-clusters use (`--limits`), each on a fresh control plane, and prints the time, the API server's request rate
-over it (its /metrics apiserver_request_total, before and after) and where the time went: the admission
-webhook calls as the API server times them, the Job controller (the controller-manager's /metrics: its
-client's rate-limiter waits and the Job work queue) and the API server's own POSTs.
+A pod counts as placed when the API server announces it bound (spec.nodeName, set at admission) or, for one
+that waited, with its placement written and no scheduling gate left. Every scenario runs with the
+controller-manager's default client rate limits and with the values large clusters use (`--limits`), one
+fresh control plane per limits profile (between scenarios their objects are deleted and the ledger drains),
+and prints the time, the API server's request rate over it (its /metrics apiserver_request_total, before and
+after) and where the time went: the admission webhook calls as the API server times them, the Job controller
+(the controller-manager's /metrics: its client's rate-limiter waits, its workers' syncs and the Job work
+queue) and the API server's own POSTs.
 """
 
 from __future__ import annotations
@@ -62,19 +68,15 @@ FULL_NODES = 500  # the peers' cluster: the sizes below are for it, and scale wi
 FILL_JOBS = 4000
 GANG_PODS = 512
 NEVER_PODS, NEVER_GPUS, NEVER_LEAF = 10, 8, "leaf-0"
+FREE_WAITING, FREE_DELETED = 1000, 100
 BENCH_KEY = "bench.gpuledger/scenario"  # (gpuledger.io/* keys are the webhook's own)
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 SCENARIOS = ("fill", "gang", "never", "free", "reclaim-one", "reclaim-large", "queues")
-RUN_ORDER = (
-    "never",
-    "gang",
-    "fill",
-    "queues",
-)  # small to large: what a scenario leaves behind is cheap to clear
+# small to large: what a scenario leaves behind is cheap to clear
+RUN_ORDER = ("never", "gang", "free", "fill", "queues")
 NEEDS = {
-    "free": "a waiting queue (pods that do not fit wait for freed GPUs instead of being denied)",
     "reclaim-one": "quotas with reclaim (a high-priority pod placed by evicting over-quota ones)",
     "reclaim-large": "quotas with reclaim (a 2,000-GPU reclaim)",
 }
@@ -83,7 +85,7 @@ PEERS: dict[str, tuple[str, float] | None] = {
     "fill": ("KAI-Scheduler", 398.0),  # 6 min 38 s: 4,000 one-GPU jobs on 500 simulated nodes
     "gang": ("KAI-Scheduler", 48.7),  # one 512-pod gang with a preferred topology
     "never": ("KAI-Scheduler", 249.5),  # an 80-GPU gang declared unschedulable
-    "free": None,
+    "free": None,  # the issue names no peer figure for it
     "reclaim-one": ("KAI-Scheduler", 13.9),
     "reclaim-large": ("KAI-Scheduler", 102.0),
     "queues": ("Kueue", 351.0),  # 15,000 workloads through 30 ClusterQueues, wall time
@@ -554,20 +556,21 @@ class Harness:
         )
         selector = f"{BENCH_KEY}={scenario}"
         pods = [
-            (p.metadata.namespace, p.metadata.name)
+            (p.metadata.namespace, p.metadata.name, bool(p.metadata.finalizers))
             for ns in namespaces
             for p in core.list_namespaced_pod(ns, label_selector=selector).items
         ]
 
-        def force(pod: tuple[str, str]) -> None:
-            ns, name = pod
+        def force(pod: tuple[str, str, bool]) -> None:
+            ns, name, finalizers = pod
             core = self.pool.core()
             try:
-                read_answer(
-                    core.patch_namespaced_pod(
-                        name, ns, {"metadata": {"finalizers": None}}, _preload_content=False
+                if finalizers:
+                    read_answer(
+                        core.patch_namespaced_pod(
+                            name, ns, {"metadata": {"finalizers": None}}, _preload_content=False
+                        )
                     )
-                )
                 read_answer(
                     core.delete_namespaced_pod(name, ns, grace_period_seconds=0, _preload_content=False)
                 )
@@ -732,6 +735,76 @@ def scenario_never(h: Harness, nodes: int) -> dict:
         "pods": NEVER_PODS,
         "gpus": NEVER_PODS * NEVER_GPUS,
         "message": message,
+        "breakdown": w,
+    }
+
+
+def scenario_free(h: Harness, nodes: int) -> dict:
+    """A full cluster, pods waiting, some placed pods deleted at once: the time until as many waiting pods are
+    placed (the waiting line's placement written and its scheduling gate removed; kube-scheduler, absent here,
+    binds such a pod after that)."""
+    total = len(h.nodes) * GPUS_PER_NODE
+    waiting, deleted = scaled(FREE_WAITING, nodes), scaled(FREE_DELETED, nodes)
+    ns = h.namespace("free")
+    watch = PodWatch(h.cp.api_client(), ns, "free").start()  # type: ignore[attr-defined]
+    gated: list[str] = []
+
+    def create(name: str) -> None:
+        answer = json.loads(
+            read_answer(
+                h.pool.core().create_namespaced_pod(ns, bare_pod(name, "free", 1), _preload_content=False)
+            )
+        )
+        if not answer["spec"].get("nodeName"):
+            gated.append(name)
+
+    filled = time.monotonic()
+    h.pool.run([f"run-{i}" for i in range(total)], create)
+    watch.wait(total, h.timeout, "free: the cluster filled")
+    h.pool.run([f"wait-{i}" for i in range(waiting)], create)
+    if len(gated) != waiting:
+        raise RuntimeError(
+            f"free: {len(gated)} of {waiting} pods created into a full cluster were set to wait"
+        )
+    print(
+        f"free: {total:,} one-GPU pods fill the cluster and {waiting:,} more wait "
+        f"({time.monotonic() - filled:.0f} s to set up)",
+        flush=True,
+    )
+    waits_placed: list[float] = []
+    watch.listeners.append(
+        lambda key, job_key, now: key.startswith(f"{ns}/wait-") and waits_placed.append(now)
+    )
+    before = h.scraper.snapshot()
+    started = time.monotonic()
+    h.pool.run(
+        [f"run-{i}" for i in range(deleted)],
+        lambda name: read_answer(
+            h.pool.core().delete_namespaced_pod(name, ns, grace_period_seconds=0, _preload_content=False)
+        ),
+    )
+    deletes_done = time.monotonic()
+    deadline = started + h.timeout
+    while len(waits_placed) < deleted:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"free: {len(waits_placed)} of {deleted} waiting pods placed")
+        time.sleep(0.05)
+    last = sorted(waits_placed)[deleted - 1]
+    after = h.scraper.snapshot()
+    watch.stop()
+    seconds = last - started
+    w = where_time_went(before, after, seconds, h.qps)
+    print(
+        f"  {deleted} placed pods deleted at once ({deletes_done - started:.2f} s for the deletes); "
+        f"{deleted} waiting pods placed {seconds:.2f} s after the first delete (the first "
+        f"{min(waits_placed) - started:.2f} s)"
+    )
+    print_breakdown(w, seconds)
+    return {
+        "seconds": seconds,
+        "pods": deleted,
+        "waiting": waiting,
+        "deletes_s": deletes_done - started,
         "breakdown": w,
     }
 
@@ -924,9 +997,16 @@ CLEARED = {
     "fill": ["fill"],
     "gang": ["gang"],
     "never": ["never"],
+    "free": ["free"],
     "queues": [f"queue-{q:02d}" for q in range(KUEUE_QUEUES)],
 }
-RUNNERS = {"fill": scenario_fill, "gang": scenario_gang, "never": scenario_never, "queues": scenario_queues}
+RUNNERS = {
+    "free": scenario_free,
+    "fill": scenario_fill,
+    "gang": scenario_gang,
+    "never": scenario_never,
+    "queues": scenario_queues,
+}
 
 
 # ------------------------------------------------------------------------------------------------- running
