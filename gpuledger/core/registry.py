@@ -1,5 +1,5 @@
 """Strategy names -> factories: the plug-in registry the ledger and the request parser resolve names through.
-Pure and empty on its own: gpuledger.strategies registers the built-ins (importing `gpuledger` does that).
+Pure and empty on its own: importing gpuledger.strategies registers the built-ins (the service does).
 """
 
 from __future__ import annotations
