@@ -105,7 +105,7 @@ bench: venv apiserver
 	$(PY) tests/benchmarks/bench_pod_create.py
 	$(PY) tests/benchmarks/bench_api_requests.py
 	$(PY) tests/benchmarks/bench_simulator.py
-	$(PY) tests/benchmarks/bench_cluster.py --nodes 24 --scenario fill,gang,never
+	$(PY) tests/benchmarks/bench_cluster.py --nodes 24 --scenario fill,gang,never,free
 
 # the cluster-scale scenarios at the peers' size, 500 nodes x 8 GPUs, with the controller-manager's default client
 # rate limits and with a large cluster's (docs/benchmarks.md, "Cluster-scale figures"; most of an hour on 2 cores)

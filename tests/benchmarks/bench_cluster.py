@@ -17,14 +17,14 @@ a spine (a spine is 512 GPUs). Scenarios, sizes for 500 nodes (smaller clusters 
   Job controller's FailedCreate Event carrying the webhook's denial (what `kubectl describe job` shows).
 - queues: Kueue's scheduler-performance shape (30 queues x 500 workloads: 350 small of 1, 100 medium of 5,
   50 large of 20, created every 100 / 500 / 1,200 ms, running 200 / 500 / 1,000 ms) through 30 opted-in
-  namespaces, since gpuledger has no queues: small and medium as bare pods, large as a 4 x 5-GPU Job gang;
+  namespaces, no GPUQueue and no quota: small and medium as bare pods, large as a 4 x 5-GPU Job gang;
   a workload "runs" from its placement for its run time, then its pods are marked Succeeded (as Kueue's
   runner marks its workloads finished). First create to the last workload finished.
 - free: the cluster full of one-GPU pods, 1,000 more waiting (admitted gated, in the ledger's waiting line),
   100 placed pods deleted at once: the first delete to 100 waiting pods placed (their placement written and
   their gate removed by the cluster sync's placer; kube-scheduler would bind them next, and none runs here).
-- reclaim-one, reclaim-large need quotas with reclaim in the cluster path, which gpuledger does not have yet:
-  they print "not available" (and the run exits 1 when one was asked for by name).
+- reclaim-one, reclaim-large need reclaim by GPUQueue quotas carried out through the API server, which this
+  bench does not drive yet: they print "not available" (and the run exits 1 when one was asked for by name).
 
 A pod counts as placed when the API server announces it bound (spec.nodeName, set at admission) or, for one
 that waited, with its placement written and no scheduling gate left. Every scenario runs with the
@@ -76,9 +76,11 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 SCENARIOS = ("fill", "gang", "never", "free", "reclaim-one", "reclaim-large", "queues")
 # small to large: what a scenario leaves behind is cheap to clear
 RUN_ORDER = ("never", "gang", "free", "fill", "queues")
-NEEDS = {
-    "reclaim-one": "quotas with reclaim (a high-priority pod placed by evicting over-quota ones)",
-    "reclaim-large": "quotas with reclaim (a 2,000-GPU reclaim)",
+NEEDS = {  # what a scenario needs that this bench does not drive yet
+    "reclaim-one": "reclaim by GPUQueue quotas through the API server (a high-priority pod placed by "
+    "evicting over-quota ones), not driven by this bench yet",
+    "reclaim-large": "reclaim by GPUQueue quotas through the API server (2,000 GPUs), not driven by this "
+    "bench yet",
 }
 # the peers' published figures, each measured on the peer's own machine (docs/benchmarks.md says which)
 PEERS: dict[str, tuple[str, float] | None] = {
@@ -964,7 +966,7 @@ def scenario_queues(h: Harness, nodes: int) -> dict:
     w = where_time_went(before, after, seconds, h.qps)
     pods = sum(LARGE_PODS if cls_of[k] == "large" else 1 for k in cls_of)
     print(
-        f"queues: Kueue's shape through {KUEUE_QUEUES} opted-in namespaces (gpuledger has no queues yet: one "
+        f"queues: Kueue's shape through {KUEUE_QUEUES} opted-in namespaces (no GPUQueue and no quota: one "
         f"namespace stands for each ClusterQueue): {len(plan):,} workloads ({pods:,} pods) over a "
         f"{schedule:.0f} s submission schedule, every one placed, run and finished {seconds:.1f} s after the "
         "first create"
@@ -987,7 +989,7 @@ def scenario_queues(h: Harness, nodes: int) -> dict:
         "to_placed_mean_s": {cls: statistics.fmean(v) for cls, v in to_place.items()},
         "denied": dict(denials),
         "waited": dict(waited),
-        "queues_as": f"{KUEUE_QUEUES} opted-in namespaces (no queues in gpuledger yet)",
+        "queues_as": f"{KUEUE_QUEUES} opted-in namespaces, no GPUQueue and no quota",
         "breakdown": w,
     }
 
@@ -1125,6 +1127,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     by_profile = {limits: run_profile(args, limits, runnable) for limits in profiles} if runnable else {}
 
+    if not runnable:
+        return 1 if explicit and missing else 0
     print(f"\ncluster-scale figures, {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {os.cpu_count()} CPUs:")
     print(
         f"{'scenario':<10}{'pods':>7}  " + "".join(f"{'s, limits ' + lim:>20}" for lim in profiles) + "  peer"
