@@ -64,6 +64,7 @@ LEAF_LABEL = "topology.scheduler/leaf"  # the defaults; the webhook's config may
 SPINE_LABEL = "topology.scheduler/spine"
 # a node's network bandwidth in Gbit/s ("200"; "400Gbps" is read too)
 NETWORK_BANDWIDTH_LABEL = "topology.scheduler/network-bandwidth-gbps"
+AGENT_NETWORK_BANDWIDTH_LABEL = "agentaflow.gpu/network-bandwidth-gbps"  # the node agent's, from sysfs
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # NVIDIA's GPU feature discovery
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 ACCELERATOR_LABEL = "accelerator"

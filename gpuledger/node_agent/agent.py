@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuledger.names import (
+    AGENT_NETWORK_BANDWIDTH_LABEL,
     DEVICES_ANNOTATION,
     GPU_COUNT_LABEL,
     GPU_ENABLED_LABEL,
@@ -32,6 +33,7 @@ from gpuledger.names import (
     UTILIZATION_TIER_LABEL,
     XIDS_ANNOTATION,
 )
+from gpuledger.node_agent.bandwidth import DEFAULT_SYS_ROOT, label_value, node_bandwidth_gbps
 from gpuledger.node_agent.holders import DeviceHolders, observe
 from gpuledger.node_agent.pod_resources import DEFAULT_RESOURCES, DEFAULT_SOCKET, PodResourcesClient
 from gpuledger.node_agent.probes import DeviceReport, FakeProbe, GpuProbe, NvmlProbe, ProbeError, XidEvent
@@ -41,6 +43,8 @@ from gpuledger.node_agent.xids import APPLICATION_XIDS, XidLog, parse_ignored, r
 log = logging.getLogger("gpuledger.node_agent")
 
 TIER_BOUNDS = ((30, "low"), (70, "medium"))  # mean utilization % below the bound -> tier; else "high"
+# node_patch's default for the bandwidth: not read, so the label is left as it is on the Node
+NOT_READ = "not read"
 CONFLICT_TRIES = 3  # reads and patches of the Node when another writer changed it in between
 
 
@@ -69,9 +73,12 @@ def node_patch(
     now: datetime,
     holders: DeviceHolders | None = None,
     xids: XidLog | None = None,
+    bandwidth_gbps: float | str | None = NOT_READ,
 ) -> dict:
     """A strategic-merge patch for the Node: labels for selection, annotations for the ledger. With `xids`,
-    the GPUs it names are reported unhealthy and the log is written (removed when empty)."""
+    the GPUs it names are reported unhealthy and the log is written (removed when empty). With a bandwidth
+    read (gpuledger.node_agent.bandwidth), its label is written, or removed when None (the links went
+    down: a stale rate must not keep meeting a bandwidth request)."""
     if xids is not None:
         reports = xids.mark(reports)
     healthy = sum(r.healthy for r in reports)
@@ -92,6 +99,10 @@ def node_patch(
             },
         }
     }
+    if isinstance(bandwidth_gbps, float | int):
+        patch["metadata"]["labels"][AGENT_NETWORK_BANDWIDTH_LABEL] = label_value(bandwidth_gbps)
+    elif bandwidth_gbps is None:
+        patch["metadata"]["labels"][AGENT_NETWORK_BANDWIDTH_LABEL] = None
     if holders is not None:
         patch["metadata"]["annotations"][HOLDERS_ANNOTATION] = holders.annotation()
     if xids is not None:
@@ -133,6 +144,7 @@ class NodeAgent:
         advertise_resource: str | None = None,
         ignored_xids: frozenset[int] = APPLICATION_XIDS,
         boot_id: str | None = None,
+        sys_root: Path = DEFAULT_SYS_ROOT,
     ):
         self.node_name = node_name
         self.probe = probe
@@ -145,6 +157,7 @@ class NodeAgent:
         self.advertise_resource = advertise_resource
         self.ignored_xids = ignored_xids
         self.boot_id = read_boot_id(self.proc_root) if boot_id is None else boot_id
+        self.sys_root = Path(sys_root)  # the host's /sys: the network devices' speeds and rates
         self.published_holders: str | None = None
         self.pending_xids: list[tuple[XidEvent, datetime]] = []
         self.node_seen = None  # the Node as this agent's last patch left it (the API server's answer)
@@ -183,7 +196,7 @@ class NodeAgent:
             xids = XidLog.from_annotation(stored, self.boot_id).record(
                 self.pending_xids, reports, self.ignored_xids
             )
-            patch = node_patch(reports, now, holders, xids)
+            patch = node_patch(reports, now, holders, xids, node_bandwidth_gbps(self.sys_root))
             version = node.metadata.resource_version
             guarded = {**patch, "metadata": {**patch["metadata"], "resourceVersion": version}}
             try:
@@ -232,7 +245,7 @@ def print_patch(probe: GpuProbe, pod_resources: PodResourcesClient, resources: l
     xids = XidLog(read_boot_id(args.proc_root)).record(
         [(event, now) for event in probe.xid_events()], reports, args.ignore_xids
     )
-    return node_patch(reports, now, holders, xids)
+    return node_patch(reports, now, holders, xids, node_bandwidth_gbps(args.sys_root))
 
 
 def make_probe(fake_spec: str | None) -> GpuProbe:
@@ -275,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PROC_ROOT,
         help="the host's /proc, to tell GPU processes in pods from others (hostPID, or the host's /proc "
         "mounted there)",
+    )
+    parser.add_argument(
+        "--sys-root",
+        type=Path,
+        default=DEFAULT_SYS_ROOT,
+        help=f"the host's /sys, whose network devices give {AGENT_NETWORK_BANDWIDTH_LABEL} (InfiniBand "
+        "ports' rates, else the fastest Ethernet link; docs/node-agent.md)",
     )
     parser.add_argument(
         "--advertise-capacity",
@@ -336,6 +356,7 @@ def run_agent(args: argparse.Namespace, probe: GpuProbe) -> int:
         holders_interval_s=args.holders_interval,
         advertise_resource=args.advertise_capacity,
         ignored_xids=args.ignore_xids,
+        sys_root=args.sys_root,
     )
     if args.once:
         agent.publish_once()
