@@ -11,6 +11,7 @@ from pathlib import Path
 
 from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
+from devcluster.processes import stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,13 +68,7 @@ class AgentProcess:
             )
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
 
     def restart(self, processes: list[list[int]] | None = None) -> None:

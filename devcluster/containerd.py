@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster import images
+from devcluster.processes import stop_process
 
 CNI_BIN_DIR = Path(
     os.environ.get("GPULEDGER_CNI_BIN_DIR", "/usr/lib/cni")
@@ -153,13 +154,7 @@ state = "{self.folder / "state"}"
         ]
         for pid in self.shim_pids():
             _kill(pid)
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace_s=5)
         for mount in reversed(mounts_under(self.folder)):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)

@@ -13,6 +13,7 @@ import yaml
 
 from devcluster.binaries import REPO, ControlPlaneError, free_port
 from devcluster.kubeclient import KubeClient
+from devcluster.processes import stop_process
 from gpuledger.names import AGENTAFLOW_API_VERSION, AGENTAFLOW_GROUP, GPUWORKLOAD_PLURAL
 
 IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"
@@ -64,13 +65,7 @@ class Controller:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace_s=20)
         self._log.close()
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from devcluster.binaries import ControlPlaneError, binary_path
+from devcluster.processes import stop_process
 
 SCHEDULER = "kube-scheduler"
 
@@ -74,13 +75,7 @@ class KubeScheduler:
             return ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
     def __enter__(self) -> KubeScheduler:

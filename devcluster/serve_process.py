@@ -21,6 +21,7 @@ import yaml
 
 from devcluster import webhooks
 from devcluster.binaries import REPO, free_port
+from devcluster.processes import stop_process
 from devcluster.users import WEBHOOK_USER
 from gpuledger.certs import pki
 
@@ -68,13 +69,7 @@ class ServedProcess:
         return None
 
     def stop(self, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace_s=timeout)
         self._log.close()
         return self.proc.returncode
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from devcluster.binaries import CACHE, ControlPlaneError, binary_path, free_port
 from devcluster.cluster import KUBERNETES_SERVICE_IP, ControlPlane
 from devcluster.containerd import tail
+from devcluster.processes import stop_process
 
 COREDNS_VERSION = "1.12.1"
 POD_NETWORK = "10.244.0.0/16"  # the real nodes' pod CIDRs (devcluster/kubelet.py)
@@ -189,14 +190,7 @@ class ClusterServices:
     # ------------------------------------------------------------------ teardown
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
-            proc = self.procs.pop(name)
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            stop_process(self.procs.pop(name), grace_s=5)
         if binary_path("kube-proxy").exists():
             subprocess.run(
                 [str(binary_path("kube-proxy")), "--cleanup", "--proxy-mode=iptables"],

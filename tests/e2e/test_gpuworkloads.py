@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from devcluster.cluster import REPO, free_port
+from devcluster.processes import stop_process
 from devcluster.stack import placements_by_device
 from gpuledger.names import WORKLOAD_UID_LABEL
 
@@ -89,13 +90,7 @@ class ControllerProcess:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, grace_s=20)
         self._log.close()
 
 
