@@ -5,12 +5,21 @@ Filters judge one node for one request: they never choose between nodes and neve
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TypeVar
+
 from gpuledger.core.annotation_values import node_bandwidth_gbps
 from gpuledger.core.books import Books, StaticVerdicts
-from gpuledger.core.model import MILLI_PER_GPU, Reason, Request, Taint
+from gpuledger.core.inventory import BANDWIDTH_LABELS, ClusterIndex
+from gpuledger.core.model import MILLI_PER_GPU, NodeInfo, Placement, Reason, Request, Taint
 from gpuledger.core.node_state import NodeState
 from gpuledger.core.plugin import ScoreContext, Strategy, device_ok, product_matches
-from gpuledger.names import ACCELERATOR_LABEL, NETWORK_BANDWIDTH_LABEL
+from gpuledger.names import (
+    ACCELERATOR_LABEL,
+    AGENT_NETWORK_BANDWIDTH_LABEL,
+    NETWORK_BANDWIDTH,
+    NETWORK_BANDWIDTH_LABEL,
+)
 
 HARD_EFFECTS = ("NoSchedule", "NoExecute")
 FILTER_CACHE_LIMIT = 256
@@ -73,7 +82,7 @@ class Filters:
             if sizes and all(s and s < req.gpu_memory_mib for s in sizes):
                 return Reason.GPU_MEMORY_TOO_SMALL, ()
         if req.network_bandwidth_gbps is not None:
-            have = node_bandwidth_gbps(info.label(NETWORK_BANDWIDTH_LABEL))
+            have = node_bandwidth(info)
             if have is None or have < req.network_bandwidth_gbps:
                 return Reason.NETWORK_BANDWIDTH, ()
         if req.node_selector or req.affinity_terms:
@@ -93,6 +102,40 @@ class Filters:
                 continue
             return Reason.TAINT, ()
         return None, tuple(tolerated)
+
+
+def node_bandwidth(info: NodeInfo) -> float | None:
+    """The node's bandwidth in Gbit/s: the operator's label where the node has it (an unreadable one meets
+    no request), else the node agent's; None when neither says."""
+    for key in BANDWIDTH_LABELS:
+        value = info.label(key)
+        if value is not None:
+            return node_bandwidth_gbps(value)
+    return None
+
+
+def bandwidth_unchecked(req: Request, index: ClusterIndex) -> tuple[Request, str]:
+    """A minimum bandwidth is checked only where some node says its bandwidth. Where none does (a cluster
+    nobody labelled, without the node agent's reading), the request without it and a warning naming the
+    label; else the request as it is and ""."""
+    if req.network_bandwidth_gbps is None or index.bandwidth_nodes:
+        return req, ""
+    warning = (
+        f"{NETWORK_BANDWIDTH} {req.network_bandwidth_gbps:g}Gb not checked: no node has the label "
+        f"{NETWORK_BANDWIDTH_LABEL} (or the node agent's {AGENT_NETWORK_BANDWIDTH_LABEL}); label the nodes "
+        "to enforce it"
+    )
+    return replace(req, network_bandwidth_gbps=None), warning
+
+
+Answer = TypeVar("Answer")
+
+
+def with_warning(answer: Answer, warning: str) -> Answer:
+    """A placement with `warning` added to what admission tells the user; any other answer as it is."""
+    if warning and isinstance(answer, Placement):
+        return replace(answer, warnings=(*answer.warnings, warning))
+    return answer
 
 
 def dynamic(node: NodeState, req: Request, strategy: Strategy, ctx: ScoreContext):

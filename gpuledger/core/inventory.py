@@ -14,10 +14,19 @@ from collections import Counter
 from collections.abc import Callable
 
 from gpuledger.core import sorted_buckets
-from gpuledger.core.model import MILLI_PER_GPU
+from gpuledger.core.model import MILLI_PER_GPU, NodeInfo
 from gpuledger.core.node_state import LeafKey, NodeState
 from gpuledger.core.sorted_buckets import Bucket
 from gpuledger.core.steps import Steps, drain
+from gpuledger.names import AGENT_NETWORK_BANDWIDTH_LABEL, NETWORK_BANDWIDTH_LABEL
+
+# what a node says of its network bandwidth: the operator's label, read first, then the node agent's
+BANDWIDTH_LABELS = (NETWORK_BANDWIDTH_LABEL, AGENT_NETWORK_BANDWIDTH_LABEL)
+
+
+def says_bandwidth(info: NodeInfo) -> bool:
+    """Whether the node carries either bandwidth label (readable or not)."""
+    return any(info.label(key) is not None for key in BANDWIDTH_LABELS)
 
 
 class _Buckets:
@@ -80,6 +89,9 @@ class ClusterIndex:
         self.max_cpu_milli = 1  # largest node CPU (at least 1, so weights are never 0)
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
         self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
+        # nodes carrying a bandwidth label (`BANDWIDTH_LABELS`): while none does, a bandwidth request is
+        # admitted unchecked, with a warning (gpuledger.core.filters.bandwidth_unchecked)
+        self.bandwidth_nodes = 0
         # every node's devices, and its healthy ones (placeable or not): what stats reports without a walk
         self.gpus_total = 0
         self.gpus_healthy = 0
@@ -252,6 +264,7 @@ class ClusterIndex:
         self.leaf(node.leaf_key)
         self.leaf_members[node.leaf_key] = self.leaf_members.get(node.leaf_key, 0) + 1
         self.utilization_nodes += node.info.utilization_at is not None
+        self.bandwidth_nodes += says_bandwidth(node.info)
         self._size(node, 1)
         if node.placeable and not self._bulk:
             self._file(node)
@@ -267,6 +280,7 @@ class ClusterIndex:
         self._unfile(node)
         self._size(node, -1)
         self.utilization_nodes -= node.info.utilization_at is not None
+        self.bandwidth_nodes -= says_bandwidth(node.info)
         left = self.leaf_members[node.leaf_key] - 1
         if left:
             self.leaf_members[node.leaf_key] = left

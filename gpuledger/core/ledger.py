@@ -21,7 +21,7 @@ from gpuledger.core.adoption import Adoption
 from gpuledger.core.books import GroupState, LedgerConfig, Reservation, slot_hid
 from gpuledger.core.decisions import Decider
 from gpuledger.core.diagnosis import Diagnoser, describe
-from gpuledger.core.filters import Filters
+from gpuledger.core.filters import Filters, bandwidth_unchecked, with_warning
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
@@ -108,7 +108,12 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------------ admission
     def reserve(self, request: Request, now: float) -> Placement | Denial:
-        """Reserve for `request.id` (idempotent: a known id returns its placement)."""
+        """Reserve for `request.id` (idempotent: a known id returns its placement). A bandwidth no node can
+        be checked against is left out, and the placement warns of it (`bandwidth_unchecked`)."""
+        request, warning = bandwidth_unchecked(request, self._books.index)
+        return with_warning(self._reserve(request, now), warning)
+
+    def _reserve(self, request: Request, now: float) -> Placement | Denial:
         books = self._books
         books.last_now = max(books.last_now, now)
         existing = books.reservations.get(request.id)
@@ -137,12 +142,13 @@ class Ledger:
         existing = self._books.reservations.get(request.id)
         if existing is not None:
             return existing.placement
+        request, warning = bandwidth_unchecked(request, self._books.index)
         line = self._waiting
         behind = line.must_wait(request, now, backfill_window_s)
         if not behind:
-            result = self.reserve(request, now)
+            result = self._reserve(request, now)
             if isinstance(result, Placement):
-                return result
+                return with_warning(result, warning)
             # a denial naming no reason is about the request itself (a bad strategy, a gang of another shape)
             if not result.by_reason or not line.could_fit(request):
                 return result
@@ -192,7 +198,7 @@ class Ledger:
 
     def could_fit(self, request: Request) -> bool:
         """Whether the request would fit the cluster were every GPU free (gpuledger.core.ever_fits)."""
-        return self._waiting.could_fit(request)
+        return self._waiting.could_fit(bandwidth_unchecked(request, self._books.index)[0])
 
     def waiting_answer(self, request: Request, now: float, denial: Denial) -> Waiting:
         """The `Waiting` answer `reserve_or_wait` would give a request denied for now (a dry run's)."""
@@ -201,7 +207,11 @@ class Ledger:
     def explain(self, request: Request, with_scores: bool = True) -> Explanation:
         """The decision `reserve` would make now, with every node's score or reasons; reserves nothing.
         `with_scores=False` skips the per-node table (a dry run needs only the decision)."""
-        return self._decider.explain(request, with_scores)
+        request, warning = bandwidth_unchecked(request, self._books.index)
+        explanation = self._decider.explain(request, with_scores)
+        return (
+            replace(explanation, result=with_warning(explanation.result, warning)) if warning else explanation
+        )
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def get(self, id: str) -> Placement | None:

@@ -236,6 +236,9 @@ class Placement:
     # slots no pod has claimed are released
     group_plan: tuple[GroupSlot, ...] = ()
     group_deadline: float | None = None
+    # what admission tells the user beside the placement (a request the ledger could not check); not part of
+    # the placement's identity: never signed into the annotation, left out of equality, absent after a rebuild
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
 
 class ReservationState(str, Enum):

@@ -316,6 +316,7 @@ class AdmissionHandler(Validating):
             affinity_key=self.config.affinity_key,
             gpu_resource=self.config.gpu_resource,
         )
+        warnings += result.warnings  # what the ledger could not check (a bandwidth no node states)
         warnings += env_guard.replacements(pod, work, self.config.visibility_mode)
         reused = prior is not None and result.id == prior.id
         outcome = "reused" if reused else ("dry_run" if review.dry_run else "placed")
