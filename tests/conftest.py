@@ -6,6 +6,9 @@ import uuid
 
 import pytest
 
+# Tests resolve strategy names through the core's registry, which is empty until the built-ins register
+# (importing gpuledger.strategies does, as the service does): so each test file runs alone as in the suite.
+import gpuledger.strategies  # noqa: F401
 from devcluster.cluster import ControlPlane, missing_binaries
 from tests.parts import missing_part
 
