@@ -1163,8 +1163,9 @@ def test_ray_commands_use_options_the_installed_ray_accepts():
 
 @pytest.mark.parametrize("path", ALL, ids=IDS)
 def test_node_agent_is_confined_to_what_it_reads(path):
-    """The agent needs the kubelet's PodResources socket and the host's pids, nothing more: no capabilities,
-    no privilege, no writable root, the socket's folder read-only, in a namespace of its own."""
+    """The agent needs the kubelet's PodResources socket, the host's pids and the host's sysfs (its network
+    links' speeds), nothing more: no capabilities, no privilege, no writable root, the socket's folder and
+    sysfs read-only, in a namespace of its own."""
     docs = render(path)
     agents = [d for d in objects(docs, "DaemonSet") if d["metadata"]["name"] == "gpuledger-node-agent"]
     if not agents:
@@ -1180,6 +1181,7 @@ def test_node_agent_is_confined_to_what_it_reads(path):
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc.get("privileged") in (None, False)
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"pod-resources": "/var/lib/kubelet/pod-resources"}
-    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "pod-resources"]
-    assert mount["readOnly"] is True
+    assert host_paths == {"pod-resources": "/var/lib/kubelet/pod-resources", "host-sys": "/sys"}
+    for name in host_paths:
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == name]
+        assert mount["readOnly"] is True
