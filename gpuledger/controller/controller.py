@@ -1,10 +1,14 @@
 """The reconcile engine: caches what the watches report, and on each wake runs one serialized pass.
 
-A pass steps every GPUWorkload (gpuledger.controller.lifecycle), then the queue (gpuledger.controller.queue,
-asking the
-ledger in one dry-run call), then refreshes the GPUNodes. Wakes come from watch events (a pod freeing a GPU
-wakes the queue at once) and from timers set for the next retry, deadline or placing timeout: there is no
-polling interval. Only the leader runs it (gpuledger.controller.leader). Time and randomness are injected.
+A pass steps every GPUWorkload (gpuledger.controller.lifecycle), then the queue, then refreshes the GPUNodes.
+The queue starts at once every Queued workload whose pods wait when full (the default, `when_full`): its Job
+is created and its pods are placed now or wait, gated, in the ledger's one line with every other pod, in
+priority then arrival order; the workload shows its first waiting pod's place in that line (read from the
+gated pods' tickets). A workload whose pods are refused when full waits in the controller's own queue
+(gpuledger.controller.queue, asking the ledger in one dry-run call) until the ledger can place it whole.
+Wakes come from watch events (a pod freeing a GPU or moving in the line wakes the queue at once) and from
+timers set for the next retry, deadline or placing timeout: there is no polling interval. Only the leader
+runs it (gpuledger.controller.leader). Time and randomness are injected.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from gpuledger.controller import gpunodes, lifecycle
 from gpuledger.controller.kube import Conflict, KubeWriter
 from gpuledger.controller.ledger import INVALID, LedgerView
-from gpuledger.controller.lifecycle import TERMINAL, Observed
+from gpuledger.controller.lifecycle import TERMINAL, Observed, in_line
 from gpuledger.controller.mapping import (
     SpecError,
     WorkloadKey,
@@ -27,10 +31,21 @@ from gpuledger.controller.mapping import (
     from_object,
     job_manifest,
     parse_time,
+    when_full,
 )
 from gpuledger.controller.metrics import ControllerMetrics, priority_band
 from gpuledger.controller.queue import DEFAULT_BACKFILL_WINDOW_S, Entry, Verdict, plan
-from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL, RESERVATION_ID_KEY, WORKLOAD_UID_LABEL
+from gpuledger.names import (
+    ADMISSION_ENABLED,
+    ADMISSION_LABEL,
+    RESERVATION_ID_KEY,
+    SCHEDULING_GATE,
+    WAITING_ANNOTATION,
+    WHEN_FULL_REFUSE,
+    WHEN_FULL_WAIT,
+    WORKLOAD_UID_LABEL,
+)
+from gpuledger.views.workloads import waiting_tickets
 
 log = logging.getLogger("gpuledger.controller")
 
@@ -45,6 +60,18 @@ class EngineSettings:
     # for a pod that was never stored expires after the ledger's TTL). Events still wake the queue at once.
     requeue_interval_s: float = 15.0
     gpunodes: bool = True
+    # a workload without the annotation topology.scheduler/when-full: wait (its pods wait in the ledger's
+    # line) or refuse (it waits in the controller's queue); the webhook's when_full, which defaults to wait
+    when_full: str = WHEN_FULL_WAIT
+
+
+def _waiting_in_line(pod: Mapping) -> bool:
+    """Gated by gpuledger and holding a ticket: a pod in the ledger's line."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    gates = spec.get("schedulingGates") or []
+    return WAITING_ANNOTATION in (meta.get("annotations") or {}) and any(
+        isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates
+    )
 
 
 def _rv(obj: Mapping) -> int:
@@ -83,6 +110,7 @@ class Engine:
         self.workloads: dict[WorkloadKey, dict] = {}
         self.jobs: dict[tuple[str, str], dict] = {}
         self.pods: dict[tuple[str, str], dict] = {}  # the controller's pods (WORKLOAD_UID_LABEL)
+        self.waiting_pods: dict[tuple[str, str], dict] = {}  # every pod in the ledger's line, any owner
         self.nodes: dict[str, dict] = {}
         self.namespaces: dict[str, bool] = {}
         self.reservation_pods: dict[str, str] = {}  # reservation id -> namespace/name, for GPUNode holders
@@ -125,14 +153,24 @@ class Engine:
                     self.freeing[rid] = self.clock() + self.settings.free_wait_s
             else:
                 self.reservation_pods[rid] = f"{meta['namespace']}/{meta['name']}"
+        key = (meta["namespace"], meta["name"])
         if WORKLOAD_UID_LABEL in labels:
-            key = (meta["namespace"], meta["name"])
             if kind == "DELETED":
                 self.pods.pop(key, None)
             else:
                 self.pods[key] = obj
-        if rid or WORKLOAD_UID_LABEL in labels:
+        line_moved = False
+        if kind != "DELETED" and _waiting_in_line(obj):
+            line_moved = key not in self.waiting_pods
+            self.waiting_pods[key] = obj
+        else:
+            line_moved = self.waiting_pods.pop(key, None) is not None
+        if rid or WORKLOAD_UID_LABEL in labels or (line_moved and self._any_in_line()):
             self.wake()
+
+    def _any_in_line(self) -> bool:
+        """Whether a workload shows a place in the ledger's line (a pod joining or leaving it moves it)."""
+        return any(in_line(obj.get("status") or {}) for obj in self.workloads.values())
 
     def observe_node(self, kind: str | None, obj: dict) -> None:
         name = obj["metadata"]["name"]
@@ -173,11 +211,12 @@ class Engine:
         now = self.clock()
         self.passes += 1
         await self._settle_freeing(now)
+        line = {key: place for key, (place, _) in waiting_tickets(list(self.waiting_pods.values())).items()}
         for key in list(self.workloads):
             obj = self.workloads.get(key)
             if obj is not None:
                 try:
-                    await self._reconcile(obj, now)
+                    await self._reconcile(obj, now, line)
                 except Conflict as err:
                     log.info("conflict on %s (%s): re-reading", key, err)
                     await self._refresh(obj)
@@ -239,10 +278,11 @@ class Engine:
             if ns == namespace and (p["metadata"].get("labels") or {}).get("job-name") == job
         ]
 
-    async def _reconcile(self, obj: dict, now: float) -> None:
+    async def _reconcile(self, obj: dict, now: float, line: Mapping[tuple[str, str], int]) -> None:
         status = dict(obj.get("status") or {})
         try:
             req = from_object(obj)
+            when_full(obj, self.settings.when_full)
         except SpecError as err:
             if status.get("phase") not in TERMINAL:
                 await self._write(obj, lifecycle.with_phase(status, "Failed", "InvalidSpec", str(err), now))
@@ -255,7 +295,11 @@ class Engine:
             status.get("assignedNodes") or []
         )
         seen = Observed(
-            job, pods, await self._lost_nodes(sorted(placed_nodes)), await self._namespace_enabled(ns)
+            job,
+            pods,
+            await self._lost_nodes(sorted(placed_nodes)),
+            await self._namespace_enabled(ns),
+            in_line={_pod_key(p)[1]: line[_pod_key(p)] for p in pods if _pod_key(p) in line},
         )
         step = lifecycle.step(req, status, seen, now, self.draw(), self.settings.placing_timeout_s)
         if step.delete_job:
@@ -263,14 +307,14 @@ class Engine:
             await asyncio.to_thread(self.writer.delete_job, ns, step.delete_job)
             self.jobs.pop((ns, step.delete_job), None)
         if step.create_job:
-            await self._create_job(req, step.status, now)
+            await self._create_job(req, step.status, now, when_full(obj, self.settings.when_full))
         if step.status != status:
             await self._write(obj, step.status)
         self.metrics.count(step.events)
 
-    async def _create_job(self, req: WorkloadRequest, status: Mapping, now: float) -> None:
+    async def _create_job(self, req: WorkloadRequest, status: Mapping, now: float, word: str) -> None:
         left = None if req.deadline_s is None else int(req.created + req.deadline_s - now)
-        job = job_manifest(req, int(status.get("attempts") or 1), left)
+        job = job_manifest(req, int(status.get("attempts") or 1), left, word)
         self._guard()
         created = await asyncio.to_thread(self.writer.create_job, job)
         log.info(
@@ -284,16 +328,26 @@ class Engine:
     # ---------------------------------------------------------------- the queue
     async def _queue_pass(self, now: float) -> None:
         queued: list[tuple[dict, WorkloadRequest]] = []
+        waits: list[tuple[dict, WorkloadRequest]] = []
+        priorities: list[int] = []
         placing = False
         for obj in list(self.workloads.values()):
-            phase = (obj.get("status") or {}).get("phase")
+            status = obj.get("status") or {}
+            phase = status.get("phase")
             placing |= phase == "Placing"
             if phase == "Queued":
                 try:
-                    queued.append((obj, from_object(obj)))
+                    req = from_object(obj)
+                    word = when_full(obj, self.settings.when_full)
                 except SpecError:
                     continue
-        self.metrics.set_queue(req.priority for _, req in queued)
+                priorities.append(req.priority)
+                if in_line(status):
+                    continue  # its pods wait in the ledger's line: the ledger places them
+                (waits if word == WHEN_FULL_WAIT else queued).append((obj, req))
+        self.metrics.set_queue(priorities)
+        for obj, req in waits:  # no queue of the controller's own: their pods join the ledger's line now
+            await self._start(obj, req, now, WHEN_FULL_WAIT)
         if not queued:
             return
         entries = [Entry(req.key, req.priority, req.created, req.total_gpus) for _, req in queued]
@@ -317,14 +371,8 @@ class Engine:
         by_key = {req.key: (obj, req) for obj, req in queued}
         if decided.start is not None:
             obj, req = by_key[decided.start]
-            status = lifecycle.start_attempt(req, obj.get("status") or {}, now)
-            try:
-                await self._write(obj, status)  # counted and named first: a restart re-creates, never doubles
-            except Conflict:
-                await self._refresh(obj)
-                self.wake()
+            if not await self._start(obj, req, now, WHEN_FULL_REFUSE):
                 return
-            await self._create_job(req, status, now)
             queued_at = parse_time((obj.get("status") or {}).get("queuedTime")) or req.created
             self.metrics.queue_wait.labels(priority=priority_band(req.priority)).observe(
                 max(0.0, now - queued_at)
@@ -348,6 +396,19 @@ class Engine:
                     await self._write(obj, new)
                 except Conflict:
                     await self._refresh(obj)
+
+    async def _start(self, obj: dict, req: WorkloadRequest, now: float, word: str) -> bool:
+        """Queued -> Placing, then its Job: counted and named first, so a restart re-creates, never doubles.
+        False when the status write lost a race (re-read; a pass comes again)."""
+        status = lifecycle.start_attempt(req, obj.get("status") or {}, now, waits=word == WHEN_FULL_WAIT)
+        try:
+            await self._write(obj, status)
+        except Conflict:
+            await self._refresh(obj)
+            self.wake()
+            return False
+        await self._create_job(req, status, now, word)
+        return True
 
     # ---------------------------------------------------------------- freed GPUs, timers, GPUNodes
     async def _settle_freeing(self, now: float) -> None:
@@ -410,6 +471,11 @@ class Engine:
         for name in set(self.gpunode_status) - set(wanted):
             await asyncio.to_thread(self.writer.delete_gpunode, name)
             self.gpunode_status.pop(name, None)
+
+
+def _pod_key(pod: Mapping) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return (meta.get("namespace", ""), meta.get("name", ""))
 
 
 def _previous(obj: Mapping) -> Verdict:

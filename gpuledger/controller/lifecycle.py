@@ -1,9 +1,13 @@
 """One GPUWorkload's next status from what is stored (its status, its Job, its pods, the nodes). Pure.
 
-Every transition except Queued -> Placing (the queue's, gpuledger.controller.queue) is decided here, with
-`now` and
+Every transition except Queued -> Placing (the controller's: at once where the workload's pods wait in the
+ledger's line, after the queue's dry run where they are refused when full) is decided here, with `now` and
 the backoff's random draw as arguments, so a restarted controller reaches the same answer from the same
 objects. It never talks to the API: it says which Job to create or delete and the status to write.
+
+A workload whose pods wait in the ledger's line (gated by the webhook, each with a ticket) is shown Queued,
+reason IN_LINE, with its first waiting pod's place in that one line; its Job exists, so it is stepped as an
+attempt, and it becomes Running once the ledger has placed every pod.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from gpuledger.names import ADMISSION_ENABLED, ADMISSION_LABEL, PLACEMENT_ANNOTA
 
 TERMINAL = ("Succeeded", "Failed")
 DEFAULT_PLACING_TIMEOUT_S = 60.0
+IN_LINE = "WaitingInLine"  # the reason of a Queued workload whose pods wait in the ledger's line
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Observed:
     pods: Sequence[Mapping[str, Any]] = ()
     lost_nodes: frozenset[str] = frozenset()  # assigned nodes that are gone from the API
     namespace_enabled: bool = True
+    in_line: Mapping[str, int] = field(default_factory=dict)  # pod name -> its place in the ledger's line
 
 
 @dataclass(frozen=True)
@@ -158,9 +164,14 @@ def step(
     stopped = _stopped(req, status, phase, seen, now)
     if stopped is not None:
         return stopped
-    if phase in ("Pending", "Retrying", "Queued"):
+    if phase in ("Pending", "Retrying") or (phase == "Queued" and not in_line(status)):
         return _waiting(status, phase, now)
-    return _attempt(req, status, phase, seen, now, draw, placing_timeout_s)  # Placing or Running
+    return _attempt(req, status, phase, seen, now, draw, placing_timeout_s)  # Placing, in line or Running
+
+
+def in_line(status: Mapping[str, Any]) -> bool:
+    """Whether a Queued workload's Job exists and its pods wait in the ledger's line."""
+    return status.get("phase") == "Queued" and status.get("reason") == IN_LINE
 
 
 def _stopped(req: WorkloadRequest, status: dict, phase: str, seen: Observed, now: float) -> Step | None:
@@ -228,11 +239,11 @@ def _attempt(
     draw: float,
     placing_timeout_s: float,
 ) -> Step:
-    """Placing or Running, by the current attempt's Job and pods: its Job (re)created, its end, a node lost,
-    its pods placed in time or not, the placements recorded."""
+    """Placing, in line or Running, by the current attempt's Job and pods: its Job (re)created, its end, a
+    node lost, its pods placed in time, waiting in line or not, the placements recorded."""
     current_job = status.get("jobName")
     if seen.job is None:
-        if phase == "Placing":
+        if phase in ("Placing", "Queued"):
             return Step(status, create_job=True)  # the status was written, the Job not yet (or it was lost)
         new = retry_or_fail(req, status, "JobLost", f"Job {current_job} is gone", now, draw)
         return Step(new, events=_events(new))
@@ -245,8 +256,8 @@ def _attempt(
     if lost:
         new = retry_or_fail(req, status, "NodeLost", f"node(s) {', '.join(lost)} left the cluster", now, draw)
         return Step(new, delete_job=current_job, events=_events(new))
-    if phase == "Placing":
-        return _placing(req, status, placed, nodes, now, draw, placing_timeout_s)
+    if phase in ("Placing", "Queued"):
+        return _placing(req, status, seen, placed, nodes, now, draw, placing_timeout_s)
     if placed and (placed != status.get("devices") or nodes != status.get("assignedNodes")):
         return Step({**status, "devices": placed, "assignedNodes": nodes})
     return Step(status)
@@ -291,13 +302,15 @@ def _ended(req: WorkloadRequest, status: dict, seen: Observed, now: float, draw:
 def _placing(
     req: WorkloadRequest,
     status: dict,
+    seen: Observed,
     placed: list[dict],
     nodes: list[str],
     now: float,
     draw: float,
     placing_timeout_s: float,
 ) -> Step:
-    """Running once every pod is placed; retried (or failed) when they are not within the timeout."""
+    """Running once every pod is placed; Queued in line while every pod is placed or waiting in the ledger's
+    line; retried (or failed) when they are neither within the timeout."""
     if len(placed) >= req.parallelism:
         new = with_phase(
             status,
@@ -309,6 +322,18 @@ def _placing(
             devices=placed,
         )
         return Step(new, events=(f"scheduled:{req.strategy_label}",))
+    live = [p for p in seen.pods if (p.get("status") or {}).get("phase") != "Failed"]
+    names = {p["metadata"].get("name", "") for p in live}
+    waiting = sorted((seen.in_line[n], n) for n in names if n in seen.in_line)
+    placed_names = {p["pod"] for p in placed}
+    if waiting and len(live) >= req.parallelism and names <= placed_names | {n for _, n in waiting}:
+        message = (
+            f"{len(waiting)} of {req.parallelism} pod(s) of Job {status.get('jobName')} wait in the ledger's "
+            f"line for GPUs (the first is {_ordinal(waiting[0][0])} in line); placed when GPUs free"
+        )
+        return Step(queued(status, waiting[0][0], IN_LINE, message, now))
+    if in_line(status):
+        return Step(status)  # a pod of the Job is being replaced: it joins the line again, no timeout
     if now - parse_time(status.get("startTime")) >= placing_timeout_s:
         new = retry_or_fail(
             req,
@@ -329,16 +354,27 @@ def _events(status: Mapping) -> tuple[str, ...]:
     return ("retried", failed) if status.get("phase") == "Retrying" else (failed,)
 
 
-def start_attempt(req: WorkloadRequest, status: Mapping[str, Any], now: float) -> dict:
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def start_attempt(req: WorkloadRequest, status: Mapping[str, Any], now: float, waits: bool = False) -> dict:
     """Queued -> Placing: the attempt is counted and its Job named before the Job is created, so a controller
-    killed in between re-creates that same Job and never starts a second one."""
+    killed in between re-creates that same Job and never starts a second one. `waits`: its pods wait in the
+    ledger's line if the GPUs are taken (no dry run came first)."""
     attempt = int(status.get("attempts") or 0) + 1
     name = job_name(req, attempt)
+    said = (
+        f"Job {name} created: its pods are placed now or wait in the ledger's line"
+        if waits
+        else f"the ledger can place it whole; Job {name} created"
+    )
     return with_phase(
         status,
         "Placing",
         "Admitted",
-        f"the ledger can place it whole; Job {name} created",
+        said,
         now,
         attempts=attempt,
         jobName=name,

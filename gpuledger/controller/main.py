@@ -29,6 +29,8 @@ from gpuledger.names import (
     SYSTEM_NAMESPACE,
     WARP_GROUP,
     WARP_VERSION,
+    WHEN_FULL_REFUSE,
+    WHEN_FULL_WAIT,
 )
 
 log = logging.getLogger("gpuledger.controller")
@@ -78,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=EngineSettings.requeue_interval_s,
         help="while workloads wait, look again this often for capacity freed without an API event "
         "(an expired reservation); freed pods wake the queue at once regardless (0: never)",
+    )
+    p.add_argument(
+        "--when-full",
+        choices=(WHEN_FULL_WAIT, WHEN_FULL_REFUSE),
+        default=WHEN_FULL_WAIT,
+        help="for a GPUWorkload without the annotation topology.scheduler/when-full: wait (its Job is "
+        "created at once; its pods wait in the ledger's one line with every other pod) or refuse (it waits "
+        "in this controller's queue until the ledger can place it whole); set it as the webhook's when_full",
     )
     p.add_argument("--no-gpunodes", action="store_true", help="do not write GPUNode objects")
     p.add_argument("--metrics-host", default="0.0.0.0")
@@ -191,6 +201,7 @@ async def run(args: argparse.Namespace, api_client: Any, ledger_view: Any, stop:
         gpunode_interval_s=args.gpunode_interval,
         gpunodes=not args.no_gpunodes,
         requeue_interval_s=args.requeue_interval,
+        when_full=args.when_full,
     )
     engine = Engine(
         writer, ledger_view, metrics, settings, may_act=lambda: elector.valid() and not lost.is_set()

@@ -30,6 +30,9 @@ from gpuledger.names import (
     SCHEDULING_STRATEGY,
     WARP_API_VERSION,
     WARP_GROUP,
+    WHEN_FULL,
+    WHEN_FULL_REFUSE,
+    WHEN_FULL_WAIT,
     WORKLOAD_ATTEMPT_ANNOTATION,
     WORKLOAD_GROUP_LABEL,
     WORKLOAD_NAME_LABEL,
@@ -76,6 +79,33 @@ class SpecError(ValueError):
     def __init__(self, field_: str, value: Any, accepted: str):
         self.field = field_
         super().__init__(f"spec.{field_}={value!r} is not accepted: expected {accepted}")
+
+
+class WhenFullError(SpecError):
+    """The GPUWorkload's topology.scheduler/when-full annotation is neither word."""
+
+    def __init__(self, value: Any):
+        self.field = f"metadata.annotations[{WHEN_FULL}]"
+        ValueError.__init__(
+            self,
+            f"annotation {WHEN_FULL}={value!r} is not accepted: expected {WHEN_FULL_WAIT!r} (its pods wait "
+            f"in the ledger's line when the GPUs are taken) or {WHEN_FULL_REFUSE!r} (the controller holds it "
+            "in its own queue until the ledger can place it whole)",
+        )
+
+
+def when_full(obj: Mapping[str, Any], default: str) -> str:
+    """What a workload does when the GPUs are taken: its annotation topology.scheduler/when-full, else the
+    controller's default. `wait`: its Job is created at once and its pods wait in the ledger's one line with
+    every other pod; `refuse`: it waits in the controller's queue and its Job is created once a dry run says
+    the ledger can place it whole."""
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(WHEN_FULL)
+    if value is None:
+        return default
+    word = str(value).strip().lower()
+    if word not in (WHEN_FULL_WAIT, WHEN_FULL_REFUSE):
+        raise WhenFullError(value)
+    return word
 
 
 @dataclass(frozen=True)
@@ -350,9 +380,13 @@ def owner_reference(req: WorkloadRequest) -> dict[str, Any]:
     }
 
 
-def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None = None) -> dict[str, Any]:
+def job_manifest(
+    req: WorkloadRequest, attempt: int, deadline_left_s: int | None = None, when_full_word: str | None = None
+) -> dict[str, Any]:
     """The Job of one attempt: owned by the GPUWorkload (deleting it deletes the Job and frees the GPUs), no
-    retries of its own (backoffLimit 0: the controller retries, with backoff, and counts the attempts)."""
+    retries of its own (backoffLimit 0: the controller retries, with backoff, and counts the attempts).
+    `when_full_word` is written on its pods, so the webhook treats them as the controller does, whatever its
+    own default."""
     labels = {
         WORKLOAD_NAME_LABEL: req.key.name[:63],
         WORKLOAD_UID_LABEL: req.uid,
@@ -363,6 +397,8 @@ def job_manifest(req: WorkloadRequest, attempt: int, deadline_left_s: int | None
     template["metadata"] = tmeta
     tmeta["labels"] = {**(tmeta.get("labels") or {}), **labels}
     tmeta["annotations"] = {**(tmeta.get("annotations") or {}), **webhook_annotations(req)}
+    if when_full_word is not None:
+        tmeta["annotations"][WHEN_FULL] = when_full_word
     tspec = template.setdefault("spec", {}) or {}
     template["spec"] = tspec
     if tspec.get("restartPolicy") not in ("Never", "OnFailure"):

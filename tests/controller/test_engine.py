@@ -13,7 +13,15 @@ from gpuledger.controller.controller import Engine, EngineSettings, NotLeader
 from gpuledger.controller.kube import Conflict
 from gpuledger.controller.mapping import parse_time
 from gpuledger.controller.queue import Verdict
-from gpuledger.names import ADMISSION_LABEL, PLACEMENT_ANNOTATION, WORKLOAD_UID_LABEL
+from gpuledger.names import (
+    ADMISSION_LABEL,
+    PLACEMENT_ANNOTATION,
+    SCHEDULING_GATE,
+    WAITING_ANNOTATION,
+    WHEN_FULL,
+    WORKLOAD_UID_LABEL,
+)
+from gpuledger.service.ledger_service import Binding, Request, WaitTicket, encode_waiting
 from tests.controller.support import agentaflow, warp
 
 NOW = parse_time("2027-01-15T08:05:00Z")
@@ -102,6 +110,8 @@ class FakeLedger:
 
 
 def make(free=8, **settings):
+    """The controller's own queue (when_full refuse) unless a test says otherwise."""
+    settings.setdefault("when_full", "refuse")
     api, ledger = FakeApi(), FakeLedger(free)
     clock = [NOW]
     engine = Engine(
@@ -236,3 +246,98 @@ async def test_a_replica_whose_lease_went_stale_writes_nothing():
     fresh[0] = True
     await engine.pass_once()
     assert phases(api) == {"a": "Placing"}
+
+
+def gate(engine, api, name, arrival, priority=0, owner_uid=None, job=None):
+    """The webhook admits a pod gated, with its ticket: it waits in the ledger's line. Without `owner_uid`
+    a bare pod of another user; else the pod of that workload's Job."""
+    req = Request(id=f"id-{name}", gpus=4, priority=priority, namespace="ml")
+    labels = {WORKLOAD_UID_LABEL: owner_uid, "job-name": job} if owner_uid else {}
+    pod = {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "labels": labels,
+            "annotations": {
+                WAITING_ANNOTATION: encode_waiting(WaitTicket(req, arrival, Binding("ml", name)), b"k")
+            },
+        },
+        "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]},
+        "status": {"phase": "Pending"},
+    }
+    engine.observe_pod("ADDED", pod)
+    return pod
+
+
+async def test_waiting_workloads_create_their_jobs_at_once_and_show_their_place_in_the_one_line():
+    engine, api, ledger, _ = make(free=0, when_full="wait")
+    submit(engine, api, agentaflow("low", gpus=4, priority=0))
+    submit(engine, api, warp("high", gpus=4, priority="high"))
+    await engine.pass_once()
+    assert phases(api) == {"low": "Placing", "high": "Placing"}  # no dry run: the ledger's line decides
+    assert ledger.asked == 0
+    jobs = {n: o["status"]["jobName"] for n, o in api.objects.items()}
+    assert all(
+        api.jobs[("ml", j)]["spec"]["template"]["metadata"]["annotations"][WHEN_FULL] == "wait"
+        for j in jobs.values()
+    )
+    # the webhook gates both workloads' pods; a bare pod of equal priority arrived before `low`'s
+    gate(engine, api, f"{jobs['low']}-0", 10.0, 0, api.objects["low"]["metadata"]["uid"], jobs["low"])
+    bare = gate(engine, api, "bare", 9.0, 0)
+    gate(engine, api, f"{jobs['high']}-0", 12.0, 100, api.objects["high"]["metadata"]["uid"], jobs["high"])
+    await engine.pass_once()
+    low, high = api.objects["low"]["status"], api.objects["high"]["status"]
+    assert (high["phase"], high["reason"], high["queuePosition"]) == ("Queued", "WaitingInLine", 1)
+    assert (low["phase"], low["reason"], low["queuePosition"]) == ("Queued", "WaitingInLine", 3)
+    assert "3rd in line" in low["message"]
+    # the bare pod ahead of `low` leaves the line: `low` moves up, with no Job created twice
+    engine.observe_pod("DELETED", bare)
+    await engine.pass_once()
+    assert api.objects["low"]["status"]["queuePosition"] == 2  # high is still ahead
+    engine.observe_pod("DELETED", engine.pods[("ml", f"{jobs['high']}-0")])
+    await engine.pass_once()
+    assert api.objects["low"]["status"]["queuePosition"] == 1
+    assert sorted(api.created) == sorted(jobs.values())
+
+
+async def test_a_waiting_workload_runs_once_the_ledger_places_its_pod_and_survives_a_restart():
+    engine, api, ledger, _ = make(free=0, when_full="wait")
+    submit(engine, api, agentaflow("a", gpus=4))
+    await engine.pass_once()
+    job = api.objects["a"]["status"]["jobName"]
+    pod = gate(engine, api, f"{job}-0", 10.0, 0, api.objects["a"]["metadata"]["uid"], job)
+    await engine.pass_once()
+    assert api.objects["a"]["status"]["queuePosition"] == 1
+    # a new controller: same workloads, same pods; it creates nothing and shows the same place
+    fresh, *_ = make(free=0, when_full="wait")
+    fresh.writer = api
+    fresh.observe_workload(None, copy.deepcopy(api.objects["a"]))
+    fresh.observe_job("ADDED", api.jobs[("ml", job)])
+    fresh.observe_pod("ADDED", copy.deepcopy(pod))
+    await fresh.pass_once()
+    assert api.objects["a"]["status"]["phase"] == "Queued" and api.created == [job]
+    # the ledger places it: the placer writes the placement and removes the gate
+    placed = copy.deepcopy(pod)
+    placed["spec"]["schedulingGates"] = []
+    placed["metadata"]["annotations"][PLACEMENT_ANNOTATION] = json.dumps({"node": "n1", "devices": [0, 1]})
+    fresh.observe_pod("MODIFIED", placed)
+    await fresh.pass_once()
+    status = api.objects["a"]["status"]
+    assert status["phase"] == "Running" and "queuePosition" not in status and status["attempts"] == 1
+
+
+async def test_a_workload_annotated_refuse_keeps_the_controllers_queue():
+    engine, api, ledger, _ = make(free=0, when_full="wait")
+    obj = agentaflow("r", gpus=4)
+    obj["metadata"]["annotations"] = {WHEN_FULL: "refuse"}
+    submit(engine, api, obj)
+    await engine.pass_once()
+    status = api.objects["r"]["status"]
+    assert (status["phase"], status["reason"]) == ("Queued", "NotEnoughGpus") and api.created == []
+    bad = agentaflow("bad", gpus=4)
+    bad["metadata"]["annotations"] = {WHEN_FULL: "sometimes"}
+    submit(engine, api, bad)
+    await engine.pass_once()
+    status = api.objects["bad"]["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+    assert WHEN_FULL in status["message"] and "'sometimes'" in status["message"]

@@ -114,6 +114,28 @@ def test_pods_not_placed_in_time_is_a_transient_denial():
     assert s.status["reason"] == "PlacementDenied" and s.status["phase"] == "Retrying" and s.delete_job
 
 
+def test_pods_waiting_in_the_ledgers_line_are_queued_with_their_place_and_never_time_out():
+    r = req(parallelism=2)
+    status = start_attempt(r, {"phase": "Queued"}, NOW, waits=True)
+    gated = [{"metadata": {"name": n}, "status": {"phase": "Pending"}} for n in ("p0", "p1")]
+    s = step(r, status, Observed(job=job(), pods=gated, in_line={"p0": 7, "p1": 4}), NOW + 1, 0.5)
+    assert (s.status["phase"], s.status["reason"], s.status["queuePosition"]) == (
+        "Queued",
+        "WaitingInLine",
+        4,
+    )
+    assert s.status["jobName"] == status["jobName"] and not s.create_job
+    # long past the placing timeout, still in line: it waits, as its pods do
+    later = step(r, s.status, Observed(job=job(), pods=gated, in_line={"p0": 1, "p1": 2}), NOW + 600, 0.5)
+    assert later.status["phase"] == "Queued" and later.status["queuePosition"] == 1 and not later.delete_job
+    # one pod is being replaced (not in line yet): no timeout, no change
+    half = step(r, later.status, Observed(job=job(), pods=gated[:1], in_line={"p0": 1}), NOW + 700, 0.5)
+    assert half.status == later.status
+    # the ledger places both: Running
+    done = step(r, later.status, Observed(job=job(), pods=[pod("p0"), pod("p1", "n2")]), NOW + 800, 0.5)
+    assert done.status["phase"] == "Running" and "queuePosition" not in done.status
+
+
 def test_complete_job_succeeds():
     r = req()
     running = step(r, placing(r), Observed(job=job(), pods=[pod("p0")]), NOW, 0.5).status

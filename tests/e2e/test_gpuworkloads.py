@@ -73,6 +73,10 @@ class ControllerProcess:
             "1",
             "--log-level",
             "DEBUG",
+            # the suite's webhook refuses when full (tests/e2e/conftest.py): the controller keeps its own
+            # queue, as the webhook's when_full says; tests/e2e/test_one_line.py runs both at wait
+            "--when-full",
+            "refuse",
             *extra,
         ]
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
