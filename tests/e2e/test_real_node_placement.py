@@ -64,7 +64,9 @@ def placed():
         FakeGPUPlugin([device_uuid(NODE, i) for i in range(GPUS)]) as plugin,
     ):
         cp.wait_for(lambda: _schedulable(cp, GPUS), timeout=60, what=f"{NODE} Ready, untainted, {GPUS} GPUs")
-        config = e2e_webhook_config(binding_mode="both", visibility_mode="device-plugin")
+        # when_full refuse: the race is between pods refused when full, as the rest of the suite's stack
+        # (tests/e2e/test_real_node_waiting.py places pods after waiting on a real node)
+        config = e2e_webhook_config(binding_mode="both", visibility_mode="device-plugin", when_full="refuse")
         with Stack(cp, config=config) as stack:
             print(
                 f"\nplacement module: control plane, real node, plugin and product up in "
