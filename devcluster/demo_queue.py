@@ -57,6 +57,10 @@ class Controller:
             "127.0.0.1",
             "--metrics-port",
             str(free_port()),
+            # the controller's own priority queue (a dry run before each start) is what this section shows;
+            # with wait, their pods would wait in the ledger's line in arrival order within a priority
+            "--when-full",
+            "refuse",
         ]
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
 

@@ -22,6 +22,9 @@ from tests.e2e.test_waiting_pods import bare_pods, fill, gated, no_device_twice,
 controllers = test_gpuworkloads.controllers
 line = test_waiting_pods.line
 waiting_stack = test_waiting_pods.waiting_stack
+apiserver = test_waiting_pods.apiserver
+gpu_nodes = test_waiting_pods.gpu_nodes
+stack = test_waiting_pods.stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -12,15 +12,41 @@ import time
 import pytest
 import yaml
 
+from devcluster.cluster import ControlPlane
+from devcluster.nodes import create_nodes
 from devcluster.scheduler import KubeScheduler
-from devcluster.stack import placements_by_device
+from devcluster.stack import Stack, e2e_webhook_config, placements_by_device
 from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION
 from tests.cli.conftest import run_cli
+from tests.conftest import require_binaries
+from tests.e2e.conftest import SAMPLE_NODES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 GPUS = 128
 IMAGE = "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04"
+
+
+# A control plane, sample cluster and stack of this module's own (tests/e2e/test_one_line.py shares the
+# fixtures): the line is the whole cluster's, so pods that earlier modules leave in a shared cluster, placed
+# or waiting, would stand in it and take the GPUs these tests count on.
+@pytest.fixture(scope="module")
+def apiserver():
+    require_binaries()
+    with ControlPlane() as cp:
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(apiserver):
+    create_nodes(apiserver.api_client(), SAMPLE_NODES)
+    return SAMPLE_NODES
+
+
+@pytest.fixture(scope="module")
+def stack(apiserver, gpu_nodes):
+    with Stack(apiserver, config=e2e_webhook_config(when_full="refuse")) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
