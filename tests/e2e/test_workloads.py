@@ -13,9 +13,16 @@ import json
 import pytest
 
 from devcluster.nodes import GPU_TAINT, LEAF_LABEL, SPINE_LABEL
+from tests.e2e import test_waiting_pods
 from tests.e2e.conftest import SAMPLE_NODES, gpu_pod_yaml, wait_nodes_free
 
 pytestmark = pytest.mark.e2e
+
+# A control plane, sample cluster and stack of this module's own: its gang and freeing tests count on a
+# cluster whose leaves no earlier module's pods still hold
+apiserver = test_waiting_pods.apiserver
+gpu_nodes = test_waiting_pods.gpu_nodes
+stack = test_waiting_pods.stack
 
 LEAF_OF = {n["metadata"]["name"]: n["metadata"]["labels"][LEAF_LABEL] for n in SAMPLE_NODES}
 SPINE_OF = {n["metadata"]["name"]: n["metadata"]["labels"][SPINE_LABEL] for n in SAMPLE_NODES}
