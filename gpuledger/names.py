@@ -106,6 +106,14 @@ WAITING_ANNOTATION = "gpuledger.io/waiting"
 # downward API when they start: NVIDIA_VISIBLE_DEVICES (runtime-uuids) and CUDA_VISIBLE_DEVICES (host-indices)
 VISIBLE_DEVICES_ANNOTATION = "gpuledger.io/visible-devices"
 DEVICE_INDICES_ANNOTATION = "gpuledger.io/device-indices"
+# --- queues and preemption (docs/queues.md) ----------------------------------------------------------------
+# on a namespace: the GPUQueue it belongs to, by name (wins over every queue's namespaceSelector)
+QUEUE_LABEL = "gpuledger.io/queue"
+# on a waiting pod that takes GPUs back: the plan it waits on (JSON: its ticket id, the victims, the nodes
+# kept for it), written before any victim is evicted, so a ledger rebuilt after a crash keeps the promise
+PREEMPTING_ANNOTATION = "gpuledger.io/preempting"
+# the Event reasons: on the victim's owner (or the pod, when it has none), and on the preemptor
+PREEMPTED_REASON, PREEMPTING_REASON = "Preempted", "Preempting"
 # what a pod that does not fit now asks for: "wait" or "refuse" (denied at once); an annotation on the pod or
 # its workload, else the webhook's `when_full` (wait by default)
 WHEN_FULL = "topology.scheduler/when-full"
