@@ -170,6 +170,10 @@ class Claims:
         """The claim the pod `key` carries, if any."""
         return self._claim_of.get(key)
 
+    def owner_of(self, rid: str) -> Claim | None:
+        """The claim that owns the reservation id `rid` (its first holder), if a stored pod carries it."""
+        return self._owner_of.get(rid)
+
     def keys_on(self, node: str) -> frozenset[str]:
         """The pods on `node` that carry a claim."""
         return frozenset(self._keys_on.get(node, ()))

@@ -345,6 +345,12 @@ def _quotas(where: str, raw: Any) -> tuple[ProductQuota, ...]:
     return tuple(out)
 
 
+def label_selector(where: str, raw: Any) -> LabelSelector:
+    """A Kubernetes label selector (a GPUQueue's namespaceSelector, a PodDisruptionBudget's selector); refuses,
+    naming `where`, what is not one."""
+    return _selector(where, raw)
+
+
 def _selector(where: str, raw: Any) -> LabelSelector:
     if not isinstance(raw, Mapping):
         raise QueueError(where, raw, "a label selector: {matchLabels: {...}, matchExpressions: [...]}")

@@ -24,6 +24,7 @@ from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import Filters, bandwidth_unchecked, with_warning
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
+from gpuledger.core.queue_book import QueueBook
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
 from gpuledger.core.selection import Selector
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
@@ -94,6 +95,8 @@ class Ledger:
         gangs = self._gangs = Gangs(books, selector, diagnoser)
         self._decider = Decider(books, filters, selector, diagnoser, gangs)
         self._waiting = WaitingLine(books, filters, selector, self.reserve, self._leases.release)
+        # GPU queues, namespaces, PodDisruptionBudgets and what queue decisions read of pods (queue_book.py)
+        self._queues = QueueBook(books, adoption.claims)
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -245,17 +248,20 @@ class Ledger:
 
     # ---------------------------------------------------------------------------------------- cluster objects
     def apply_object(self, obj: dict, now: float) -> None:
-        """An ADDED/MODIFIED Node or Pod (or a List of them)."""
+        """An ADDED/MODIFIED Node, Pod, GPUQueue, Namespace or PodDisruptionBudget (or a List of them)."""
         self._adoption.apply_object(obj, now)
         self._waiting.observe(obj)
+        self._queues.observe(obj)
 
     def delete_object(self, obj: dict) -> None:
         self._adoption.delete_object(obj)
         self._waiting.observe_deleted(obj)
+        self._queues.observe_deleted(obj)
 
     @classmethod
     def rebuild(cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0) -> Ledger:
-        """A ledger holding exactly what the given nodes and pods say is held."""
+        """A ledger holding exactly what the given objects (nodes, pods, GPU queues, namespaces,
+        PodDisruptionBudgets) say is held."""
         return drain(cls.rebuild_in_steps(objects, config, now, 0))
 
     @classmethod
@@ -266,7 +272,8 @@ class Ledger:
         caller keep serving from the ledger this one replaces while it is built."""
         ledger = cls(config)
         ledger._books.last_now = now
-        yield from ledger._adoption.load_in_steps(ledger._waiting.passing(objects), now, step)
+        passing = ledger._queues.passing(ledger._waiting.passing(objects))
+        yield from ledger._adoption.load_in_steps(passing, now, step)
         return ledger
 
     def discard(self) -> None:
@@ -291,6 +298,15 @@ class Ledger:
                             yield
         for part in parts:
             vars(part).clear()
+
+    # ------------------------------------------------------------------------------------------ queues
+    def queue_of(self, namespace: str) -> str | None:
+        """The leaf GPU queue a namespace's workloads belong to; None while no GPUQueue exists."""
+        return self._queues.queue_of(namespace)
+
+    def disruption_allowances(self) -> dict[str, int]:
+        """PodDisruptionBudget "namespace/name" -> the disruptions it allows now (its status)."""
+        return self._queues.allowances()
 
     # ------------------------------------------------------------------------------------------ views
     def snapshot(self) -> dict:

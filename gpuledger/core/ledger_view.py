@@ -12,12 +12,25 @@ runs to its end on the ledger's one thread.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from gpuledger.core.books import slot_hid
-from gpuledger.core.ledger import Ledger
-from gpuledger.core.model import MILLI_PER_GPU, Denial, Placement, Request
+from gpuledger.core.inventory import ClusterIndex
+from gpuledger.core.model import MILLI_PER_GPU, Denial, Explanation, Placement, Request
 from gpuledger.core.node_state import Holding, NodeState
 from gpuledger.core.quotas import Capacity, ProductCapacity, Use
+
+
+class Ledger(Protocol):
+    """What the view reads of gpuledger.core.ledger.Ledger (named by its surface, not imported: the ledger
+    holds preemption plans, whose planner reads it through this view)."""
+
+    @property
+    def index(self) -> ClusterIndex: ...
+
+    def get(self, id: str) -> Placement | None: ...
+
+    def explain(self, request: Request, with_scores: bool = True) -> Explanation: ...
 
 
 def holding_milli(h: Holding) -> int:
