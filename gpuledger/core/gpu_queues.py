@@ -346,8 +346,8 @@ def _quotas(where: str, raw: Any) -> tuple[ProductQuota, ...]:
 
 
 def label_selector(where: str, raw: Any) -> LabelSelector:
-    """A Kubernetes label selector (a GPUQueue's namespaceSelector, a PodDisruptionBudget's selector); refuses,
-    naming `where`, what is not one."""
+    """A Kubernetes label selector (a GPUQueue's namespaceSelector, a PodDisruptionBudget's selector);
+    refuses, naming `where`, what is not one."""
     return _selector(where, raw)
 
 

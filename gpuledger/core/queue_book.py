@@ -72,7 +72,8 @@ class Budget:
     allowed: int
 
     def covers(self, pod: PodFacts) -> bool:
-        return self.selector is not None and pod.namespace == self.namespace and self.selector.matches(pod.labels)
+        selector = self.selector
+        return selector is not None and pod.namespace == self.namespace and selector.matches(pod.labels)
 
 
 def timestamp(text: str) -> float:
@@ -190,7 +191,7 @@ class QueueBook:
             self.queues = QueueSet(parsed)
             self.declared = frozenset(q.name for q in parsed)
         except QueueError as exc:
-            kept = "no GPUQueue is honoured" if self.queues is None else "the last good set of GPUQueues stays"
+            kept = "none is honoured" if self.queues is None else "the last good set stays"
             self.books.problems.append(f"GPUQueues cannot be honoured as a whole ({kept}): {exc}")
 
     def _observe_budget(self, item: dict, meta: dict) -> None:
@@ -236,7 +237,7 @@ class QueueBook:
             labels=labels if isinstance(labels, dict) else {},
             priority=_priority(spec, annotations),
             started=started if isinstance(started, str) else "",
-            grace_s=float(grace) if isinstance(grace, (int, float)) and not isinstance(grace, bool) else DEFAULT_GRACE_S,
+            grace_s=_seconds(grace, DEFAULT_GRACE_S),
             never=spec.get("preemptionPolicy") == "Never",
             preempting=str(annotations.get(PREEMPTING_ANNOTATION) or ""),
         )
@@ -264,7 +265,8 @@ class QueueBook:
             return None
         known = self._of.get(namespace)
         if known is None:
-            known = self._of[namespace] = namespace_queue(queues, namespace, self.namespaces.get(namespace, {}))[0]
+            labels = self.namespaces.get(namespace, {})
+            known = self._of[namespace] = namespace_queue(queues, namespace, labels)[0]
         return known
 
     def namespace_of(self, rid: str) -> str:
@@ -407,3 +409,7 @@ def _priority(spec: Mapping, annotations: Mapping) -> int:
             pass
     value = spec.get("priority")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _seconds(raw: object, default: float) -> float:
+    return float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else default
