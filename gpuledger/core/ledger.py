@@ -25,6 +25,7 @@ from gpuledger.core.filters import Filters, bandwidth_unchecked, with_warning
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
 from gpuledger.core.queue_book import QueueBook
+from gpuledger.core.queue_gate import QueueGate
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
 from gpuledger.core.selection import Selector
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
@@ -97,6 +98,9 @@ class Ledger:
         self._waiting = WaitingLine(books, filters, selector, self.reserve, self._leases.release)
         # GPU queues, namespaces, PodDisruptionBudgets and what queue decisions read of pods (queue_book.py)
         self._queues = QueueBook(books, adoption.claims)
+        # the queues' quotas and fair order over the decisions since the books last changed otherwise
+        self._gate_at: tuple[int, int, int] | None = None
+        self._gate_cache: QueueGate | None = None
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -126,10 +130,38 @@ class Ledger:
         if isinstance(decision, Denial):
             return decision
         if isinstance(decision, GroupPlan):
-            return self._gangs.commit_group(decision, request, now)
-        if isinstance(decision, SlotClaim):
-            return self._gangs.commit_claim(decision, request, now)
-        return self._leases.hold_reserved(decision, now)
+            placed = self._gangs.commit_group(decision, request, now)
+        elif isinstance(decision, SlotClaim):
+            placed = self._gangs.commit_claim(decision, request, now)
+        else:
+            placed = self._leases.hold_reserved(decision, now)
+        if isinstance(placed, Placement):
+            self._queues.reserved(request, placed)
+        return placed
+
+    # ------------------------------------------------------------------------------------------ queues' gate
+    def _gate(self) -> QueueGate | None:
+        """The queues' gate (quotas, fair order), None while no GPUQueue exists; read from the books again
+        only when they changed other than by the gate's own placements."""
+        book = self._queues
+        if book.queues is None:
+            return None
+        at = self._gate_stamp()
+        if self._gate_cache is None or self._gate_at != at:
+            self._gate_cache = QueueGate(
+                book, lambda r: self.explain(r, with_scores=False).result, self._books.groups.__contains__
+            )
+            self._gate_at = at
+        return self._gate_cache
+
+    def _gate_stamp(self) -> tuple[int, int, int]:
+        index = self._books.index
+        return (index.touched_base + len(index.touched), self._queues.version, len(self._books.reservations))
+
+    def _gate_kept(self, gate: QueueGate | None) -> None:
+        """The gate counted every change made since it was read: it stays good."""
+        if gate is not None and gate is self._gate_cache:
+            self._gate_at = self._gate_stamp()
 
     def reserve_or_wait(
         self,
@@ -147,10 +179,24 @@ class Ledger:
             return existing.placement
         request, warning = bandwidth_unchecked(request, self._books.index)
         line = self._waiting
-        behind = line.must_wait(request, now, backfill_window_s)
+        gate = self._gate()
+        behind = line.must_wait(request, now, backfill_window_s, gate)
         if not behind:
+            refusal = gate.refusal(request) if gate is not None else None
+            if refusal is not None:
+                if not may_wait:
+                    return Denial(
+                        id=request.id,
+                        message=f"{describe(request)} fits now, but {refusal}",
+                        strategy=request.strategy or "",
+                    )
+                answer = waiting_answer(request, now, line.position(rank_of(request, now)), None, "")
+                return replace(answer, message=f"{answer.message}; {refusal}", reason=refusal)
             result = self._reserve(request, now)
             if isinstance(result, Placement):
+                if gate is not None:
+                    gate.placed(request, result)
+                    self._gate_kept(gate)
                 return with_warning(result, warning)
             # a denial naming no reason is about the request itself (a bad strategy, a gang of another shape)
             if not result.by_reason or not line.could_fit(request):
@@ -176,7 +222,10 @@ class Ledger:
         id)."""
         books = self._books
         books.last_now = max(books.last_now, now)
-        return self._waiting.place(now, backfill_window_s)
+        gate = self._gate()
+        placed = self._waiting.place(now, backfill_window_s, gate)
+        self._gate_kept(gate)
+        return placed
 
     def waiting_line(self, limit: int | None = None) -> list[LineEntry]:
         """The waiting pods, first to last."""
@@ -237,6 +286,7 @@ class Ledger:
 
     def release(self, id: str) -> bool:
         """Free what `id` holds (a reservation, an unclaimed group slot id, or a counted pod). Idempotent."""
+        self._queues.released(id)
         return self._leases.release(id)
 
     def expiry_candidates(self, now: float) -> list[str]:

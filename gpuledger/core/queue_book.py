@@ -119,6 +119,7 @@ class QueueBook:
         self.gang_namespace: dict[str, str] = {}  # gang key -> its namespace (for its unclaimed slots)
         self._of: dict[str, str] = {}  # namespace -> its queue (cleared when queues or namespaces change)
         self._deferred = False  # a rebuild under way: the queue set is made once, at its end
+        self.version = 0  # moves whenever a namespace's queue may have changed
 
     # ------------------------------------------------------------------ following the cluster
     def observe(self, obj: object) -> None:
@@ -140,6 +141,7 @@ class QueueBook:
                 elif kind == "Namespace":
                     self.namespaces.pop(str(meta.get("name") or ""), None)
                     self._of.clear()
+                    self.version += 1
                 elif kind == "PodDisruptionBudget":
                     self.budgets.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}", None)
             except (TypeError, AttributeError, ValueError, KeyError) as err:
@@ -174,6 +176,7 @@ class QueueBook:
                         {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
                     )
                     self._of.clear()
+                    self.version += 1
                 else:
                     self._observe_budget(item, meta)
         except (TypeError, AttributeError, ValueError, KeyError, QueueError) as err:
@@ -183,6 +186,7 @@ class QueueBook:
         if self._deferred:
             return
         self._of.clear()
+        self.version += 1
         if not self.queue_objects:
             self.queues, self.declared = None, frozenset()
             return

@@ -23,6 +23,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import islice
+from typing import Protocol
 
 from gpuledger.core.books import Books
 from gpuledger.core.ever_fits import EverFits
@@ -106,6 +107,20 @@ class LineEntry:
     placing: bool  # placed, its gate not yet removed
 
 
+class LineGate(Protocol):
+    """The GPU queues' say in a pass (gpuledger.core.queue_gate): the fair order among queues, and quotas.
+    Without one (no GPUQueue exists) the line is in rank order alone and no quota applies."""
+
+    def key(self, request: Request) -> tuple:
+        """The fair-order key of the request's queue (smaller first); it only grows as the pass places."""
+
+    def refusal(self, request: Request) -> str | None:
+        """Why the request's queue may not take what the ledger would give it now (None: it may)."""
+
+    def placed(self, request: Request, placement: Placement) -> None:
+        """A placement was made for the request."""
+
+
 def line_key(req: Request) -> Hashable:
     """The line a request waits in: its gang, its own (pinned), or its shape."""
     if req.group is not None and req.group.size > 1:
@@ -119,7 +134,7 @@ def line_key(req: Request) -> Hashable:
 class _Line:
     """The waiters of one line, in rank order, and what is known of why its head did not fit."""
 
-    __slots__ = ("any_touch", "blocked_at", "entries", "members", "strategy")
+    __slots__ = ("any_touch", "blocked_at", "entries", "members", "over_quota", "strategy")
 
     def __init__(self) -> None:
         self.entries: list[tuple[tuple[int, float, str], str]] = []  # (rank, id), sorted
@@ -127,6 +142,7 @@ class _Line:
         self.blocked_at: int | None = None  # index position at which the head last failed (None: unknown)
         self.strategy = ""  # the strategy it failed under
         self.any_touch = False  # the failure was not node by node: ask again on any change
+        self.over_quota = ""  # its head fits but its queue may not take it (asked again every pass)
 
     def add(self, w: Waiter) -> None:
         self.members[w.id] = w
@@ -376,20 +392,30 @@ class WaitingLine:
     def could_fit(self, req: Request) -> bool:
         return self.ever.could_fit(req)
 
-    def must_wait(self, req: Request, now: float, backfill_window_s: float) -> str:
+    def must_wait(
+        self, req: Request, now: float, backfill_window_s: float, gate: LineGate | None = None
+    ) -> str:
         """Why a newcomer must wait although it may fit now ("" when it need not): a pod ahead of it in line
         has waited past the backfill window (a barrier: nothing behind it starts), or may fit now on what
-        freed since it last failed (its turn comes first, at the next pass)."""
+        freed since it last failed (its turn comes first, at the next pass). With GPU queues (`gate`), ahead
+        means first in the fair order, then in rank; a head its queue's quota holds back is ahead of no
+        one."""
         if not self.queued:
             return ""
         rank = order_key(req.priority, now, req.id)
+        own_key = gate.key(req) if gate is not None else ()
         reserved = self.books.reservations
         own = line_key(req) if req.group is not None and req.group.key in self.books.groups else None
         for lk, line in self.lines.items():
             if lk == own:  # its gang is placed: it takes one of the gang's slots
                 continue
             head = line.head(reserved)
-            if head is None or head.rank >= rank:
+            if head is None:
+                continue
+            if gate is None:
+                if head.rank >= rank:
+                    continue
+            elif line.over_quota or (gate.key(head.request), head.rank) >= (own_key, rank):
                 continue
             if is_barrier(head.arrival, now, backfill_window_s):
                 return (
@@ -417,55 +443,94 @@ class WaitingLine:
         return ahead + 1
 
     # ------------------------------------------------------------------ passes
-    def place(self, now: float, backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S) -> list[Placed]:
+    def place(
+        self,
+        now: float,
+        backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S,
+        gate: LineGate | None = None,
+    ) -> list[Placed]:
         """Place every waiting pod that fits now, in line order, until the line ends or a barrier stops it.
-        Reserves each placement (RESERVED, under the pod's ticket id)."""
+        Reserves each placement (RESERVED, under the pod's ticket id). With GPU queues (`gate`), the order is
+        the fair order among queues, then rank, and a head its queue's quota holds back waits without
+        stopping the others."""
         if not self.queued:
             return []
         books = self.books
         reserved = books.reservations
-        heap: list[tuple[tuple[int, float, str], int, Hashable]] = []
+        heap: list[tuple[tuple, tuple[int, float, str], int, Hashable]] = []
         for n, (lk, line) in enumerate(self.lines.items()):
             head = line.head(reserved)
             if head is not None:
-                heap.append((head.rank, n, lk))
+                heap.append((gate.key(head.request) if gate is not None else (), head.rank, n, lk))
         heapq.heapify(heap)
         placed: list[Placed] = []
         touched: dict[tuple[int, int], tuple[list[NodeState], int]] = {}  # this pass's, per slice of the log
         while heap:
-            _, n, lk = heapq.heappop(heap)
+            key, _, n, lk = heapq.heappop(heap)
             line = self.lines[lk]
             head = line.head(reserved)
             if head is None:
                 continue
+            if gate is not None:
+                fresh = gate.key(head.request)
+                if fresh != key:  # its queue placed since: its turn comes by its key now
+                    heapq.heappush(heap, (fresh, head.rank, n, lk))
+                    continue
             if self._still_blocked(line, head.request, touched):
                 if is_barrier(head.arrival, now, backfill_window_s):
                     break
                 continue
-            got = self._place_line(line, now)
+            got = self._place_line(line, now, gate)
             placed += got
             head = line.head(reserved)
             if head is None:
                 continue
             if got and line.blocked_at is None:  # placed some, more behind: their turn in line order
-                heapq.heappush(heap, (head.rank, n, lk))
+                heapq.heappush(heap, (gate.key(head.request) if gate is not None else (), head.rank, n, lk))
+            elif line.over_quota:
+                continue  # its queue holds it back: others go on
             elif is_barrier(head.arrival, now, backfill_window_s):
                 break
         return placed
 
-    def _place_line(self, line: _Line, now: float) -> list[Placed]:
+    def place_now(self, wid: str, now: float) -> list[Placed]:
+        """Place the waiter holding ticket `wid` (a gang: its every waiting member) at once, ahead of the
+        line: what a preemption's plan kept nodes for."""
+        w = self.queued.get(wid)
+        if w is None or wid in self.books.reservations:
+            return []
+        line = self.lines[line_key(w.request)]
+        if line.head(self.books.reservations) is not w and w.request.group is None:
+            return self._place_members(line, [w], now, None)
+        return self._place_line(line, now, None)
+
+    def _place_line(self, line: _Line, now: float, gate: LineGate | None = None) -> list[Placed]:
         """Place the line's head (a gang: every waiting member); on a denial, mark the line blocked."""
         reserved = self.books.reservations
         head = line.head(reserved)
         assert head is not None
         members = list(line.undecided(reserved)) if head.request.group is not None else [head]
+        return self._place_members(line, members, now, gate)
+
+    def _place_members(
+        self, line: _Line, members: list[Waiter], now: float, gate: LineGate | None
+    ) -> list[Placed]:
         out: list[Placed] = []
-        probe = self._probe(head.request)
+        line.over_quota = ""
+        probe = self._probe(members[0].request)
         for w in members:
+            if probe is None and gate is not None and not out:
+                refusal = gate.refusal(w.request)
+                if refusal is not None:
+                    line.over_quota = refusal
+                    line.blocked_at = None  # (asked again every pass: a queue's use changes anywhere)
+                    break
             result = self.reserve(w.request, now) if probe is None else Denial(w.id, "", by_reason=probe)
             if isinstance(result, Placement):
                 out.append(Placed(w.key, w.namespace, w.name, w.uid, result, w.arrival, w.request))
                 self.placing.add(w.id)
+                if gate is not None:
+                    gate.placed(w.request, result)
                 continue
             if not out:  # the head itself: the line waits
                 index = self.books.index
