@@ -642,6 +642,12 @@ def test_rbac_is_least_privilege():
     assert granted == {
         ("", "pods"): read | {"patch"},  # patch: the placement of a pod that waited (gpuledger.sync.placer)
         ("", "nodes"): read,
+        # queues and preemption (gpuledger.sync.cluster_sync, evictor, queue_status)
+        ("", "namespaces"): {"list", "watch"},
+        ("policy", "poddisruptionbudgets"): {"list", "watch"},
+        ("gpuledger.io", "gpuqueues"): {"list", "watch"},
+        ("gpuledger.io", "gpuqueues/status"): {"patch"},
+        ("", "pods/eviction"): {"create"},  # through the Eviction API: budgets and grace honoured
         ("batch", "jobs"): read,
         ("apps", "statefulsets"): read,
         ("apps", "replicasets"): {"get"},

@@ -55,7 +55,10 @@ def installed_rbac(apiserver):
 
 
 def can_i(apiserver, verb: str, resource: str, namespace: str | None = "team-a", user: str = SA_USER) -> bool:
+    """`resource` may name a subresource after a colon (pods:eviction); a slash names an object."""
+    resource, _, subresource = resource.partition(":")
     args = ["auth", "can-i", verb, resource, "--as", user]
+    args += ["--subresource", subresource] if subresource else []
     args += ["-n", namespace] if namespace else []
     proc = apiserver.kubectl(*args, check=False)
     answer = proc.stdout.strip()
@@ -145,10 +148,19 @@ def _merged(rows: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, st
         # and nothing more
         ("create", "pods", True, False),
         ("delete", "pods", True, False),
-        ("update", "pods/status", True, False),
-        ("create", "pods/exec", True, False),
-        ("create", "pods/eviction", True, False),
-        ("create", "pods/binding", True, False),
+        ("update", "pods:status", True, False),
+        ("create", "pods:exec", True, False),
+        ("create", "pods:eviction", True, True),  # a preemption's victims, through the Eviction API
+        ("watch", "namespaces", False, True),
+        ("list", "poddisruptionbudgets.policy", True, True),
+        ("watch", "gpuqueues.gpuledger.io", False, True),
+        ("patch", "gpuqueues.gpuledger.io:status", False, True),
+        ("update", "gpuqueues.gpuledger.io:status", False, False),
+        ("update", "gpuqueues.gpuledger.io", False, False),
+        ("patch", "gpuqueues.gpuledger.io", False, False),
+        ("create", "poddisruptionbudgets.policy", True, False),
+        ("patch", "namespaces", False, False),
+        ("create", "pods:binding", True, False),
         ("patch", "nodes", False, False),
         ("update", "nodes/status", False, False),
         ("get", "secrets", True, False),
