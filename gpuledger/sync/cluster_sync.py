@@ -1,4 +1,5 @@
-"""Keeps the GPU ledger true to the cluster: watches Nodes and Pods and forwards what changed, in batches.
+"""Keeps the GPU ledger true to the cluster: watches Nodes and Pods (and what queues and preemption read:
+Namespaces, GPUQueues, PodDisruptionBudgets) and forwards what changed, in batches.
 
 The API server is the durable truth and the ledger a cache of it, so this adapter decides nothing: it relays
 watch events (the ledger confirms, counts and releases), rebuilds the ledger from a full list whenever the
@@ -32,12 +33,15 @@ from typing import Any
 
 import orjson
 
+from gpuledger.names import GPUQUEUE_PLURAL, QUEUE_GROUP, QUEUE_VERSION
 from gpuledger.service.sync_writer import is_fenced
-from gpuledger.sync.config import NODE, POD, SyncConfig, SyncStats
+from gpuledger.sync.config import API_VERSIONS, KINDS, NAMESPACE, NODE, PDB, POD, QUEUE, SyncConfig, SyncStats
 from gpuledger.sync.conflicts import ConflictReports, conflict_event
 from gpuledger.sync.device_events import DeviceTruthReports
+from gpuledger.sync.evictor import Evictor
 from gpuledger.sync.expiry import ExpiryChecks, batches
 from gpuledger.sync.placer import WaitingPlacer
+from gpuledger.sync.queue_status import QueueStatusWriter
 from gpuledger.sync.targets import LedgerTarget, LocalLedgerTarget, RayLedgerTarget
 
 # names importable from here as before the split (tests, devcluster and the webhook's serve import them)
@@ -57,24 +61,52 @@ __all__ = [
 
 log = logging.getLogger("gpuledger.sync")
 
+# the resume point of a kind whose API is not served (the GPUQueue CRD not installed): none of it exists
+ABSENT = "<absent>"
+
 
 class _Gone(Exception):
     """The API server no longer has the resourceVersion a watch resumes from."""
 
 
+def _pick(mapping: Any, keys: tuple[str, ...]) -> dict:
+    mapping = mapping if isinstance(mapping, dict) else {}
+    return {k: mapping[k] for k in keys if k in mapping}
+
+
 def slim(obj: dict, kind: str | None = None) -> dict:
     """Drop what the ledger never reads (managedFields are most of a pod's bytes) and fill in kind/apiVersion,
-    which list responses omit on their items."""
+    which list responses omit on their items. A Namespace keeps only its name and labels, a
+    PodDisruptionBudget its selector and how many disruptions it allows, a GPUQueue its spec."""
+    kind = kind or obj.get("kind")
     meta = obj.get("metadata") or {}
+    if kind == NAMESPACE:
+        return {"kind": kind, "apiVersion": "v1", "metadata": _pick(meta, ("name", "labels"))}
+    if kind == PDB:
+        return {
+            "kind": kind,
+            "apiVersion": API_VERSIONS[PDB],
+            "metadata": _pick(meta, ("name", "namespace", "uid")),
+            "spec": _pick(obj.get("spec"), ("selector",)),
+            "status": _pick(obj.get("status"), ("disruptionsAllowed",)),
+        }
+    if kind == QUEUE:  # its status is gpuledger's own writing (gpuledger.sync.queue_status)
+        return {
+            "kind": kind,
+            "apiVersion": API_VERSIONS[QUEUE],
+            "metadata": _pick(meta, ("name", "uid", "labels", "creationTimestamp")),
+            "spec": obj.get("spec") or {},
+        }
     if "managedFields" in meta:
         obj = dict(obj, metadata={k: v for k, v in meta.items() if k != "managedFields"})
     if kind and "kind" not in obj:
-        obj = dict(obj, kind=kind, apiVersion="v1")
+        obj = dict(obj, kind=kind, apiVersion=API_VERSIONS.get(kind, "v1"))
     return obj
 
 
 class ClusterSync(ExpiryChecks, ConflictReports):
-    """Watch Nodes and Pods of every namespace into a `LedgerTarget`. `start()` runs it; `stop()` ends it."""
+    """Watch Nodes, Pods of every namespace, Namespaces, GPUQueues and PodDisruptionBudgets into a
+    `LedgerTarget`. `start()` runs it; `stop()` ends it."""
 
     def __init__(
         self,
@@ -87,6 +119,8 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.target = target
         self.config = config or SyncConfig()
         self.clock = clock
@@ -94,7 +128,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         self._events: queue.Queue = queue.Queue()
         self._lock = threading.Condition()
         self._generation = 0
-        self._resume_from: dict[str, str | None] = {NODE: None, POD: None}
+        self._resume_from: dict[str, str | None] = dict.fromkeys(KINDS)
         self._responses: dict[str, Any] = {}
         self._resync_needed: str | None = "initial list"
         self._resync_asked = 0  # requests so far: one made during a resync is not cleared by its end
@@ -117,17 +151,31 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         # writes the ledger's placements of waiting pods and removes their gate (gpuledger.sync.placer); asked
         # on this sync's forwarding thread, the one that calls the ledger, right after what freed GPUs
         self.placer = WaitingPlacer(self.core, self.config.affinity_key, clock)
+        # carries out the preemptions the ledger planned (gpuledger.sync.evictor): asked on the forwarding
+        # thread right after the placer
+        self.evictor = Evictor(self.core, clock)
+        # writes each GPUQueue's status from the ledger while this sync leads (gpuledger.sync.queue_status)
+        self.queue_status = QueueStatusWriter(
+            self.custom,
+            target,
+            lambda: self.identity if self.stats.leading else None,
+            self.config.queue_status_interval_s,
+            clock,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ClusterSync:
         self.placer.start()
+        self.evictor.start()
+        self.queue_status.start()
         self._threads = [
             threading.Thread(target=self._lease_loop, name="gpuledger-sync-lease", daemon=True),
             threading.Thread(target=self._forward_loop, name="gpuledger-sync", daemon=True),
+        ] + [
             threading.Thread(
-                target=self._watch_loop, args=(NODE,), name="gpuledger-watch-nodes", daemon=True
-            ),
-            threading.Thread(target=self._watch_loop, args=(POD,), name="gpuledger-watch-pods", daemon=True),
+                target=self._watch_loop, args=(kind,), name=f"gpuledger-watch-{kind.lower()}s", daemon=True
+            )
+            for kind in KINDS
         ]
         for t in self._threads:
             t.start()
@@ -141,11 +189,13 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         self._events.put((-1, None))  # wakes the forwarding thread from its wait for events
         with self._lock:
             self._lock.notify_all()
-        for kind in (NODE, POD):
+        for kind in KINDS:
             self._interrupt(kind)
         for t in self._threads:
             t.join(timeout)
         self.placer.stop()
+        self.evictor.stop()
+        self.queue_status.stop()
         if hand_back and self.stats.leading:
             try:
                 self.target.sync_lease(self.identity, self.config.lease_term_s, True)
@@ -180,10 +230,36 @@ class ClusterSync(ExpiryChecks, ConflictReports):
     def _raw_list(self, kind: str) -> Callable[..., Any]:
         """The list call for `kind`. Every call here passes `_preload_content=False`, so it returns the raw
         urllib3 response (`.data`, `.release_conn()`), not the V1NodeList/V1PodList the client's hints say."""
-        return self.core.list_node if kind == NODE else self.core.list_pod_for_all_namespaces
+        if kind == QUEUE:
+            return lambda **kw: self.custom.list_cluster_custom_object(
+                QUEUE_GROUP, QUEUE_VERSION, GPUQUEUE_PLURAL, **kw
+            )
+        calls: dict[str, Callable[..., Any]] = {
+            NODE: self.core.list_node,
+            POD: self.core.list_pod_for_all_namespaces,
+            NAMESPACE: self.core.list_namespace,
+            PDB: self.policy.list_pod_disruption_budget_for_all_namespaces,
+        }
+        return calls[kind]
+
+    def _absent(self, kind: str, exc: BaseException) -> bool:
+        """The GPUQueue API is not served (its CRD not installed): no queue exists, which is not an error. A
+        kind only queues read that this sync may not list (an install whose RBAC predates them) is treated
+        alike, with a warning: placement goes on without queues."""
+        status = getattr(exc, "status", None)
+        if kind == QUEUE and status == 404:
+            return True
+        if kind in (QUEUE, NAMESPACE, PDB) and status == 403:
+            reason = getattr(exc, "reason", "")
+            log.warning("sync: may not list %ss (%s): treated as none; grant list and watch", kind, reason)
+            return True
+        return False
 
     def list_objects(self, kind: str) -> tuple[list[dict], str]:
-        """Every object of `kind`, page by page, as plain dicts, with the list's resourceVersion."""
+        """Every object of `kind`, page by page, as plain dicts, with the list's resourceVersion (`ABSENT`,
+        and no objects, for a GPUQueue API not served)."""
+        from kubernetes.client.exceptions import ApiException
+
         fn = self._raw_list(kind)
         items: list[dict] = []
         token, version = None, ""
@@ -191,7 +267,12 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             kwargs: dict[str, Any] = {"limit": self.config.list_page_size, "_preload_content": False}
             if token:
                 kwargs["_continue"] = token
-            body = json.loads(fn(**kwargs).data)
+            try:
+                body = json.loads(fn(**kwargs).data)
+            except ApiException as exc:
+                if self._absent(kind, exc):
+                    return [], ABSENT
+                raise
             items.extend(slim(obj, kind) for obj in body.get("items") or [])
             meta = body.get("metadata") or {}
             version = version or meta.get("resourceVersion", "")
@@ -201,29 +282,37 @@ class ClusterSync(ExpiryChecks, ConflictReports):
 
     def list_version(self, kind: str) -> str:
         """The current resourceVersion of `kind`'s list (a page of one): where a standby's watch starts."""
-        body = json.loads(self._raw_list(kind)(limit=1, _preload_content=False).data)
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            body = json.loads(self._raw_list(kind)(limit=1, _preload_content=False).data)
+        except ApiException as exc:
+            if self._absent(kind, exc):
+                return ABSENT
+            raise
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
     def resync(self, reason: str) -> None:
-        """Rebuild the ledger from a full list and resume both watches from that list's resourceVersions.
+        """Rebuild the ledger from a full list and resume every watch from its list's resourceVersion.
         Standing by (another sync holds the lease), only the watches restart: from the lists' current
         versions, nothing sent."""
         with self._lock:
             self._generation += 1
-            self._resume_from = {NODE: None, POD: None}
+            self._resume_from = dict.fromkeys(KINDS)
             asked, to_ledger = self._resync_asked, self.stats.leading
-        for kind in (NODE, POD):  # old streams stop at once instead of at their next event or timeout
+        for kind in KINDS:  # old streams stop at once instead of at their next event or timeout
             self._interrupt(kind)
-        nodes: list[dict] = []
-        pods: list[dict] = []
+        listed: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+        versions: dict[str, str | None] = {}
         if to_ledger:
-            nodes, node_version = self.list_objects(NODE)
-            pods, pod_version = self.list_objects(POD)
-            self.target.resync(nodes + pods, self.identity)
+            for kind in KINDS:
+                listed[kind], versions[kind] = self.list_objects(kind)
+            self.target.resync([obj for kind in KINDS for obj in listed[kind]], self.identity)
         else:
-            node_version, pod_version = self.list_version(NODE), self.list_version(POD)
+            versions = {kind: self.list_version(kind) for kind in KINDS}
+        nodes, pods = listed[NODE], listed[POD]
         with self._lock:
-            self._resume_from = {NODE: node_version, POD: pod_version}
+            self._resume_from = versions
             if self._resync_asked == asked:  # else asked again meanwhile (a new term): another list follows
                 self._resync_needed = None
             self._lock.notify_all()
@@ -300,7 +389,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     self.resync(reason)
                     next_status = time.monotonic() + self.config.status_interval_s
                     if self.stats.leading:
-                        self.placer.after_apply(self.target, self.identity)
+                        self._after_apply()
                 if not self.stats.leading:
                     self._stand_by()
                     continue
@@ -310,7 +399,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     self.target.apply_events(batch, self.identity)
                     self.stats.events_applied += len(batch)
                     self.stats.batches += 1
-                    self.placer.after_apply(self.target, self.identity)  # what the batch freed, placed
+                    self._after_apply()  # what the batch freed, placed; what the ledger planned, carried out
                 if time.monotonic() >= next_status:
                     next_status = time.monotonic() + self.config.status_interval_s
                     status = self.target.status() or {}
@@ -319,11 +408,11 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     self.report_conflicts(status.get("conflicts") or [])
                     self.device_reports.report(status)
                     if status.get("waiting"):  # a safety net: placements no event prompted
-                        self.placer.after_apply(self.target, self.identity)
+                        self._after_apply()
                 if time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + self.config.expiry_interval_s
                     self.check_expiry(self.clock())
-                    self.placer.after_apply(self.target, self.identity)  # what expired, given to the line
+                    self._after_apply()  # what expired, given to the line
                 failures = 0
             # everything, on purpose: the ledger (actor restarting) or the API is unavailable, and this
             # thread must outlive that; it logs, backs off and rebuilds the ledger from a full list
@@ -341,6 +430,11 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 )
                 self.request_resync(f"error: {type(exc).__name__}")
                 self._stop.wait(self._backoff(failures))
+
+    def _after_apply(self) -> None:
+        """What the ledger decided after a change: placements of waiting pods, then the preemptions due."""
+        self.placer.after_apply(self.target, self.identity)
+        self.evictor.after_apply(self.target, self.identity)
 
     def _next_batch(self, wait: float) -> list[tuple[str, dict]]:
         """The next events of the current generation: waits up to `wait` for the first, lingers for more."""
@@ -383,6 +477,9 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     return
                 generation = self._generation
             try:
+                if version == ABSENT:
+                    self._await_kind(kind, generation)
+                    continue
                 self._watch_once(kind, generation, version)
                 failures = 0
             except _Gone:
@@ -407,10 +504,30 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     failures = 0
                     self._resync_from(generation, f"{kind} watch error: {type(exc).__name__}")
 
+    def _await_kind(self, kind: str, generation: int) -> None:
+        """A kind whose API was not served at the last list (the GPUQueue CRD not installed): try its list
+        every `absent_retry_s`; once served, forward what it holds as added (leading) and watch from there."""
+        if self._stop.wait(self.config.absent_retry_s):
+            return
+        with self._lock:
+            if generation != self._generation:
+                return
+            leading = self.stats.leading
+        items, version = self.list_objects(kind) if leading else ([], self.list_version(kind))
+        if version == ABSENT:
+            return
+        with self._lock:
+            if generation != self._generation:
+                return  # a full list replaced this one meanwhile
+            for obj in items:
+                self._events.put((generation, ("ADDED", obj)))
+            self._resume_from[kind] = version
+        log.info("sync: the %s API is served now: %d forwarded, watching", kind, len(items))
+
     def _resync_from(self, generation: int, reason: str) -> None:
         with self._lock:
             if generation == self._generation:
-                self._resume_from[NODE] = self._resume_from[POD] = None
+                self._resume_from = dict.fromkeys(KINDS)
         self.request_resync(reason)
 
     def _pod_added(self, pod: dict) -> None:
@@ -436,7 +553,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 _request_timeout=(10, timeout + 30),
             )
         except ApiException as exc:
-            if exc.status == 410:
+            if exc.status == 410 or self._absent(kind, exc):  # a full list says what is left
                 raise _Gone(str(exc.reason)) from exc
             raise
         # stored before checking the flags, so stop() or a resync always finds it
@@ -452,6 +569,8 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 etype, obj = event.get("type"), event.get("object") or {}
                 if etype == "ERROR":
                     if obj.get("code") == 410:
+                        raise _Gone(obj.get("message", ""))
+                    if kind == QUEUE and obj.get("code") == 404:  # the CRD deleted: its queues with it
                         raise _Gone(obj.get("message", ""))
                     raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
                 new_version = (obj.get("metadata") or {}).get("resourceVersion")

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuledger.names import HOSTNAME_LABEL, RESERVATION_ID_KEY
+from gpuledger.names import GPUQUEUE_KIND, HOSTNAME_LABEL, QUEUE_API_VERSION, RESERVATION_ID_KEY
 
 NODE, POD = "Node", "Pod"
+NAMESPACE, PDB, QUEUE = "Namespace", "PodDisruptionBudget", GPUQUEUE_KIND
+# what the sync lists and watches, in the order a full list hands them to the ledger: what a pod is judged by
+# (its node, its namespace's queue, the budgets over it) before the pods
+KINDS = (NODE, NAMESPACE, QUEUE, PDB, POD)
+API_VERSIONS = {NODE: "v1", POD: "v1", NAMESPACE: "v1", PDB: "policy/v1", QUEUE: QUEUE_API_VERSION}
 
 
 @dataclass
@@ -32,6 +37,10 @@ class SyncConfig:
     # the node label (or metadata.name) the placement adapter names a waiting pod's node by
     # (gpuledger.sync.placer), as the webhook's binding does
     affinity_key: str = HOSTNAME_LABEL
+    # while the GPUQueue CRD is not installed, how often its list is tried again (queues: none meanwhile)
+    absent_retry_s: float = 30.0
+    # how often the leading sync writes each GPUQueue's status from the ledger (gpuledger.sync.queue_status)
+    queue_status_interval_s: float = 10.0
 
 
 @dataclass

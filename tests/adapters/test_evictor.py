@@ -1,0 +1,291 @@
+"""The eviction adapter through the real API server (with the disruption controller running, so
+PodDisruptionBudgets hold): the plan recorded on the preemptor before anything is evicted, each victim evicted
+through the Eviction API with its budget and its termination grace honoured, the Events on the victim's owner
+and on the preemptor posted once even when an order is carried out again after a restart, a refusal handed
+back to the ledger by the forwarding thread, and a void order (its preemptor gone) changing nothing.
+
+The ledger's side here is `OrdersTarget`, a small target that hands out the orders a test gives it and
+records what it is told (`preemptions_due`, `eviction_refused`): what the planning ledger answers is tested
+with the ledger (tests/core/test_preemption*.py); the whole path is tests/e2e's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+import pytest
+
+from devcluster.cluster import CONTROLLERS, ControlPlane
+from gpuledger.names import PREEMPTED_REASON, PREEMPTING_ANNOTATION, PREEMPTING_REASON
+from gpuledger.service.preemption_orders import Eviction, EvictionRefused, PreemptionOrder
+from gpuledger.sync.evictor import Evictor, owner_of
+from tests.conftest import require_binaries
+
+pytestmark = pytest.mark.e2e
+
+T = 1_700_000_000.0
+
+
+@pytest.fixture(scope="module")
+def apiserver():
+    """A control plane of this module's own whose controllers include the disruption controller (it keeps
+    each PodDisruptionBudget's status, which the Eviction API checks)."""
+    require_binaries()
+    with ControlPlane(controllers=(*CONTROLLERS, "disruption-controller")) as cp:
+        yield cp
+
+
+@pytest.fixture
+def core(apiserver):
+    from kubernetes import client
+
+    return client.CoreV1Api(apiserver.api_client())
+
+
+@pytest.fixture
+def ns(apiserver):
+    name = f"evict-{uuid.uuid4().hex[:6]}"
+    apiserver.create_namespace(name, admission=False)
+    yield name
+    apiserver.force_delete("pods", namespace=name)
+    apiserver.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+class OrdersTarget:
+    """The ledger's two preemption calls: hands out `orders`, records the refusals it is told of."""
+
+    def __init__(self, orders: list[PreemptionOrder]):
+        self.orders = orders
+        self.refused: list[EvictionRefused] = []
+        self.holders: list[str] = []
+        self.lock = threading.Lock()
+
+    def preemptions_due(self, holder: str) -> list[PreemptionOrder]:
+        with self.lock:
+            self.holders.append(holder)
+            return list(self.orders)
+
+    def eviction_refused(self, refusals: list[EvictionRefused], holder: str) -> None:
+        with self.lock:
+            self.refused.extend(refusals)
+
+
+def pod(name: str, node: str | None = None, grace: int | None = None, labels: dict | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "x"}]}
+    if node:
+        spec["nodeName"] = node
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }
+
+
+def create(core, ns: str, body: dict) -> dict:
+    return json.loads(core.create_namespaced_pod(ns, body, _preload_content=False).data)
+
+
+def running_ready(core, ns: str, name: str) -> None:
+    """What a kubelet would report: the pod Running and Ready (a budget counts only healthy pods)."""
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    core.patch_namespaced_pod_status(name, ns, {"status": status})
+
+
+def victim(
+    stored: dict, rule: str = "reclaim", why: str = "queue team-a borrows 8 GPUs team-b lent"
+) -> Eviction:
+    meta = stored["metadata"]
+    return Eviction(meta["namespace"], meta["name"], meta["uid"], rule, why)
+
+
+def order(preemptor: dict, victims: list[Eviction], oid: str = "rid-pre", recorded: bool = False):
+    meta = preemptor["metadata"]
+    record = json.dumps({"id": oid, "victims": [v.uid for v in victims], "nodes": ["n1"]})
+    message = f"evicting {len(victims)} pods of queue team-a: queue team-b takes back what it lent"
+    return PreemptionOrder(
+        oid, meta["namespace"], meta["name"], meta["uid"], tuple(victims), ("n1",), record, recorded, message
+    )
+
+
+def events(apiserver, ns: str, reason: str) -> list[dict]:
+    return [e for e in apiserver.get_json("events", "-n", ns)["items"] if e["reason"] == reason]
+
+
+def gone(apiserver, ns: str, name: str, uid: str) -> bool:
+    pods = apiserver.get_json("pods", "-n", ns)["items"]
+    return not any(p["metadata"]["name"] == name and p["metadata"]["uid"] == uid for p in pods)
+
+
+def job(name: str) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": 1,
+            "completions": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "x"}]}},
+        },
+    }
+
+
+def test_the_plan_is_recorded_then_each_victim_evicted_and_its_owner_and_the_preemptor_told(
+    apiserver, core, ns
+):
+    apiserver.apply({**job("trainer"), "metadata": {"name": "trainer", "namespace": ns}})
+    job_pod = apiserver.wait_for(
+        lambda: next(iter(apiserver.pods(ns, "job-name=trainer")), None), what="the Job's pod"
+    )
+    job_uid = apiserver.get_json("job", "trainer", "-n", ns)["metadata"]["uid"]
+    bare = create(core, ns, pod("bare"))
+    preemptor = create(core, ns, pod("critical"))
+    victims = [victim(job_pod), victim(bare, "priority", "priority 1000 over 10 in queue team-a")]
+    plan = order(preemptor, victims)
+    target = OrdersTarget([plan])
+    evictor = Evictor(core, clock=lambda: T).start()
+    try:
+        assert evictor.after_apply(target, "sync-a") == 1
+        assert evictor.drain()
+        stored = apiserver.get_json("pod", "critical", "-n", ns)
+        assert stored["metadata"]["annotations"][PREEMPTING_ANNOTATION] == plan.record
+        for v in victims:  # unscheduled pods: deleted at once (no grace to wait for without a node)
+            apiserver.wait_for(lambda v=v: gone(apiserver, ns, v.name, v.uid), what=f"{v.name} evicted")
+        assert (evictor.stats.evicted, evictor.stats.refused, evictor.stats.gone) == (2, 0, 0)
+
+        preempted = events(apiserver, ns, PREEMPTED_REASON)
+        on = {(e["involvedObject"]["kind"], e["involvedObject"]["name"]): e for e in preempted}
+        assert set(on) == {("Job", "trainer"), ("Pod", "bare")}  # the owner, else the pod itself
+        assert on[("Job", "trainer")]["involvedObject"]["uid"] == job_uid
+        assert all(e["type"] == "Warning" for e in preempted)
+        assert on[("Job", "trainer")]["message"] == (
+            f"gpuledger: pod {job_pod['metadata']['name']} evicted for pod {ns}/critical (rule reclaim): "
+            "queue team-a borrows 8 GPUs team-b lent"
+        )
+        assert "(rule priority): priority 1000 over 10 in queue team-a" in on[("Pod", "bare")]["message"]
+        [told] = events(apiserver, ns, PREEMPTING_REASON)
+        assert told["type"] == "Normal" and told["involvedObject"]["name"] == "critical"
+        assert told["message"] == f"gpuledger: {plan.message}"
+
+        # handed out again (its victims not yet seen gone by the ledger): carried out once per process
+        assert evictor.after_apply(target, "sync-a") == 0
+    finally:
+        evictor.stop()
+
+    # a restarted sync is handed the same order: carried out again, harmlessly, and told once
+    again = Evictor(core, clock=lambda: T + 5).start()
+    try:
+        assert again.after_apply(target, "sync-b") == 1 and again.drain()
+        assert (again.stats.evicted, again.stats.gone) == (0, 2)
+    finally:
+        again.stop()
+    assert len(events(apiserver, ns, PREEMPTED_REASON)) == 2
+    assert len(events(apiserver, ns, PREEMPTING_REASON)) == 1
+
+
+def test_a_victims_termination_grace_is_honoured_and_a_repeat_is_not_told_twice(apiserver, core, ns):
+    apiserver.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{ns}"}})
+    held = create(core, ns, pod("graceful", node=f"node-{ns}", grace=120))
+    running_ready(core, ns, "graceful")
+    preemptor = create(core, ns, pod("waiter"))
+    plan = order(preemptor, [victim(held)], oid="rid-grace")
+    for attempt in range(2):  # a second process (a restart) is handed the same order while it terminates
+        evictor = Evictor(core, clock=lambda: T).start()
+        try:
+            assert evictor.after_apply(OrdersTarget([plan]), "sync") == 1 and evictor.drain()
+            assert evictor.stats.evicted == 1, attempt  # a terminating pod's eviction is accepted again
+        finally:
+            evictor.stop()
+    stored = apiserver.get_json("pod", "graceful", "-n", ns)  # the kubelet's to end: it waits for it
+    assert stored["metadata"]["deletionTimestamp"] and stored["metadata"]["deletionGracePeriodSeconds"] == 120
+    assert len(events(apiserver, ns, PREEMPTED_REASON)) == 1
+    assert len(events(apiserver, ns, PREEMPTING_REASON)) == 1
+
+
+def test_a_disruption_budget_refuses_and_the_refusal_goes_to_the_ledger(apiserver, core, ns):
+    from kubernetes import client
+
+    node = f"node-{ns}"
+    apiserver.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    guarded = create(core, ns, pod("guarded", node=node, grace=0, labels={"app": "serving"}))
+    free = create(core, ns, pod("free", node=node, grace=0, labels={"app": "batch"}))
+    for name in ("guarded", "free"):
+        running_ready(core, ns, name)
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "serving"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "serving"}}},
+    }
+    client.PolicyV1Api(apiserver.api_client()).create_namespaced_pod_disruption_budget(ns, budget)
+    apiserver.wait_for(
+        lambda: apiserver.get_json("pdb", "serving", "-n", ns).get("status", {}).get("observedGeneration"),
+        what="the disruption controller's status on the budget",
+    )
+    preemptor = create(core, ns, pod("critical"))
+    plan = order(preemptor, [victim(free), victim(guarded)], oid="rid-pdb")
+    target = OrdersTarget([plan])
+    evictor = Evictor(core, clock=lambda: T).start()
+    try:
+        evictor.after_apply(target, "sync")
+        assert evictor.drain()
+        assert (evictor.stats.evicted, evictor.stats.refused) == (1, 1)
+        assert target.refused == []  # handed over by the forwarding thread, at its next call
+        target.orders = []  # the ledger dropped the plan
+        assert evictor.after_apply(target, "sync") == 0
+    finally:
+        evictor.stop()
+    [refusal] = target.refused
+    assert (refusal.order_id, refusal.name, refusal.uid, refusal.status) == (
+        "rid-pdb",
+        "guarded",
+        guarded["metadata"]["uid"],
+        429,
+    )
+    assert "disruption budget" in refusal.message
+    assert apiserver.get_json("pod", "guarded", "-n", ns)["metadata"].get("deletionTimestamp") is None
+    apiserver.wait_for(lambda: gone(apiserver, ns, "free", free["metadata"]["uid"]), what="free evicted")
+    assert events(apiserver, ns, PREEMPTING_REASON) == []  # the plan was not carried out whole
+
+
+def test_an_order_whose_preemptor_is_gone_is_void_and_evicts_nothing(apiserver, core, ns):
+    held = create(core, ns, pod("held"))
+    preemptor = create(core, ns, pod("left"))
+    plan = order(preemptor, [victim(held)], oid="rid-void")
+    core.delete_namespaced_pod("left", ns, grace_period_seconds=0)
+    apiserver.wait_for(lambda: gone(apiserver, ns, "left", preemptor["metadata"]["uid"]), what="deleted")
+    create(core, ns, pod("left"))  # a new pod of the same name is not the preemptor
+    evictor = Evictor(core, clock=lambda: T).start()
+    try:
+        evictor.after_apply(OrdersTarget([plan]), "sync")
+        assert evictor.drain()
+    finally:
+        evictor.stop()
+    assert (evictor.stats.void, evictor.stats.evicted) == (1, 0)
+    assert not gone(apiserver, ns, "held", held["metadata"]["uid"])
+    annotations = apiserver.get_json("pod", "left", "-n", ns)["metadata"].get("annotations") or {}
+    assert PREEMPTING_ANNOTATION not in annotations
+
+
+def test_a_target_without_preemptions_has_none_due():
+    assert Evictor(core=None).after_apply(object(), "sync") == 0  # type: ignore[arg-type]
+
+
+def test_the_owner_is_the_controller_reference_else_the_pod():
+    meta = {"name": "p", "namespace": "ns", "uid": "u"}
+    assert owner_of({"metadata": meta}) == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "ns",
+        "name": "p",
+        "uid": "u",
+    }
+    refs = [
+        {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "x"},
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "y", "controller": True},
+    ]
+    assert owner_of({"metadata": {**meta, "ownerReferences": refs}})["kind"] == "Job"
