@@ -289,3 +289,61 @@ def test_the_owner_is_the_controller_reference_else_the_pod():
         {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "y", "controller": True},
     ]
     assert owner_of({"metadata": {**meta, "ownerReferences": refs}})["kind"] == "Job"
+
+
+def test_the_sync_asks_for_orders_after_each_batch_and_hands_refusals_back(apiserver, core, ns):
+    """Wired in the cluster sync, as the product's identity (its RBAC): the forwarding thread asks the ledger
+    (a real `LedgerService` in this process, the orders handed out by the test) right after a batch, and hands
+    the refusals back at its next call."""
+    from devcluster.cluster import WEBHOOK_USER
+    from gpuledger.service.ledger_service import LedgerConfig, LedgerService
+    from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+
+    class Target(LocalLedgerTarget):
+        def __init__(self, service, orders: OrdersTarget):
+            super().__init__(service)
+            self.orders = orders
+
+        def preemptions_due(self, holder):
+            return self.orders.preemptions_due(holder)
+
+        def eviction_refused(self, refusals, holder):
+            self.orders.eviction_refused(refusals, holder)
+
+    node = f"node-{ns}"
+    apiserver.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    doomed = create(core, ns, pod("doomed"))
+    guarded = create(core, ns, pod("guarded", node=node, grace=0, labels={"app": "serving"}))
+    running_ready(core, ns, "guarded")
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "serving", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "serving"}}},
+    }
+    apiserver.apply(budget)
+    apiserver.wait_for(
+        lambda: apiserver.get_json("pdb", "serving", "-n", ns).get("status", {}).get("observedGeneration"),
+        what="the disruption controller's status on the budget",
+    )
+    preemptor = create(core, ns, pod("critical"))
+    orders = OrdersTarget([])
+    service = LedgerService(LedgerConfig(default_strategy="best_fit"), None)
+    config = SyncConfig(batch_linger_s=0.01, expiry_interval_s=3600, status_interval_s=0.2)
+    sync = ClusterSync(apiserver.api_client(WEBHOOK_USER), Target(service, orders), config).start()
+    try:
+        assert sync.wait_synced(60), sync.stats
+        orders.orders = [order(preemptor, [victim(doomed), victim(guarded)], oid="rid-sync")]
+        create(core, ns, pod("nudge"))  # a batch: the forwarding thread asks right after it
+        apiserver.wait_for(lambda: gone(apiserver, ns, "doomed", doomed["metadata"]["uid"]), what="evicted")
+        orders.orders = []  # the ledger dropped the plan the budget refused
+        create(core, ns, pod("nudge-2"))
+        apiserver.wait_for(lambda: orders.refused, what="the refusal handed to the ledger")
+    finally:
+        sync.stop()
+    assert [(r.name, r.status) for r in orders.refused] == [("guarded", 429)]
+    assert set(orders.holders) == {sync.identity}
+    assert (sync.evictor.stats.evicted, sync.evictor.stats.refused) == (1, 1)
+    stored = apiserver.get_json("pod", "critical", "-n", ns)
+    assert PREEMPTING_ANNOTATION in stored["metadata"]["annotations"]
+    assert len(events(apiserver, ns, PREEMPTED_REASON)) == 1  # posted as the product's identity
