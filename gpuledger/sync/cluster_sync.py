@@ -154,6 +154,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         # carries out the preemptions the ledger planned (gpuledger.sync.evictor): asked on the forwarding
         # thread right after the placer
         self.evictor = Evictor(self.core, clock)
+        self.stats.evictions = self.evictor.stats  # exported with the sync's (gpuledger_preemption_evictions)
         # writes each GPUQueue's status from the ledger while this sync leads (gpuledger.sync.queue_status)
         self.queue_status = QueueStatusWriter(
             self.custom,

@@ -7,8 +7,12 @@ Plain values only: nothing here talks to the API or the ledger.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuledger.names import GPUQUEUE_KIND, HOSTNAME_LABEL, QUEUE_API_VERSION, RESERVATION_ID_KEY
+
+if TYPE_CHECKING:
+    from gpuledger.sync.evictor import EvictorStats
 
 NODE, POD = "Node", "Pod"
 NAMESPACE, PDB, QUEUE = "Namespace", "PodDisruptionBudget", GPUQUEUE_KIND
@@ -63,3 +67,4 @@ class SyncStats:
     lease_errors: int = 0  # lease calls that failed (the ledger restarting)
     events_dropped: int = 0  # events seen while standing by (the holder's own watch forwards them)
     resync_reasons: list[str] = field(default_factory=list)
+    evictions: EvictorStats | None = None  # the eviction adapter's counters (gpuledger.sync.evictor)

@@ -390,12 +390,22 @@ class _SyncLease:
             "watch events this replica's cluster sync sent to the ledger (applied) or dropped standing by",
             labels=["outcome"],
         )
+        evictions = CounterMetricFamily(
+            "gpuledger_preemption_evictions",
+            "victims of the ledger's preemption plans this replica's sync evicted, found gone, or the API "
+            "server refused (a disruption budget); orders void (their preemptor gone), calls failed",
+            labels=["outcome"],
+        )
         if stats is not None:
             held.add_metric([], 1.0 if stats.leading else 0.0)
             events.add_metric(["applied"], stats.events_applied)
             events.add_metric(["dropped"], stats.events_dropped)
+            evicted = getattr(stats, "evictions", None)  # gpuledger.sync.evictor's EvictorStats
+            for outcome in ("evicted", "refused", "gone", "void", "failed") if evicted is not None else ():
+                evictions.add_metric([outcome], getattr(evicted, outcome))
         yield held
         yield events
+        yield evictions
 
 
 _LEDGER_CALLS_HELP = (

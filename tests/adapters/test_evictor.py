@@ -347,3 +347,23 @@ def test_the_sync_asks_for_orders_after_each_batch_and_hands_refusals_back(apise
     stored = apiserver.get_json("pod", "critical", "-n", ns)
     assert PREEMPTING_ANNOTATION in stored["metadata"]["annotations"]
     assert len(events(apiserver, ns, PREEMPTED_REASON)) == 1  # posted as the product's identity
+
+
+def test_the_counters_are_exported_with_the_syncs():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuledger.sync.config import SyncStats
+    from gpuledger.sync.evictor import EvictorStats
+    from gpuledger.webhook.metrics import WebhookMetrics
+
+    metrics = WebhookMetrics()
+    stats = SyncStats(leading=True, evictions=EvictorStats(evicted=3, refused=1))
+    metrics.watch_sync(stats)
+    stats.evictions.gone = 2  # type: ignore[union-attr]  # read at each scrape
+    [family] = [
+        f
+        for f in text_string_to_metric_families(metrics.exposition().decode())
+        if f.name == "gpuledger_preemption_evictions"
+    ]
+    counts = {s.labels["outcome"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert counts == {"evicted": 3, "refused": 1, "gone": 2, "void": 0, "failed": 0}
