@@ -23,7 +23,10 @@ from gpuledger.core.decisions import Decider
 from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import Filters, bandwidth_unchecked, with_warning
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
+from gpuledger.core.held_plans import HeldPlan, HeldPlans
+from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
+from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
 from gpuledger.core.queue_book import QueueBook
 from gpuledger.core.queue_gate import QueueGate
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
@@ -31,12 +34,13 @@ from gpuledger.core.selection import Selector
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
 from gpuledger.core.steps import Steps, drain
 from gpuledger.core.topology import Topology
-from gpuledger.core.waiting import LineEntry, Placed, Waiting, WaitingLine, rank_of, waiting_answer
+from gpuledger.core.waiting import LineEntry, Placed, Waiter, Waiting, WaitingLine, rank_of, waiting_answer
 from gpuledger.names import WHEN_FULL, WHEN_FULL_REFUSE
 
 __all__ = [
     "DomainStats",
     "GroupState",
+    "HeldPlan",
     "Ledger",
     "LedgerConfig",
     "LedgerStats",
@@ -101,14 +105,20 @@ class Ledger:
         # the queues' quotas and fair order over the decisions since the books last changed otherwise
         self._gate_at: tuple[int, int, int] | None = None
         self._gate_cache: QueueGate | None = None
+        # the preemptions it holds: their nodes kept for their preemptors (held_plans.py)
+        self._plans = HeldPlans(books, self._queues, lambda: books.config.placement_key)
+        self._changes = 0  # moves with every change the cluster or a caller makes (a plan's memo reads it)
+        self._no_plan: dict[str, int] = {}  # ticket id -> `_changes` when it last found no plan
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
         self._books.upsert_node(node)
+        self._settle_plans()
 
     def remove_node(self, name: str) -> None:
         """Forget a node's capacity; what is held on it stays recorded and returns if the node does."""
         self._books.remove_node(name)
+        self._settle_plans()
 
     def topology(self) -> Topology:
         return self._books.topology()
@@ -222,10 +232,107 @@ class Ledger:
         id)."""
         books = self._books
         books.last_now = max(books.last_now, now)
+        self._settle_plans()
+        placed: list[Placed] = []
+        for wid in self._plans.ready():  # every victim gone: the preemptor takes the nodes kept for it
+            self._plans.drop(wid, void=False)
+            placed += self._waiting.place_now(wid, now)
         gate = self._gate()
-        placed = self._waiting.place(now, backfill_window_s, gate)
+        placed += self._waiting.place(now, backfill_window_s, gate)
         self._gate_kept(gate)
+        if gate is not None:
+            self.plan_preemptions(now)
+        self._settle_plans()
         return placed
+
+    # ------------------------------------------------------------------------------------------ preemption
+    def plan_preemptions(self, now: float, most: int = 8) -> list[HeldPlan]:
+        """Plan preemptions for waiting workloads that do not fit now (the heads of the line, in the fair
+        order; at most `most` tried a pass, and one that found no plan is not tried again until something
+        changed): each plan found is held, its nodes kept for its preemptor (gpuledger.core.held_plans).
+        The new plans; none while no GPUQueue exists."""
+        book, plans = self._queues, self._plans
+        queues = book.queues
+        gate = self._gate()
+        if queues is None or gate is None:
+            return []
+        heads = [
+            h
+            for h in self._waiting.heads()
+            if h.id not in plans.plans and self._no_plan.get(h.id) != self._changes and h.key in book.pods
+        ]
+        if not heads:
+            return []
+        heads.sort(key=lambda h: (gate.key(h.request), h.rank))
+        excluded = plans.excluded(now)
+        running = book.running(excluded)
+        by_key = {r.key: r for r in running}
+        allowances = self._allowances_left()
+        usage, capacity = book.usage(), book.capacity()
+        made: list[HeldPlan] = []
+        for head in heads[:most]:
+            facts = book.pods[head.key]
+            preemptor = self._preemptor(head, facts.never)
+            planner = Planner(queues, usage, capacity, LedgerView(self))
+            found = planner.plan(preemptor, [r for r in running if r.key not in excluded], allowances, now)
+            if isinstance(found, Plan) and found.victims:
+                held = plans.hold(found, facts, head.id, by_key)
+                made.append(held)
+                excluded |= {v.workload.key for v in found.victims}
+                for v in found.victims:
+                    for budget, n in v.workload.budgets:
+                        allowances[budget] = allowances.get(budget, 0) - n
+            else:
+                self._no_plan[head.id] = self._changes
+        while len(self._no_plan) > 4096:
+            del self._no_plan[next(iter(self._no_plan))]
+        return made
+
+    def _preemptor(self, head: Waiter, never: bool) -> Preemptor:
+        req = head.request
+        key = req.group.key if req.group is not None and req.group.size > 1 else head.key
+        return Preemptor(key, self._queues.queue_of(head.namespace) or "", req, never)
+
+    def _allowances_left(self) -> dict[str, int]:
+        """Each PodDisruptionBudget's allowance less the victims the held plans still have to evict."""
+        book = self._queues
+        allowances = book.allowances()
+        for plan in self._plans.plans.values():
+            for _, pod in plan.present(book.pods):
+                facts = book.pods.get(f"{pod[0]}/{pod[1]}")
+                for budget in book.budgets.values():
+                    if facts is not None and budget.covers(facts):
+                        allowances[budget.key] = allowances.get(budget.key, 0) - 1
+        return allowances
+
+    def preemptions(self) -> list[HeldPlan]:
+        """Every preemption held, by its preemptor's ticket id."""
+        return [p for _, p in sorted(self._plans.plans.items())]
+
+    def preemption_victims(self, plan: HeldPlan) -> list[tuple[str, str, str, str, str]]:
+        """(namespace, name, uid, rule, why) of each of the plan's victim pods still stored."""
+        return [(*pod, v.rule, v.why) for v, pod in plan.present(self._queues.pods)]
+
+    def eviction_refused(self, plan_id: str, namespace: str, name: str, now: float) -> None:
+        """The API server refused to evict a victim of plan `plan_id`: the plan is dropped (its nodes free),
+        and the victim's workload is left out of plans for `refused_victim_s`; the next pass plans again."""
+        self._plans.refused_eviction(plan_id, namespace, name, now)
+        self._changes += 1
+
+    @property
+    def refused_victim_s(self) -> float:
+        """How long a victim whose eviction was refused is left out of plans (seconds)."""
+        return self._plans.refused_victim_s
+
+    @refused_victim_s.setter
+    def refused_victim_s(self, seconds: float) -> None:
+        self._plans.refused_victim_s = seconds
+
+    def _settle_plans(self, adopt: Iterable[str] = ()) -> None:
+        self._changes += 1
+        plans = self._plans
+        if plans.plans or adopt:
+            plans.settle(self._waiting.key_of, adopt)
 
     def waiting_line(self, limit: int | None = None) -> list[LineEntry]:
         """The waiting pods, first to last."""
@@ -256,14 +363,44 @@ class Ledger:
         """The `Waiting` answer `reserve_or_wait` would give a request denied for now (a dry run's)."""
         return waiting_answer(request, now, self._waiting.position(rank_of(request, now)), denial, "")
 
-    def explain(self, request: Request, with_scores: bool = True) -> Explanation:
+    def explain(self, request: Request, with_scores: bool = True, now: float | None = None) -> Explanation:
         """The decision `reserve` would make now, with every node's score or reasons; reserves nothing.
-        `with_scores=False` skips the per-node table (a dry run needs only the decision)."""
+        `with_scores=False` skips the per-node table (a dry run needs only the decision). With `now` and GPU
+        queues: for a request that would wait, its queue's refusal and the preemption it could make (or
+        why none), in `preemption`."""
         request, warning = bandwidth_unchecked(request, self._books.index)
         explanation = self._decider.explain(request, with_scores)
-        return (
-            replace(explanation, result=with_warning(explanation.result, warning)) if warning else explanation
+        if warning:
+            explanation = replace(explanation, result=with_warning(explanation.result, warning))
+        if now is not None and self._queues.active:
+            words = self._preemption_words(request, explanation.result, now)
+            if words:
+                explanation = replace(explanation, preemption=words)
+        return explanation
+
+    def _preemption_words(self, request: Request, result: Placement | Denial, now: float) -> str:
+        book, gate = self._queues, self._gate()
+        if gate is None or book.queues is None:
+            return ""
+        refusal = gate.refusal(request) if isinstance(result, Placement) else None
+        if isinstance(result, Placement) and refusal is None:
+            return ""
+        if isinstance(result, Denial) and (not result.by_reason or not self._waiting.could_fit(request)):
+            return ""  # it would not wait: denied for what it asks
+        key = f"{request.namespace or 'default'}/{request.name}" if request.name else request.id
+        facts = book.pods.get(key)
+        group = request.group
+        who = Preemptor(
+            group.key if group is not None and group.size > 1 else key,
+            book.queue_of(request.namespace) or book.queues.default,
+            request,
+            facts is not None and facts.never,
         )
+        excluded = self._plans.excluded(now)
+        planner = Planner(book.queues, book.usage(), book.capacity(), LedgerView(self))
+        found: Plan | NoPlan = planner.plan(who, book.running(excluded), self._allowances_left(), now)
+        words = describe_plan(found)
+        return f"{refusal}; {words}" if refusal else words
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def get(self, id: str) -> Placement | None:
@@ -287,26 +424,40 @@ class Ledger:
     def release(self, id: str) -> bool:
         """Free what `id` holds (a reservation, an unclaimed group slot id, or a counted pod). Idempotent."""
         self._queues.released(id)
-        return self._leases.release(id)
+        freed = self._leases.release(id)
+        self._settle_plans()
+        return freed
 
     def expiry_candidates(self, now: float) -> list[str]:
         """Ids of unconfirmed reservations older than the TTL, and unclaimed group slots past the deadline."""
         return self._leases.expiry_candidates(now)
 
     def expire(self, now: float) -> list[str]:
-        return self._leases.expire(now)
+        expired = self._leases.expire(now)
+        if expired:
+            self._settle_plans()
+        return expired
 
     # ---------------------------------------------------------------------------------------- cluster objects
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node, Pod, GPUQueue, Namespace or PodDisruptionBudget (or a List of them)."""
+        plans = self._plans
+        if plans.plans:
+            plans.lift()
         self._adoption.apply_object(obj, now)
         self._waiting.observe(obj)
-        self._queues.observe(obj)
+        book = self._queues
+        book.observe(obj)
+        self._settle_plans(book.recording if book.recording and book.active else ())
 
     def delete_object(self, obj: dict) -> None:
+        plans = self._plans
+        if plans.plans:
+            plans.lift()
         self._adoption.delete_object(obj)
         self._waiting.observe_deleted(obj)
         self._queues.observe_deleted(obj)
+        self._settle_plans()
 
     @classmethod
     def rebuild(cls, objects: Iterable[dict], config: LedgerConfig | None = None, now: float = 0.0) -> Ledger:
@@ -324,6 +475,9 @@ class Ledger:
         ledger._books.last_now = now
         passing = ledger._queues.passing(ledger._waiting.passing(objects))
         yield from ledger._adoption.load_in_steps(passing, now, step)
+        book = ledger._queues
+        if book.recording and book.active:  # the preemptions the stored preemptors record, held again
+            ledger._settle_plans(book.recording)
         return ledger
 
     def discard(self) -> None:
@@ -364,6 +518,8 @@ class Ledger:
         snap = self._books.snapshot()
         snap["conflicts"] = self.conflicts()
         snap["waiting"] = self._waiting.snapshot()
+        if self._plans.plans:
+            snap["preemptions"] = self._plans.snapshot()
         return snap
 
     def conflicts(self) -> list[list[str]]:

@@ -305,3 +305,6 @@ class Explanation:
 
     result: Placement | Denial
     scores: tuple[NodeScore, ...] = field(default_factory=tuple)
+    # with GPU queues, for a request that would wait: its queue's quota refusal, and the preemption plan it
+    # could make (victims and the rule allowing each) or why it has none; "" otherwise
+    preemption: str = ""

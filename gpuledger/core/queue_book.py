@@ -114,6 +114,7 @@ class QueueBook:
         self.namespaces: dict[str, Mapping[str, str]] = {}  # namespace -> its labels
         self.budgets: dict[str, Budget] = {}
         self.pods: dict[str, PodFacts] = {}  # pod key -> facts of a pod with a placement or a ticket
+        self.recording: set[str] = set()  # pods carrying a gpuledger.io/preempting record
         # reservation id -> namespace of the request reserved under it (admission's, before its pod is stored)
         self.reserved_in: dict[str, str] = {}
         self.gang_namespace: dict[str, str] = {}  # gang key -> its namespace (for its unclaimed slots)
@@ -135,6 +136,7 @@ class QueueBook:
                     continue
                 if kind == "Pod":
                     self.pods.pop(pod_key_of(meta), None)
+                    self.recording.discard(pod_key_of(meta))
                 elif kind == GPUQUEUE_KIND:
                     if self.queue_objects.pop(str(meta.get("name") or ""), None) is not None:
                         self._renew_queues()
@@ -224,6 +226,7 @@ class QueueBook:
         ):
             if self.pods:
                 self.pods.pop(key, None)
+                self.recording.discard(key)
             return
         spec = pod.get("spec")
         if not isinstance(spec, dict):
@@ -245,6 +248,10 @@ class QueueBook:
             never=spec.get("preemptionPolicy") == "Never",
             preempting=str(annotations.get(PREEMPTING_ANNOTATION) or ""),
         )
+        if PREEMPTING_ANNOTATION in annotations:
+            self.recording.add(key)
+        elif self.recording:
+            self.recording.discard(key)
 
     # ------------------------------------------------------------------ admission's notes
     def reserved(self, request: Request, placement: Placement) -> None:

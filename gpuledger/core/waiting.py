@@ -631,6 +631,16 @@ class WaitingLine:
         return True
 
     # ------------------------------------------------------------------ views
+    def heads(self) -> list[Waiter]:
+        """The first waiter of every line not placing (those a preemption may be planned for)."""
+        reserved = self.books.reservations
+        return [h for h in (line.head(reserved) for line in self.lines.values()) if h is not None]
+
+    def key_of(self, wid: str) -> str | None:
+        """The pod key of the waiter holding ticket `wid`; None when none waits under it."""
+        w = self.queued.get(wid)
+        return None if w is None else w.key
+
     def in_order(self, limit: int | None = None) -> list[LineEntry]:
         """The line, first to last (placing ones included, not counted in positions)."""
         reserved = self.books.reservations
