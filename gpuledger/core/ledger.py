@@ -14,7 +14,7 @@ totals (`stats`) each live in their own module.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import is_dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Any
 
 from gpuledger.core.adoption import Adoption
@@ -23,6 +23,7 @@ from gpuledger.core.decisions import Decider
 from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import Filters, bandwidth_unchecked, with_warning
 from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
+from gpuledger.core.gpu_queues import QueueSet
 from gpuledger.core.held_plans import HeldPlan, HeldPlans
 from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
@@ -30,6 +31,7 @@ from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, describe
 from gpuledger.core.queue_book import QueueBook
 from gpuledger.core.queue_gate import QueueGate
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
+from gpuledger.core.quotas import Capacity, Usage
 from gpuledger.core.selection import Selector
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
 from gpuledger.core.steps import Steps, drain
@@ -46,10 +48,20 @@ __all__ = [
     "LedgerStats",
     "LineEntry",
     "Placed",
+    "QueueAccounts",
     "Reservation",
     "Waiting",
     "slot_hid",
 ]
+
+
+@dataclass(frozen=True)
+class QueueAccounts:
+    queues: QueueSet
+    declared: frozenset[str]
+    usage: Usage
+    capacity: Capacity
+    waiting: dict[str, int]  # leaf queue -> pods waiting in it
 
 
 def _shared(name: str, doc: str) -> property:
@@ -507,6 +519,22 @@ class Ledger:
     def queue_of(self, namespace: str) -> str | None:
         """The leaf GPU queue a namespace's workloads belong to; None while no GPUQueue exists."""
         return self._queues.queue_of(namespace)
+
+    def queue_accounts(self) -> QueueAccounts | None:
+        """What the queues' standing is computed from, from the ledger's own books: the queues, those a
+        GPUQueue object declares, what each uses, the capacity, and the pods waiting in each (those placing
+        left out); None while no GPUQueue exists."""
+        book = self._queues
+        queues = book.queues
+        if queues is None:
+            return None
+        waiting: dict[str, int] = {}
+        reserved = self._books.reservations
+        for wid, w in self._waiting.queued.items():
+            if wid not in reserved:
+                queue = book.queue_of(w.namespace) or queues.default
+                waiting[queue] = waiting.get(queue, 0) + 1
+        return QueueAccounts(queues, book.declared, book.usage(), book.capacity(), waiting)
 
     def disruption_allowances(self) -> dict[str, int]:
         """PodDisruptionBudget "namespace/name" -> the disruptions it allows now (its status)."""

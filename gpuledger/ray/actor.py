@@ -129,6 +129,25 @@ class LedgerActor:
         async with self._write_lock():
             return self.service.place_waiting(time.time(), holder)
 
+    async def preemptions_due(self, holder: str | None = None) -> list:
+        """The preemptions the ledger holds whose victims are not all gone (the sync's evictor carries them
+        out)."""
+        self._tick()
+        async with self._write_lock():
+            return self.service.preemptions_due(time.time(), holder)
+
+    async def eviction_refused(self, refusals: list, holder: str | None = None) -> None:
+        """Victims the API server would not evict: their plans are dropped and planned again."""
+        self._tick(len(refusals))
+        async with self._write_lock():
+            self.service.eviction_refused(refusals, time.time(), holder)
+
+    async def queue_status(self, holder: str | None = None) -> dict[str, dict]:
+        """GPUQueue name -> the body of its `.status`, from the ledger's books."""
+        self._tick()
+        async with self._write_lock():
+            return self.service.queue_status(time.time(), holder)
+
     async def waiting_line(self, limit: int | None = 100) -> list:
         self._tick()
         return self.service.waiting_line(limit)

@@ -59,6 +59,8 @@ from gpuledger.core.waiting import device_annotations, wants
 from gpuledger.core.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.live_settings import SETTINGS_HISTORY, LiveSettings
+from gpuledger.service.preemption_orders import Eviction, EvictionRefused, PreemptionOrder
+from gpuledger.service.queue_standing import standing_of, status_body
 from gpuledger.service.settings import (
     DEFAULT_SCORING_WEIGHTS,
     LedgerSettings,
@@ -85,6 +87,8 @@ __all__ = [
     "Binding",
     "BindingMode",
     "Denial",
+    "Eviction",
+    "EvictionRefused",
     "Explanation",
     "Held",
     "LedgerConfig",
@@ -93,6 +97,7 @@ __all__ = [
     "PlacedPod",
     "Placement",
     "PodRequestConfig",
+    "PreemptionOrder",
     "QueueEntry",
     "QueuePlan",
     "QueueVerdict",
@@ -424,8 +429,10 @@ class LedgerService(LiveSettings):
             out.append(held)
         return out
 
-    def explain(self, request: Request) -> Explanation:
-        return self.ledger.explain(self._with_leaf_limits(request))
+    def explain(self, request: Request, now: float | None = None) -> Explanation:
+        """The decision the ledger would make now; with `now` and GPU queues, for a request that would wait,
+        the preemption it could make or why none (`Explanation.preemption`)."""
+        return self.ledger.explain(self._with_leaf_limits(request), now=now)
 
     # ---------------------------------------------------------------- lifecycle
     def _forget(self, rid: str) -> None:
@@ -507,6 +514,61 @@ class LedgerService(LiveSettings):
                     p.tolerated_taints,
                 )
             )
+        return out
+
+    # ---------------------------------------------------------------- GPU queues and preemption
+    def preemptions_due(self, now: float, holder: str | None = None) -> list[PreemptionOrder]:
+        """Every preemption the ledger holds whose victims are not all gone: what the eviction adapter
+        (gpuledger.sync.evictor) carries out (record, evict, Events; each step harmless twice). Fenced like
+        `place_waiting`."""
+        if not self.synced:
+            return []
+        self.sync_writer.check(holder, now, "preemptions_due")
+        out: list[PreemptionOrder] = []
+        for plan in self.ledger.preemptions():
+            victims = self.ledger.preemption_victims(plan)
+            if not victims:
+                continue
+            out.append(
+                PreemptionOrder(
+                    id=plan.id,
+                    namespace=plan.namespace,
+                    name=plan.name,
+                    uid=plan.uid,
+                    victims=tuple(Eviction(*v) for v in victims),
+                    nodes=plan.nodes,
+                    record=plan.record,
+                    recorded=plan.recorded,
+                    message=plan.message,
+                )
+            )
+        return out
+
+    def eviction_refused(
+        self, refusals: Iterable[EvictionRefused], now: float, holder: str | None = None
+    ) -> None:
+        """The API server would not evict these victims: each one's plan is dropped (its nodes freed), the
+        victim left out of plans for a while, and the next pass plans again."""
+        self.sync_writer.check(holder, now, "eviction_refused")
+        for refused in refusals:
+            self.ledger.eviction_refused(refused.order_id, refused.namespace, refused.name, now)
+
+    def queue_status(self, now: float, holder: str | None = None) -> dict[str, dict]:
+        """GPUQueue name -> the body of its `.status` (quota, used, borrowed, waiting, share, products) from
+        the ledger's own books, as `gpuledger queues` computes it from API objects; {} when no GPUQueue
+        exists. Fenced like `place_waiting` (the sync writes it)."""
+        if not self.synced:
+            return {}
+        self.sync_writer.check(holder, now, "queue_status")
+        accounts = self.ledger.queue_accounts()
+        if accounts is None:
+            return {}
+        found = standing_of(accounts.queues, accounts.declared, accounts.usage, accounts.capacity)
+        out: dict[str, dict] = {}
+        for q in found.queues:
+            if q.name in accounts.declared:
+                waiting = sum(accounts.waiting.get(name, 0) for name in (q.name, *q.children))
+                out[q.name] = status_body(q, waiting)
         return out
 
     def waiting_line(self, limit: int | None = 100) -> list[dict[str, Any]]:

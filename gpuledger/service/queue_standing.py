@@ -6,6 +6,9 @@ gpuledger.core.gpu_queues (the same refusals), Nodes by gpuledger.core.objects (
 memory), use is counted by gpuledger.core.quotas, and the share and the fair order are
 gpuledger.core.fair_share's.
 
+The ledger's own read (`queue_status`: each GPUQueue's `.status`) goes through `standing_of` and
+`status_body` with the ledger's books in place of the API objects, so both say the same.
+
 Pure: plain dicts and tuples in, dataclasses out.
 """
 
@@ -19,9 +22,20 @@ from gpuledger.core.fair_share import dominant_share, queue_key, quota_used
 from gpuledger.core.gpu_queues import ANY_PRODUCT, QueueError, QueueSet, queue_from_object
 from gpuledger.core.model import MILLI_PER_GPU
 from gpuledger.core.objects import node_from_object
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use, usage_by_namespace
+from gpuledger.core.queue_book import namespace_queue
+from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use
 
-__all__ = ["ANY_PRODUCT", "BucketStanding", "Held", "QueueError", "QueueStanding", "Standing", "standing"]
+__all__ = [
+    "ANY_PRODUCT",
+    "BucketStanding",
+    "Held",
+    "QueueError",
+    "QueueStanding",
+    "Standing",
+    "standing",
+    "standing_of",
+    "status_body",
+]
 
 
 @dataclass(frozen=True)
@@ -102,21 +116,32 @@ def standing(
     of_namespace: dict[str, str] = {}
     conflicts: dict[str, str] = {}
     for namespace, labels in sorted(namespace_labels.items()):
-        try:
-            of_namespace[namespace] = queues.queue_of(namespace, labels)
-        except QueueError as exc:
-            of_namespace[namespace] = queues.default
-            conflicts[namespace] = str(exc)
+        of_namespace[namespace], why = namespace_queue(queues, namespace, labels)
+        if why:
+            conflicts[namespace] = why
     held = list(held)
     capacity, product_of = _capacity(nodes, held)
-    usage = usage_by_namespace(
-        queues,
-        namespace_labels,
-        (
-            (h.namespace, Use.of([(product_of.get(h.node, ""), h.milli, h.cpu_milli, h.memory_mib)]))
-            for h in held
-        ),
-    )
+    usage = Usage(queues)
+    for h in held:
+        queue = of_namespace.get(h.namespace)
+        if queue is None:
+            queue = namespace_queue(queues, h.namespace, namespace_labels.get(h.namespace, {}))[0]
+        usage.add(queue, Use.of([(product_of.get(h.node, ""), h.milli, h.cpu_milli, h.memory_mib)]))
+    return standing_of(queues, declared, usage, capacity, of_namespace, conflicts)
+
+
+def standing_of(
+    queues: QueueSet,
+    declared: Iterable[str],
+    usage: Usage,
+    capacity: Capacity,
+    of_namespace: Mapping[str, str] | None = None,
+    conflicts: Mapping[str, str] | None = None,
+) -> Standing:
+    """The standing of every queue from what the core counts: the queues, those a GPUQueue object declares,
+    what each uses and the cluster's capacity (from API objects by `standing`, from the ledger's books by
+    the ledger service)."""
+    declared = set(declared)
     order = _fair_order(queues, usage, capacity)
     out = []
     for name in _tree_order(queues):
@@ -154,7 +179,33 @@ def standing(
                 fair_order=order.get(name),
             )
         )
-    return Standing(tuple(out), of_namespace, conflicts)
+    return Standing(tuple(out), dict(of_namespace or {}), dict(conflicts or {}))
+
+
+def gpus(milli: int) -> float | int:
+    """Milli-GPUs as GPUs: whole where whole."""
+    return milli // MILLI_PER_GPU if milli % MILLI_PER_GPU == 0 else round(milli / MILLI_PER_GPU, 3)
+
+
+def status_body(q: QueueStanding, waiting: int) -> dict[str, Any]:
+    """A GPUQueue's `.status` as its CRD's schema says (gpuledger.controller.crd_fields.queue_status), less
+    `updatedTime` and `conditions`, which the writer adds."""
+    return {
+        "quota": q.quota_gpus,
+        "used": gpus(q.used_milli),
+        "borrowed": gpus(q.borrowed_milli),
+        "waiting": waiting,
+        "share": round(q.share, 6),
+        "products": [
+            {
+                "product": b.product,
+                "quota": b.quota_gpus,
+                "used": gpus(b.used_milli),
+                "borrowed": gpus(b.borrowed_milli),
+            }
+            for b in q.buckets
+        ],
+    }
 
 
 def _capacity(nodes: Iterable[dict], held: list[Held]) -> tuple[Capacity, dict[str, str]]:

@@ -33,6 +33,12 @@ class LedgerTarget(Protocol):
 
     def place_waiting(self, holder: str) -> list: ...
 
+    def preemptions_due(self, holder: str) -> list: ...
+
+    def eviction_refused(self, refusals: list, holder: str) -> None: ...
+
+    def queue_status(self, holder: str) -> dict[str, dict]: ...
+
 
 class CallingTarget:
     """The `LedgerTarget` methods, each one `_call(method, *args)` of the actor's method of that name."""
@@ -63,6 +69,15 @@ class CallingTarget:
 
     def place_waiting(self, holder):
         return self._call("place_waiting", holder)
+
+    def preemptions_due(self, holder):
+        return self._call("preemptions_due", holder)
+
+    def eviction_refused(self, refusals, holder):
+        return self._call("eviction_refused", refusals, holder)
+
+    def queue_status(self, holder):
+        return self._call("queue_status", holder)
 
 
 class RayLedgerTarget(CallingTarget):
@@ -115,3 +130,15 @@ class LocalLedgerTarget:
     def place_waiting(self, holder):
         with self._lock:
             return self.service.place_waiting(self.clock(), holder)
+
+    def preemptions_due(self, holder):
+        with self._lock:
+            return self.service.preemptions_due(self.clock(), holder)
+
+    def eviction_refused(self, refusals, holder):
+        with self._lock:
+            return self.service.eviction_refused(refusals, self.clock(), holder)
+
+    def queue_status(self, holder):
+        with self._lock:
+            return self.service.queue_status(self.clock(), holder)
