@@ -16,7 +16,8 @@ HOLDER = "sync-1"
 
 
 def served(world: World) -> tuple[LedgerService, LocalLedgerTarget]:
-    service = LedgerService(LedgerConfig(placement_key=KEY, default_strategy="best_fit"), {"kind": "kubernetes"})
+    config = LedgerConfig(placement_key=KEY, default_strategy="best_fit")
+    service = LedgerService(config, {"kind": "kubernetes"})
     target = LocalLedgerTarget(service, clock=lambda: NOW)
     assert target.sync_lease(HOLDER, 30.0)["held"]
     target.resync(list(world.objects.values()), HOLDER)
