@@ -65,6 +65,15 @@ log = logging.getLogger("gpuledger.sync")
 ABSENT = "<absent>"
 
 
+# kinds slimmed to a few fields: a change to any other is not forwarded
+SLIMMED = (NAMESPACE, QUEUE, PDB)
+
+
+def _key(obj: dict) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(obj.get("kind", "")), str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
 class _Gone(Exception):
     """The API server no longer has the resourceVersion a watch resumes from."""
 
@@ -136,6 +145,9 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         self._synced = threading.Event()
         self._threads: list[threading.Thread] = []
         self._conflicts_seen: set[tuple[str, str]] = set()
+        # the slimmed Namespaces, GPUQueues and budgets last sent, by (kind, namespace, name): most of their
+        # changes are of fields the ledger does not read, and are not sent again (their watch threads write)
+        self._forwarded: dict[tuple[str, str, str], dict] = {}
         # who this sync is to the ledger's sync lease: unique per process start, so a restarted replica is a
         # new holder (and lists first)
         self.identity = identity or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
@@ -309,6 +321,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             for kind in KINDS:
                 listed[kind], versions[kind] = self.list_objects(kind)
             self.target.resync([obj for kind in KINDS for obj in listed[kind]], self.identity)
+            self._forwarded = {_key(o): o for kind in SLIMMED for o in listed[kind]}
         else:
             versions = {kind: self.list_version(kind) for kind in KINDS}
         nodes, pods = listed[NODE], listed[POD]
@@ -522,8 +535,23 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 return  # a full list replaced this one meanwhile
             for obj in items:
                 self._events.put((generation, ("ADDED", obj)))
+                self._forwarded[_key(obj)] = obj
             self._resume_from[kind] = version
         log.info("sync: the %s API is served now: %d forwarded, watching", kind, len(items))
+
+    def _unchanged(self, kind: str, etype: str, obj: dict) -> bool:
+        """A change of what the ledger does not read (a budget's health counts, the status gpuledger writes on
+        a GPUQueue, a namespace's annotations) is not forwarded: its slimmed object is the one last sent."""
+        if kind not in SLIMMED:
+            return False
+        key = _key(obj)
+        if etype == "DELETED":
+            self._forwarded.pop(key, None)
+            return False
+        if etype == "MODIFIED" and self._forwarded.get(key) == obj:
+            return True
+        self._forwarded[key] = obj
+        return False
 
     def _resync_from(self, generation: int, reason: str) -> None:
         with self._lock:
@@ -577,7 +605,8 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 new_version = (obj.get("metadata") or {}).get("resourceVersion")
                 if etype != "BOOKMARK":
                     obj = slim(obj, kind)
-                    self._events.put((generation, (etype, obj)))
+                    if not self._unchanged(kind, etype, obj):
+                        self._events.put((generation, (etype, obj)))
                     if etype == "ADDED" and kind == POD:
                         self._pod_added(obj)
                 with self._lock:

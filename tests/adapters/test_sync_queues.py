@@ -1,8 +1,8 @@
 """What queues and preemption read, through the cluster sync against the real kube-apiserver: Namespaces
 (name and labels only), GPUQueues (their spec, not the status gpuledger writes) and PodDisruptionBudgets
 (their selector and the disruptions they allow) reach the ledger as nodes and pods do, in the full list and
-as watch events; a cluster without the GPUQueue CRD has no queues, and its queues are forwarded once the CRD
-is installed, without a crash or a full relist.
+as watch events, a change to none of those fields not sent again; a cluster without the GPUQueue CRD has no
+queues, and its queues are forwarded once the CRD is installed, without a crash or a full relist.
 
 The target records the calls, as in tests/adapters/test_sync.py.
 """
@@ -116,6 +116,16 @@ def test_namespaces_queues_and_budgets_are_listed_and_watched(apiserver):
         assert added["spec"]["quotas"][0]["gpus"] == 64 and "status" not in added
         client.PolicyV1Api(apiserver.api_client()).create_namespaced_pod_disruption_budget(ns, budget("b"))
         apiserver.wait_for(lambda: last(target, "ADDED", "PodDisruptionBudget", "b"), what="the budget ADDED")
+
+        # the status gpuledger writes (and any field the ledger does not read) is not sent again; the spec is
+        name = f"team-a-{tag}"
+        status = ("--subresource=status", "--type=merge", "-p", '{"status": {"used": 3}}')
+        apiserver.kubectl("patch", GPUQUEUE_PLURAL, name, *status)
+        apiserver.kubectl("patch", GPUQUEUE_PLURAL, name, "--type=merge", "-p", '{"spec": {"weight": 2}}')
+        apiserver.wait_for(lambda: last(target, "MODIFIED", "GPUQueue", name), what="the spec MODIFIED")
+        with target.lock:
+            modified = [o for t, o in target.events if t == "MODIFIED" and o["metadata"]["name"] == name]
+        assert [o["spec"]["weight"] for o in modified] == [2]
 
         apiserver.kubectl("delete", GPUQUEUE_PLURAL, f"team-a-{tag}")
         apiserver.wait_for(
