@@ -520,6 +520,14 @@ class Ledger:
         """The leaf GPU queue a namespace's workloads belong to; None while no GPUQueue exists."""
         return self._queues.queue_of(namespace)
 
+    def quota_refusal(self, request: Request) -> str | None:
+        """Why the request's GPU queue may not take what the ledger would give it now (None: it may, or no
+        GPUQueue exists): what `reserve_or_wait` makes it wait for."""
+        gate = self._gate()
+        if gate is None:
+            return None
+        return gate.refusal(bandwidth_unchecked(request, self._books.index)[0])
+
     def queue_accounts(self) -> QueueAccounts | None:
         """What the queues' standing is computed from, from the ledger's own books: the queues, those a
         GPUQueue object declares, what each uses, the capacity, and the pods waiting in each (those placing

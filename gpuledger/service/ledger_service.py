@@ -392,6 +392,12 @@ class LedgerService(LiveSettings):
             dry = self.ledger.explain(request).result
             if isinstance(dry, Denial) and call.may_wait and dry.by_reason and self.ledger.could_fit(request):
                 return self.ledger.waiting_answer(request, now, dry)
+            refusal = self.ledger.quota_refusal(request) if isinstance(dry, Placement) else None
+            if refusal is not None:  # its queue is at its limit: it would wait, or be denied
+                if not call.may_wait:
+                    return Denial(request.id, refusal, strategy=request.strategy or "")
+                waiting = self.ledger.waiting_answer(request, now, Denial(request.id, refusal))
+                return replace(waiting, message=f"{waiting.message}; {refusal}", reason=refusal)
             return dry
         result = self.ledger.reserve_or_wait(request, now, call.may_wait, self.backfill_window_s)
         if isinstance(result, Placement):

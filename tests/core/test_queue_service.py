@@ -7,10 +7,20 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.core.ledger import LedgerConfig
-from gpuledger.service.ledger_service import EvictionRefused, LedgerService, PreemptionOrder, SyncFenced
+from gpuledger.service.ledger_service import (
+    AdmitCall,
+    Denial,
+    EvictionRefused,
+    LedgerService,
+    PreemptionOrder,
+    Request,
+    SyncFenced,
+    Waiting,
+)
 from gpuledger.sync.targets import LocalLedgerTarget
 from gpuledger.views.queues import queues_view
 from tests.core.test_held_plans import KEY, NOW, T0, World
+from tests.core.test_queue_book import gpu_queue
 
 HOLDER = "sync-1"
 
@@ -80,3 +90,16 @@ def test_no_gpu_queue_no_status():
     _, target = served(w)
     assert target.queue_status(HOLDER) == {}
     assert target.preemptions_due(HOLDER) == []
+
+
+def test_a_dry_run_says_a_pod_over_its_quota_would_wait_or_be_denied():
+    w = World(queues=(gpu_queue("team-a", 8, quotas=[{"product": "any", "gpus": 8, "borrowingLimit": 0}]),))
+    w.run("a1", "ns-a")
+    service, _ = served(w)
+    req = Request(id="ns-a-a2", gpus=8, namespace="ns-a", name="a2")
+    (waits,) = service.admit([AdmitCall(req, dry_run=True, may_wait=True)], NOW)
+    assert isinstance(waits, Waiting) and "queue team-a is at its limit: 8 of 8 GPUs used" in waits.message
+    (denied,) = service.admit([AdmitCall(req, dry_run=True, may_wait=False)], NOW)
+    assert isinstance(denied, Denial) and "queue team-a is at its limit" in denied.message
+    explained = service.explain(req, now=NOW)
+    assert "queue team-a is at its limit" in explained.preemption
