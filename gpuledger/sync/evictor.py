@@ -164,23 +164,21 @@ class Evictor:
                 self._todo.task_done()
 
     def carry_out(self, order: PreemptionOrder) -> None:
-        """Record the plan on the preemptor, evict each victim not evicted yet, then tell the owners and the
-        preemptor. Stops at the record when the preemptor is gone (the order is void)."""
+        """Record the plan on the preemptor, evict each victim not evicted yet (its owner told of each), then
+        tell the preemptor. Stops at the record when the preemptor is gone (the order is void)."""
         key = (order.id, order.record)
         if not order.recorded and key not in self._recorded and not self.record(order):
             return
         with self._lock:
             self._recorded.add(key)
-        refused = False
         for victim in order.victims:
             if (order.id, victim.uid) in self._done:
                 continue
-            outcome = self.evict(order, victim)
-            if outcome in ("evicted", "gone"):
+            if self.evict(order, victim) in ("evicted", "gone"):
                 with self._lock:
                     self._done.add((order.id, victim.uid))
-            refused = refused or outcome == "refused"
-        if not refused and key not in self._told:
+        # the preemptor is told once every victim is evicted (a refused plan is dropped, a failure retried)
+        if key not in self._told and all((order.id, v.uid) in self._done for v in order.victims):
             preemptor = {"apiVersion": "v1", "kind": "Pod", "namespace": order.namespace, "name": order.name}
             preemptor["uid"] = order.uid
             name = once_name(order.name, "preempting", order.id, order.record)
