@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import pytest
@@ -367,3 +368,112 @@ def test_the_counters_are_exported_with_the_syncs():
     ]
     counts = {s.labels["outcome"]: s.value for s in family.samples if s.name.endswith("_total")}
     assert counts == {"evicted": 3, "refused": 1, "gone": 2, "void": 0, "failed": 0}
+
+
+KEY = b"evictor-test-key"
+
+
+def test_the_ledgers_own_plan_is_carried_out_and_the_preemptor_placed_on_the_node_it_frees(apiserver, core):
+    """The whole adapter path with the real ledger (a `LedgerService` in this process behind the sync, as the
+    product's identity): team-a borrows both nodes, team-b's pod waits, the ledger plans to take back one of
+    team-a's pods; the sync records the plan on the preemptor, evicts the victim, and once the victim is gone
+    the placer writes the preemptor's placement on the node it freed. The queues' status shows it."""
+    from devcluster.cluster import WEBHOOK_USER
+    from devcluster.nodes import create_nodes, make_node
+    from gpuledger.core.placement_codec import Binding, encode_placement
+    from gpuledger.names import (
+        GPU_RESOURCE,
+        PLACEMENT_ANNOTATION,
+        QUEUE_API_VERSION,
+        QUEUE_LABEL,
+        RESERVATION_ID_KEY,
+        SCHEDULING_GATE,
+        WAITING_ANNOTATION,
+    )
+    from gpuledger.service.ledger_service import (
+        AdmitCall,
+        LedgerConfig,
+        LedgerService,
+        Placement,
+        Request,
+        Waiting,
+        WaitTicket,
+        decode_placement,
+        encode_waiting,
+    )
+    from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+
+    tag = uuid.uuid4().hex[:6]
+    nodes = [make_node(f"q-{tag}-{i}", "s-q", f"leaf-q-{tag}") for i in range(2)]
+    create_nodes(apiserver.api_client(), nodes)
+    ns_a = apiserver.create_namespace(f"team-a-{tag}", admission=False)
+    ns_b = apiserver.create_namespace(f"team-b-{tag}", admission=False)
+    queues = {ns_a: f"team-a-{tag}", ns_b: f"team-b-{tag}"}
+    for ns, queue_name in queues.items():
+        apiserver.kubectl("label", "namespace", ns, f"{QUEUE_LABEL}={queue_name}")
+        apiserver.apply(
+            {
+                "apiVersion": QUEUE_API_VERSION,
+                "kind": "GPUQueue",
+                "metadata": {"name": queue_name},
+                "spec": {"quotas": [{"gpus": 8}]},
+            }
+        )
+    service = LedgerService(LedgerConfig(placement_key=KEY, default_strategy="best_fit"), None)
+    config = SyncConfig(batch_linger_s=0.01, expiry_interval_s=3600, queue_status_interval_s=3600)
+    sync = ClusterSync(apiserver.api_client(WEBHOOK_USER), LocalLedgerTarget(service), config).start()
+    try:
+        assert sync.wait_synced(60), sync.stats
+        apiserver.wait_for(lambda: service.ledger.queue_of(ns_b) == queues[ns_b], what="the queues followed")
+
+        def admit(name: str, ns: str):
+            req = Request(id=f"{ns}-{name}", gpus=8, namespace=ns, name=name)
+            [answer] = service.admit([AdmitCall(req, may_wait=True)], time.time())
+            return answer
+
+        held = {}
+        for name in ("a1", "a2"):  # team-a runs on both nodes: it borrows the 8 team-b does not use
+            placement = admit(name, ns_a)
+            assert isinstance(placement, Placement), placement
+            body = pod(name, node=placement.node, grace=0)
+            body["metadata"]["annotations"] = {
+                PLACEMENT_ANNOTATION: encode_placement(placement, KEY, Binding(ns_a, name))
+            }
+            body["metadata"]["labels"] = {RESERVATION_ID_KEY: placement.id}
+            body["spec"]["containers"][0]["resources"] = {"limits": {GPU_RESOURCE: "8"}}
+            held[name] = create(core, ns_a, body)
+        apiserver.wait_for(
+            lambda: all(service.ledger.state_of(f"{ns_a}-{n}").name == "CONFIRMED" for n in held),
+            what="team-a's pods confirmed",
+        )
+        answer = admit("b1", ns_b)
+        assert isinstance(answer, Waiting), answer
+        ticket = WaitTicket(answer.request, answer.arrival, Binding(ns_b, "b1"))
+        gated = pod("b1")
+        gated["metadata"]["annotations"] = {WAITING_ANNOTATION: encode_waiting(ticket, KEY)}
+        gated["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+        create(core, ns_b, gated)
+
+        def placed():
+            stored = apiserver.get_json("pod", "b1", "-n", ns_b)
+            return stored if not stored["spec"].get("schedulingGates") else None
+
+        stored = apiserver.wait_for(placed, timeout=60, what="the preemptor placed")
+        evicted = [n for n, p in held.items() if gone(apiserver, ns_a, n, p["metadata"]["uid"])]
+        assert len(evicted) == 1, evicted  # the plan is minimal: one 8-GPU pod
+        victim_node = held[evicted[0]]["spec"]["nodeName"]
+        annotations = stored["metadata"]["annotations"]
+        assert decode_placement(annotations[PLACEMENT_ANNOTATION], KEY).node == victim_node
+        assert evicted[0] in annotations[PREEMPTING_ANNOTATION]  # recorded before the eviction
+        [preempted] = events(apiserver, ns_a, PREEMPTED_REASON)
+        assert preempted["involvedObject"]["name"] == evicted[0]
+        assert f"for pod {ns_b}/b1 (rule reclaim)" in preempted["message"]
+        assert [e["involvedObject"]["name"] for e in events(apiserver, ns_b, PREEMPTING_REASON)] == ["b1"]
+        assert sync.evictor.stats.evicted == 1
+
+        assert sync.queue_status.tick() == 2
+        a = apiserver.get_json("gpuqueues", queues[ns_a])["status"]
+        assert (a["quota"], a["used"], a["borrowed"]) == (8, 8, 0)  # back within its quota
+    finally:
+        sync.stop()
+        apiserver.kubectl("delete", "gpuqueues", *queues.values(), "--wait=false", check=False)
