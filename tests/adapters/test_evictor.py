@@ -4,9 +4,11 @@ through the Eviction API with its budget and its termination grace honoured, the
 and on the preemptor posted once even when an order is carried out again after a restart, a refusal handed
 back to the ledger by the forwarding thread, and a void order (its preemptor gone) changing nothing.
 
-The ledger's side here is `OrdersTarget`, a small target that hands out the orders a test gives it and
-records what it is told (`preemptions_due`, `eviction_refused`): what the planning ledger answers is tested
-with the ledger (tests/core/test_preemption*.py); the whole path is tests/e2e's.
+The last test runs the real ledger (a `LedgerService` in this process) behind the sync: its own plan,
+carried out. The others drive the adapter with `OrdersTarget`, a small target that hands out the orders a
+test gives it and records what it is told (`preemptions_due`, `eviction_refused`), to reach what a plan
+rarely makes on purpose: a refusal, a void order, a restart mid-way. What the ledger plans is tested with
+the ledger (tests/core/test_preemption*.py, test_held_plans.py); the webhook's whole path is tests/e2e's.
 """
 
 from __future__ import annotations
