@@ -32,6 +32,8 @@ from gpuledger.sync.pod_events import object_event, once_name
 if TYPE_CHECKING:
     from kubernetes.client import CoreV1Api
 
+    from gpuledger.sync.targets import LedgerTarget
+
 log = logging.getLogger("gpuledger.sync.evictor")
 
 # what the Eviction API answers when it will not evict: 429 a PodDisruptionBudget allows no disruption now,
@@ -105,18 +107,14 @@ class Evictor:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the forwarding thread's side
-    def after_apply(self, target: Any, holder: str) -> int:
+    def after_apply(self, target: LedgerTarget, holder: str) -> int:
         """Hand the ledger what the API server refused to evict, then ask for the orders due and queue those
-        not carried out yet. Returns how many were queued. A target without preemptions (a ledger that
-        plans none) has none due."""
+        not carried out yet. Returns how many were queued."""
         with self._lock:
             refused, self._refused = self._refused, []
         if refused:
             target.eviction_refused(refused, holder)
-        due = getattr(target, "preemptions_due", None)
-        if due is None:
-            return 0
-        orders: list[PreemptionOrder] = list(due(holder))
+        orders: list[PreemptionOrder] = list(target.preemptions_due(holder))
         queued = 0
         with self._lock:
             live = {o.id for o in orders}  # an order no longer due is done or void: forget it

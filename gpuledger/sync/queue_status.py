@@ -20,6 +20,8 @@ from gpuledger.names import GPUQUEUE_PLURAL, QUEUE_GROUP, QUEUE_VERSION
 if TYPE_CHECKING:
     from kubernetes.client import CustomObjectsApi
 
+    from gpuledger.sync.targets import LedgerTarget
+
 log = logging.getLogger("gpuledger.sync.queue_status")
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -36,7 +38,7 @@ class QueueStatusWriter:
     def __init__(
         self,
         custom: CustomObjectsApi,
-        target: Any,
+        target: LedgerTarget,
         holder: Callable[[], str | None],
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
@@ -59,7 +61,7 @@ class QueueStatusWriter:
         if holder != self._last_holder:  # a new term: another replica may have written meanwhile
             self._last.clear()
             self._last_holder = holder
-        if holder is None or not hasattr(self.target, "queue_status"):
+        if holder is None:
             return 0
         standing: dict[str, dict] = dict(self.target.queue_status(holder) or {})
         for gone in set(self._last) - set(standing):

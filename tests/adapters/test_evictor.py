@@ -274,10 +274,6 @@ def test_an_order_whose_preemptor_is_gone_is_void_and_evicts_nothing(apiserver, 
     assert PREEMPTING_ANNOTATION not in annotations
 
 
-def test_a_target_without_preemptions_has_none_due():
-    assert Evictor(core=None).after_apply(object(), "sync") == 0  # type: ignore[arg-type]
-
-
 def test_the_owner_is_the_controller_reference_else_the_pod():
     meta = {"name": "p", "namespace": "ns", "uid": "u"}
     assert owner_of({"metadata": meta}) == {

@@ -92,6 +92,15 @@ class RecordingTarget:
     def place_waiting(self, holder):  # no pod waits in these tests (gpuledger.sync.placer)
         return []
 
+    def preemptions_due(self, holder):  # no queue, no plan (gpuledger.sync.evictor)
+        return []
+
+    def eviction_refused(self, refusals, holder):
+        raise AssertionError(f"no eviction was asked for, yet {refusals} were refused")
+
+    def queue_status(self, holder):  # no GPUQueue (gpuledger.sync.queue_status)
+        return {}
+
     def seen(self, etype: str, kind: str, name: str) -> bool:
         with self.lock:
             return any(
