@@ -103,6 +103,7 @@ class Evictor:
         self._recorded: set[tuple[str, str]] = set()  # records written on their preemptor
         self._done: set[tuple[str, str]] = set()  # (order id, victim uid): evicted or found gone
         self._told: set[tuple[str, str]] = set()  # orders whose preemptor got its Event
+        self._void: set[tuple[str, str]] = set()  # orders whose preemptor was gone: not tried again
         self._refused: list[EvictionRefused] = []
         self._thread: threading.Thread | None = None
 
@@ -118,11 +119,11 @@ class Evictor:
         queued = 0
         with self._lock:
             live = {o.id for o in orders}  # an order no longer due is done or void: forget it
-            for remembered in (self._recorded, self._done, self._told):
+            for remembered in (self._recorded, self._done, self._told, self._void):
                 remembered.intersection_update({k for k in remembered if k[0] in live})
             for order in orders:
                 key = (order.id, order.record)
-                if key in self._queued or self._finished(order):
+                if key in self._queued or key in self._void or self._finished(order):
                     continue
                 self._queued.add(key)
                 self._todo.put(order)
@@ -177,8 +178,8 @@ class Evictor:
                     self._done.add((order.id, victim.uid))
         # the preemptor is told once every victim is evicted (a refused plan is dropped, a failure retried)
         if key not in self._told and all((order.id, v.uid) in self._done for v in order.victims):
-            preemptor = {"apiVersion": "v1", "kind": "Pod", "namespace": order.namespace, "name": order.name}
-            preemptor["uid"] = order.uid
+            preemptor = {"apiVersion": "v1", "kind": "Pod", "namespace": order.namespace}
+            preemptor.update(name=order.name, uid=order.uid)
             name = once_name(order.name, "preempting", order.id, order.record)
             if self._post(
                 object_event(preemptor, PREEMPTING_REASON, order.message, self.clock(), False, name)
@@ -200,6 +201,8 @@ class Evictor:
             # 404 gone; 422 (uid "field is immutable") or 409: a new pod of the name, not the preemptor
             if exc.status in (404, 409, 422):
                 self.stats.void += 1
+                with self._lock:
+                    self._void.add((order.id, order.record))
                 log.info("preemptor %s/%s is gone: its preemption is void", order.namespace, order.name)
             else:
                 self.stats.failed += 1
