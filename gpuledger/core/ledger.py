@@ -27,7 +27,7 @@ from gpuledger.core.gpu_queues import QueueSet
 from gpuledger.core.held_plans import HeldPlan, HeldPlans
 from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
-from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
+from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, Running, describe_plan
 from gpuledger.core.queue_book import QueueBook
 from gpuledger.core.queue_gate import QueueGate
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
@@ -276,7 +276,7 @@ class Ledger:
         if not heads:
             return []
         heads.sort(key=lambda h: (gate.key(h.request), h.rank))
-        excluded = plans.excluded(now)
+        excluded = plans.excluded(now) | self._on_kept_nodes(book.running())
         running = book.running(excluded)
         by_key = {r.key: r for r in running}
         allowances = self._allowances_left()
@@ -290,7 +290,7 @@ class Ledger:
             if isinstance(found, Plan) and found.victims:
                 held = plans.hold(found, facts, head.id, by_key)
                 made.append(held)
-                excluded |= {v.workload.key for v in found.victims}
+                excluded |= {v.workload.key for v in found.victims} | self._on_kept_nodes(running)
                 for v in found.victims:
                     for budget, n in v.workload.budgets:
                         allowances[budget] = allowances.get(budget, 0) - n
@@ -299,6 +299,15 @@ class Ledger:
         while len(self._no_plan) > 4096:
             del self._no_plan[next(iter(self._no_plan))]
         return made
+
+    def _on_kept_nodes(self, running: list[Running]) -> set[str]:
+        """The workloads holding GPUs on a node a plan keeps: they are no victims of another plan (one plan
+        a node, so its victims' GPUs go to its preemptor alone)."""
+        kept = self._plans.kept_nodes()
+        if not kept:
+            return set()
+        view = LedgerView(self)
+        return {r.key for r in running if any(node in kept for node in view.nodes_of(r.holders))}
 
     def _preemptor(self, head: Waiter, never: bool) -> Preemptor:
         req = head.request
@@ -408,7 +417,7 @@ class Ledger:
             request,
             facts is not None and facts.never,
         )
-        excluded = self._plans.excluded(now)
+        excluded = self._plans.excluded(now) | self._on_kept_nodes(book.running())
         planner = Planner(book.queues, book.usage(), book.capacity(), LedgerView(self))
         found: Plan | NoPlan = planner.plan(who, book.running(excluded), self._allowances_left(), now)
         words = describe_plan(found)
