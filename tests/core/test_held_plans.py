@@ -29,8 +29,9 @@ def stamp(seconds: float) -> str:
 class World:
     """A ledger and the API objects it followed (to rebuild from)."""
 
-    def __init__(self, nodes: int = 2, queues: tuple[dict, ...] = ()):
-        self.ledger = Ledger(LedgerConfig(placement_key=KEY, default_strategy="best_fit"))
+    def __init__(self, nodes: int = 2, queues: tuple[dict, ...] = (), key: bytes = KEY):
+        self.key = key
+        self.ledger = Ledger(LedgerConfig(placement_key=key, default_strategy="best_fit"))
         self.objects: dict[str, dict] = {}
         for i in range(nodes):
             self.apply(node(f"n{i}", 8))
@@ -56,7 +57,7 @@ class World:
             Request(id=f"{ns}-{name}", gpus=gpus, namespace=ns, name=name, priority=priority), started
         )
         assert isinstance(placed, Placement), placed
-        stored = pod(name, namespace=ns, placement=placed, key=KEY)
+        stored = pod(name, namespace=ns, placement=placed, key=self.key)
         stored["metadata"]["uid"] = f"uid-{ns}-{name}"
         stored["metadata"]["labels"] = labels
         stored["spec"]["priority"] = priority
@@ -69,7 +70,7 @@ class World:
             Request(id=f"{ns}-{name}", gpus=gpus, namespace=ns, name=name, priority=priority), now
         )
         assert isinstance(answer, Waiting), answer
-        gated = gated_pod(name, answer, KEY, namespace=ns)
+        gated = gated_pod(name, answer, self.key, namespace=ns)
         gated["spec"].update(spec)
         self.apply(gated, now)
         return gated
