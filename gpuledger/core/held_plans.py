@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuledger.core.books import Books
+from gpuledger.core.model import Request
 from gpuledger.core.node_state import Holding
 from gpuledger.core.preemption import Plan, Running
 from gpuledger.core.queue_book import PodFacts, QueueBook
@@ -209,10 +210,16 @@ class HeldPlans:
         return plan
 
     # ------------------------------------------------------------------ following the cluster
-    def settle(self, queued: Callable[[str], str | None], adopt: Iterable[str] = ()) -> None:
+    def settle(
+        self,
+        queued: Callable[[str], str | None],
+        adopt: Iterable[str] = (),
+        request_of: Callable[[str], Request | None] = lambda wid: None,
+    ) -> None:
         """After any change: drop plans whose preemptor left the line or was placed, or whose nodes are
-        gone; adopt the records the stored pods `adopt` carry; keep again what each plan keeps.
-        `queued(wid)`: the pod key of the waiting pod holding ticket `wid`, None when none waits."""
+        gone; adopt the records the stored pods `adopt` carry (where the kept nodes still have room for the
+        preemptor: `request_of(wid)` is its request); keep again what each plan keeps. `queued(wid)`: the
+        pod key of the waiting pod holding ticket `wid`, None when none waits."""
         books, pods = self.books, self.book.pods
         for wid, plan in list(self.plans.items()):
             if (
@@ -224,11 +231,43 @@ class HeldPlans:
                 continue
             facts = pods.get(plan.preemptor)
             plan.recorded = facts is not None and facts.preempting == plan.record
-        self._adopt(queued, adopt)
+        self._adopt(queued, adopt, request_of)
         for plan in self.plans.values():
             self.keep(plan)
 
-    def _adopt(self, queued: Callable[[str], str | None], adopt: Iterable[str]) -> None:
+    def _room_for(
+        self, request: Request | None, nodes: tuple[str, ...], victims: Iterable[PlannedVictim]
+    ) -> bool:
+        """Whether the kept nodes' free GPUs and those the victims still present hold there are enough for
+        the preemptor's whole GPUs (every pod of a gang)."""
+        if request is None or request.gpus <= 0:
+            return request is not None
+        books, pods = self.books, self.book.pods
+        room = {}
+        for n in nodes:
+            state = books.index.nodes.get(n)
+            room[n] = state.whole_free if state is not None and state.placeable else 0
+        for v in victims:
+            for ns, name, uid in v.pods:
+                facts = pods.get(f"{ns}/{name}")
+                claim = self.book.claims.claim_of(f"{ns}/{name}")
+                if (
+                    facts is not None
+                    and facts.uid == uid
+                    and claim is not None
+                    and claim.placement.node in room
+                ):
+                    room[claim.placement.node] += len(claim.placement.devices)
+        group = request.group
+        wanted = group.size if group is not None and group.size > 1 else 1
+        return sum(r // request.gpus for r in room.values()) >= wanted
+
+    def _adopt(
+        self,
+        queued: Callable[[str], str | None],
+        adopt: Iterable[str],
+        request_of: Callable[[str], Request | None],
+    ) -> None:
         key = self.key()
         kept = self.kept_nodes()
         for pod_key in sorted(adopt):
@@ -244,6 +283,8 @@ class HeldPlans:
                 continue
             if any(n in kept or n not in self.books.index.nodes for n in nodes):
                 continue
+            if not self._room_for(request_of(wid), nodes, victims):
+                continue  # a plan dropped live (its record left on the pod), overtaken since: not kept
             plan = HeldPlan(
                 wid,
                 facts.key,

@@ -353,7 +353,7 @@ class Ledger:
         self._changes += 1
         plans = self._plans
         if plans.plans or adopt:
-            plans.settle(self._waiting.key_of, adopt)
+            plans.settle(self._waiting.key_of, adopt, self._waiting.request_of)
 
     def waiting_line(self, limit: int | None = None) -> list[LineEntry]:
         """The waiting pods, first to last."""

@@ -121,6 +121,14 @@ class QueueBook:
         self._of: dict[str, str] = {}  # namespace -> its queue (cleared when queues or namespaces change)
         self._deferred = False  # a rebuild under way: the queue set is made once, at its end
         self.version = 0  # moves whenever a namespace's queue may have changed
+        # what each node adds to the queues' use and to the capacity, kept up to date from the nodes the
+        # index says changed since (`ClusterIndex.touched`): a pass or an admission reads them in O(change)
+        self._node_use: dict[str, list[tuple[str, str, int, int, int]]] = {}
+        self._node_cap: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+        self._use_sum: dict[tuple[str, str], list[int]] = {}
+        self._cap_sum: dict[str, list[int]] = {}
+        self._totals_at: tuple[int, int] | None = None  # (index position, version) they were read at
+        self._stale: set[str] = set()  # nodes whose pods' namespaces became known since
 
     # ------------------------------------------------------------------ following the cluster
     def observe(self, obj: object) -> None:
@@ -248,6 +256,9 @@ class QueueBook:
             never=spec.get("preemptionPolicy") == "Never",
             preempting=str(annotations.get(PREEMPTING_ANNOTATION) or ""),
         )
+        claim = self.claims.claim_of(key)
+        if claim is not None:  # its reservation's use counts in its namespace now
+            self._stale.add(claim.placement.node)
         if PREEMPTING_ANNOTATION in annotations:
             self.recording.add(key)
         elif self.recording:
@@ -300,39 +311,92 @@ class QueueBook:
 
     def usage(self) -> Usage:
         """What each queue uses now: every reservation and every gang's unclaimed slot, in the queue of its
-        namespace (a walk of every reservation: callers keep it for a pass)."""
+        namespace."""
         queues = self.queues
         assert queues is not None
+        self._refresh()
         usage = Usage(queues)
-        books = self.books
-        holdings = books.holdings
-        for rid in books.reservations:
-            h = holdings.get(rid)
-            if h is None:
-                continue
-            namespace = self.namespace_of(rid)
-            queue = self.queue_of(namespace) if namespace else queues.default
-            usage.add(queue or queues.default, self.use_of([h]))
-        for hid, (group, _) in books.slot_of.items():
-            h = holdings.get(hid)
-            if h is None or hid in books.reservations:
-                continue
-            namespace = self.gang_namespace.get(group, "")
-            usage.add((self.queue_of(namespace) if namespace else None) or queues.default, self.use_of([h]))
+        for (queue, product), (milli, cpu, memory) in sorted(self._use_sum.items()):
+            if milli or cpu or memory:
+                usage.add(queue, Use(((product, milli, cpu, memory),)))
         return usage
 
     def capacity(self) -> Capacity:
         """Every node with GPUs, summed by product (as gpuledger.core.ledger_view counts it)."""
-        sums: dict[str, list[int]] = {}
-        for state in self.books.index.nodes.values():
-            if not state.dev_index:
+        self._refresh()
+        return Capacity({p: ProductCapacity(*v) for p, v in sorted(self._cap_sum.items()) if any(v)})
+
+    def _refresh(self) -> None:
+        """Bring the per-node totals up to date: the nodes touched since they were read, or all of them
+        (the first time, after the queues or a namespace changed, or when the index's log moved on)."""
+        books = self.books
+        index = books.index
+        now_at = index.touched_base + len(index.touched)
+        at = self._totals_at
+        if at is not None and at == (now_at, self.version) and not self._stale:
+            return
+        if at is None or at[1] != self.version or at[0] < index.touched_base or now_at - at[0] > 4096:
+            self._node_use.clear()
+            self._node_cap.clear()
+            self._use_sum.clear()
+            self._cap_sum.clear()
+            names: Iterable[str] = {*index.nodes, *books.node_holders}
+            self._stale.clear()
+        else:
+            names = {*index.touched[at[0] - index.touched_base :], *self._stale}
+        self._stale.clear()
+        for name in names:
+            self._renode(name)
+        self._totals_at = (now_at, self.version)
+
+    def _renode(self, name: str) -> None:
+        books = self.books
+        queues = self.queues
+        assert queues is not None
+        for queue, product, milli, cpu, memory in self._node_use.pop(name, ()):
+            v = self._use_sum[(queue, product)]
+            v[0] -= milli
+            v[1] -= cpu
+            v[2] -= memory
+        old = self._node_cap.pop(name, None)
+        if old is not None:
+            c = self._cap_sum[old[0]]
+            for i in range(4):
+                c[i] -= old[1][i]
+        state = books.index.nodes.get(name)
+        product = state.info.product if state is not None else ""
+        if state is not None and state.dev_index:
+            cap = (
+                state.total_milli,
+                state.free_milli if state.placeable else 0,
+                state.info.cpu_milli,
+                state.info.memory_mib,
+            )
+            self._node_cap[name] = (product, cap)
+            c = self._cap_sum.setdefault(product, [0, 0, 0, 0])
+            for i in range(4):
+                c[i] += cap[i]
+        uses = []
+        reservations, slot_of, holdings = books.reservations, books.slot_of, books.holdings
+        for hid in books.node_holders.get(name, ()):
+            h = holdings.get(hid)
+            if h is None:
                 continue
-            s = sums.setdefault(state.info.product, [0, 0, 0, 0])
-            s[0] += state.total_milli
-            s[1] += state.free_milli if state.placeable else 0
-            s[2] += state.info.cpu_milli
-            s[3] += state.info.memory_mib
-        return Capacity({p: ProductCapacity(*v) for p, v in sorted(sums.items())})
+            if hid in reservations:
+                namespace = self.namespace_of(hid)
+            elif hid in slot_of:
+                namespace = self.gang_namespace.get(slot_of[hid][0], "")
+            else:
+                continue  # a pod gpuledger did not place, a node's own truth, a plan's keep
+            queue = (self.queue_of(namespace) if namespace else None) or queues.default
+            use = (queue, product, holding_milli(h), h.cpu_milli, h.memory_mib)
+            uses.append(use)
+            v = self._use_sum.setdefault((queue, product), [0, 0, 0])
+            v[0] += use[2]
+            v[1] += use[3]
+            v[2] += use[4]
+        if uses:
+            self._node_use[name] = uses
 
     def allowances(self) -> dict[str, int]:
         """PodDisruptionBudget "ns/name" -> the disruptions it allows now."""

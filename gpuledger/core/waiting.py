@@ -641,6 +641,11 @@ class WaitingLine:
         w = self.queued.get(wid)
         return None if w is None else w.key
 
+    def request_of(self, wid: str) -> Request | None:
+        """The request of the waiter holding ticket `wid`; None when none waits under it."""
+        w = self.queued.get(wid)
+        return None if w is None else w.request
+
     def in_order(self, limit: int | None = None) -> list[LineEntry]:
         """The line, first to last (placing ones included, not counted in positions)."""
         reserved = self.books.reservations
