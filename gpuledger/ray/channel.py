@@ -40,6 +40,9 @@ CHANNEL_METHODS = frozenset(
         "expiry_candidates",
         "status",
         "place_waiting",
+        "preemptions_due",
+        "eviction_refused",
+        "queue_status",
     }
 )
 # the `ledger_channel` setting: auto (127.0.0.1 from the actor's own Ray node, its node IP from others) |
