@@ -707,6 +707,7 @@ def test_controller_rbac_is_least_privilege():
         ("", "pods"): read,
         ("", "nodes"): read,
         ("", "namespaces"): read,
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     }
     lease_binding = one(docs, "RoleBinding", "gpuledger-controller-lease")
     assert lease_binding["subjects"] == sa
