@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuledger.core import objects as kube
+from gpuledger.core.group_slots import ClaimTable, SlotTable
 from gpuledger.core.inventory import ClusterIndex
 from gpuledger.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
 from gpuledger.core.node_state import Holding, NodeState
@@ -58,8 +59,15 @@ class GroupState:
     strategy: str = ""
     slot_taints: dict[int, tuple[Taint, ...]] = field(default_factory=dict)  # taints tolerated per slot
 
+    def __post_init__(self) -> None:
+        # tables that keep the plan and the smallest unclaimed slot (a pod's claim costs no scan of the gang)
+        if type(self.slots) is not SlotTable:
+            self.slots = SlotTable(self.slots)
+        if type(self.claims) is not ClaimTable:
+            self.claims = ClaimTable(self.claims)
+
     def plan(self) -> tuple[GroupSlot, ...]:
-        return tuple(self.slots[s] for s in sorted(self.slots))
+        return self.slots.plan()  # type: ignore[attr-defined]
 
 
 TRUTH = "truth:"  # holder id prefix of the devices a node's kubelet says pods the ledger does not own hold

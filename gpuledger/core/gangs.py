@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from gpuledger.core.books import Books, GroupState, Reservation, slot_hid
 from gpuledger.core.diagnosis import Diagnoser, describe
 from gpuledger.core.filters import dynamic, tolerated_gpu_taints
+from gpuledger.core.group_slots import ClaimTable
 from gpuledger.core.leaf_caps import LeafCaps
 from gpuledger.core.model import (
     Denial,
@@ -179,11 +180,12 @@ class Gangs:
         differs = shape_mismatch(group, req)
         if differs:
             return Denial(id=req.id, message=differs, strategy=name)
-        free = sorted(s for s, who in group.claims.items() if who is None)
-        if free:
-            return SlotClaim(group.key, free[0], None)
+        claims: ClaimTable = group.claims  # type: ignore[assignment]  # (GroupState keeps its claims so)
+        free = claims.first_unclaimed()
+        if free is not None:
+            return SlotClaim(group.key, free, None)
         size = len(group.slots) if group.slots else req.group.size
-        live = len([s for s in group.claims if group.claims[s] is not None])
+        live = claims.claimed()
         if live >= max(size, req.group.size):
             return Denial(
                 id=req.id,
@@ -367,7 +369,7 @@ def shape_mismatch(group: GroupState, req: Request) -> str:
     a slot of the wrong size."""
     if not group.slots:  # restored from a pod that could not keep its place (counted instead): no shape
         return ""
-    first = group.slots[min(group.slots)]
+    first = group.plan()[0]
     have = (len(first.devices), tuple((s.milli, s.memory_mib) for s in first.shares))
     want = (req.gpus, ((req.gpu_milli, req.gpu_memory_mib),) if req.is_shared else ())
     if have == want:
