@@ -249,6 +249,12 @@ class LedgerActor:
         served = ServedCalls(self.incarnation, dict(self.channel.calls), dict(self.channel.seconds))
         return replace(self.service.stats(time.time()), served=served)
 
+    async def explain(self, request: Any, now: float | None = None) -> Any:
+        """The decision the ledger would make now (with GPU queues: the preemption it could make, or why
+        none); reserves nothing."""
+        self._tick()
+        return self.service.explain(request, time.time() if now is None else now)
+
     async def snapshot(self) -> dict:
         self._tick()
         return self.service.snapshot()
