@@ -455,6 +455,8 @@ class Ledger:
 
     def expire(self, now: float) -> list[str]:
         expired = self._leases.expire(now)
+        for rid in expired:
+            self._queues.released(rid)
         if expired:
             self._settle_plans()
         return expired

@@ -257,8 +257,10 @@ class QueueBook:
             preempting=str(annotations.get(PREEMPTING_ANNOTATION) or ""),
         )
         claim = self.claims.claim_of(key)
-        if claim is not None:  # its reservation's use counts in its namespace now
+        if claim is not None:  # its reservation's use counts in its pod's namespace now
             self._stale.add(claim.placement.node)
+            if self.reserved_in:
+                self.reserved_in.pop(claim.placement.id, None)
         if PREEMPTING_ANNOTATION in annotations:
             self.recording.add(key)
         elif self.recording:
@@ -270,7 +272,11 @@ class QueueBook:
         if request.namespace:
             self.reserved_in[placement.id] = request.namespace
             if placement.group is not None:
-                self.gang_namespace[placement.group] = request.namespace
+                gangs = self.gang_namespace
+                gangs[placement.group] = request.namespace
+                if len(gangs) > 2 * len(self.books.groups) + 1024:  # forget the gangs gone
+                    live = self.books.groups
+                    self.gang_namespace = {g: ns for g, ns in gangs.items() if g in live}
 
     def released(self, rid: str) -> None:
         self.reserved_in.pop(rid, None)
