@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from gpuledger import strategies  # noqa: F401  (registers the built-in strategies)
 from gpuledger.core.ledger import Ledger, LedgerConfig, Waiting
-from gpuledger.core.model import Placement, Request
+from gpuledger.core.model import GroupSpec, Placement, Request
 from gpuledger.names import PREEMPTING_ANNOTATION, QUEUE_LABEL
 from tests.core.core_factory import node, pod
 from tests.core.test_queue_book import budget, gpu_queue, namespace
@@ -238,3 +238,50 @@ def test_with_no_gpu_queue_nothing_is_planned():
     w.ledger.place_waiting(NOW)
     assert w.ledger.preemptions() == []
     assert "preemptions" not in w.ledger.snapshot()
+
+
+def test_the_issue_scenario_two_teams_reclaim_exactly_the_borrowed_gangs_then_both_run_at_quota():
+    """Two teams with 64 GPUs of quota each on 128 GPUs: team-a runs 8 gangs of 2 x 8 GPUs (it borrows all
+    of team-b's quota); team-b submits a gang of 8 x 8 GPUs: one plan takes back exactly four whole gangs,
+    their nodes are kept, and once they are gone the gang runs there and both teams use their quota."""
+    w = World(nodes=16, queues=(gpu_queue("team-a", 64), gpu_queue("team-b", 64)))
+    gangs: dict[str, list[dict]] = {}
+    for g in range(8):
+        spec = GroupSpec(f"job/ns-a/train-{g}", 2)
+        for m in range(2):
+            name = f"train-{g}-{m}"
+            req = Request(id=f"ns-a-{name}", gpus=8, namespace="ns-a", name=name, group=spec)
+            placed = w.ledger.reserve_or_wait(req, T0 + g)
+            assert isinstance(placed, Placement), placed
+            stored = pod(name, namespace="ns-a", placement=placed, key=w.key)
+            stored["metadata"]["uid"] = f"uid-{name}"
+            stored["status"]["startTime"] = stamp(T0 + g)
+            w.apply(stored)
+            gangs.setdefault(spec.key, []).append(stored)
+    spec = GroupSpec("job/ns-b/big", 8)
+    gated = {}
+    for m in range(8):
+        name = f"big-{m}"
+        req = Request(id=f"ns-b-{name}", gpus=8, namespace="ns-b", name=name, group=spec)
+        answer = w.ledger.reserve_or_wait(req, NOW + m)
+        assert isinstance(answer, Waiting), answer
+        gated[name] = gated_pod(name, answer, w.key, namespace="ns-b")
+        w.apply(gated[name], NOW + m)
+    assert w.ledger.place_waiting(NOW + 10) == []
+    (plan,) = w.ledger.preemptions()
+    assert sorted(v.workload for v in plan.victims) == [f"job/ns-a/train-{g}" for g in (4, 5, 6, 7)]
+    assert all(v.rule == "reclaim" and len(v.pods) == 2 for v in plan.victims)  # whole gangs, the youngest
+    assert len(plan.nodes) == 8
+    w.record(gated["big-0"])
+    assert w.rebuilt().snapshot() == w.ledger.snapshot()
+    for v in plan.victims:
+        for stored in gangs[v.workload]:
+            w.delete(stored)
+    placed = w.ledger.place_waiting(NOW + 20)
+    assert sorted(p.name for p in placed) == [f"big-{m}" for m in range(8)]
+    assert {p.placement.node for p in placed} == set(plan.nodes)
+    for p in placed:
+        w.apply(placed_pod(gated[p.name], p.placement, w.key))
+    accounts = w.ledger.queue_accounts()
+    assert accounts is not None
+    assert accounts.usage.total("team-a") == accounts.usage.total("team-b") == 64 * 1000
