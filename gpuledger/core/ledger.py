@@ -64,6 +64,9 @@ class QueueAccounts:
     waiting: dict[str, int]  # leaf queue -> pods waiting in it
 
 
+REPLAN_S = 5.0  # a waiting workload that found no preemption plan is tried again after this long at the least
+
+
 def _shared(name: str, doc: str) -> property:
     """A ledger attribute that is the books' own (read and replaced there, where every part reads it)."""
 
@@ -120,7 +123,10 @@ class Ledger:
         # the preemptions it holds: their nodes kept for their preemptors (held_plans.py)
         self._plans = HeldPlans(books, self._queues, lambda: books.config.placement_key)
         self._changes = 0  # moves with every change the cluster or a caller makes (a plan's memo reads it)
-        self._no_plan: dict[str, int] = {}  # ticket id -> `_changes` when it last found no plan
+        # ticket id -> (`_changes`, time) when it last found no plan: tried again once something changed
+        # and `replan_s` passed (a pass reads every running workload: not on every event)
+        self._no_plan: dict[str, tuple[int, float]] = {}
+        self.replan_s = REPLAN_S
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -271,7 +277,7 @@ class Ledger:
         heads = [
             h
             for h in self._waiting.heads()
-            if h.id not in plans.plans and self._no_plan.get(h.id) != self._changes and h.key in book.pods
+            if h.id not in plans.plans and h.key in book.pods and self._may_plan(h.id, now)
         ]
         if not heads:
             return []
@@ -295,10 +301,14 @@ class Ledger:
                     for budget, n in v.workload.budgets:
                         allowances[budget] = allowances.get(budget, 0) - n
             else:
-                self._no_plan[head.id] = self._changes
+                self._no_plan[head.id] = (self._changes, now)
         while len(self._no_plan) > 4096:
             del self._no_plan[next(iter(self._no_plan))]
         return made
+
+    def _may_plan(self, wid: str, now: float) -> bool:
+        last = self._no_plan.get(wid)
+        return last is None or (last[0] != self._changes and now - last[1] >= self.replan_s)
 
     def _on_kept_nodes(self, running: list[Running]) -> set[str]:
         """The workloads holding GPUs on a node a plan keeps: they are no victims of another plan (one plan
@@ -339,6 +349,7 @@ class Ledger:
         and the victim's workload is left out of plans for `refused_victim_s`; the next pass plans again."""
         self._plans.refused_eviction(plan_id, namespace, name, now)
         self._changes += 1
+        self._no_plan.clear()  # plan again at the next pass
 
     @property
     def refused_victim_s(self) -> float:
