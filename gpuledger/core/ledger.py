@@ -282,8 +282,9 @@ class Ledger:
         if not heads:
             return []
         heads.sort(key=lambda h: (gate.key(h.request), h.rank))
-        excluded = plans.excluded(now) | self._on_kept_nodes(book.running())
+        excluded = plans.excluded(now)
         running = book.running(excluded)
+        excluded |= self._on_kept_nodes(running)
         by_key = {r.key: r for r in running}
         allowances = self._allowances_left()
         usage, capacity = book.usage(), book.capacity()
@@ -428,9 +429,12 @@ class Ledger:
             request,
             facts is not None and facts.never,
         )
-        excluded = self._plans.excluded(now) | self._on_kept_nodes(book.running())
+        excluded = self._plans.excluded(now)
+        running = book.running(excluded)
+        excluded |= self._on_kept_nodes(running)
         planner = Planner(book.queues, book.usage(), book.capacity(), LedgerView(self))
-        found: Plan | NoPlan = planner.plan(who, book.running(excluded), self._allowances_left(), now)
+        candidates = [r for r in running if r.key not in excluded]
+        found: Plan | NoPlan = planner.plan(who, candidates, self._allowances_left(), now)
         words = describe_plan(found)
         return f"{refusal}; {words}" if refusal else words
 

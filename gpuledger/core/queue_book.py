@@ -37,6 +37,7 @@ from gpuledger.names import (
     WAITING_ANNOTATION,
 )
 
+_TIMES: dict[str, float] = {}  # RFC 3339 text -> seconds (pods started together share theirs)
 QUEUE_KINDS = frozenset({GPUQUEUE_KIND, "Namespace", "PodDisruptionBudget"})
 DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when it sets none (Kubernetes' default)
 
@@ -59,7 +60,12 @@ class PodFacts:
     @property
     def started_at(self) -> float:
         """`started` in seconds since the epoch (0 when unknown: it has run for ever)."""
-        return timestamp(self.started)
+        known = _TIMES.get(self.started)
+        if known is None:
+            if len(_TIMES) > 65536:
+                _TIMES.clear()
+            known = _TIMES[self.started] = timestamp(self.started)
+        return known
 
 
 @dataclass(frozen=True)
@@ -432,7 +438,28 @@ class QueueBook:
             by_workload.setdefault(workload, []).append((facts, rid))
         budgets = [b for b in self.budgets.values() if b.selector is not None]
         out: list[Running] = []
-        for workload, members in sorted(by_workload.items()):
+        holdings_of = books.holdings
+        for workload, members in by_workload.items():
+            if len(members) == 1 and workload == members[0][0].key:  # one pod, not a gang's: the short way
+                facts, rid = members[0]
+                h = holdings_of.get(rid)
+                covered_by = tuple((b.key, 1) for b in budgets if b.covers(facts)) if budgets else ()
+                out.append(
+                    Running(
+                        workload,
+                        self.queue_of(facts.namespace) or queues.default,
+                        facts.priority,
+                        facts.started_at,
+                        (rid,),
+                        Use(((self.product(h.node), holding_milli(h), h.cpu_milli, h.memory_mib),))
+                        if h is not None
+                        else Use(),
+                        1,
+                        covered_by,
+                        facts.grace_s,
+                    )
+                )
+                continue
             rids = tuple(sorted(rid for _, rid in members))
             holdings: dict[str, Holding] = {}
             for rid in rids:
