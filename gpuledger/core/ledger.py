@@ -8,7 +8,10 @@ equality), because every placement is also written, signed, on its pod.
 This module is the facade only: it wires the parts over one set of books and keeps no logic of its own.
 The books (`books`), per-node filters (`filters`), candidate selection (`selection`), denials (`diagnosis`),
 decisions (`decisions`), gangs (`gangs`), leases (`leases`), following the cluster (`adoption`) and
-totals (`stats`) each live in their own module.
+totals (`stats`) each live in their own module; so do the GPU queues: what the ledger knows of them
+(`queue_book`), their quotas and fair order at admission and in the line's passes (`queue_gate`), and the
+preemptions it holds (`held_plans`, planned by `preemption`). With no GPUQueue object the queues' parts
+stand aside and the ledger decides as it did without them.
 """
 
 from __future__ import annotations
