@@ -29,10 +29,7 @@ from devcluster.cluster import CONTROLLERS, ControlPlane
 from devcluster.nodes import LEAF_LABEL, create_nodes, make_sample_cluster
 from devcluster.scheduler import KubeScheduler
 from devcluster.stack import Stack, e2e_webhook_config, placements_by_device
-from gpuledger.names import (
-    QUEUE_API_VERSION,
-    SCHEDULING_GATE,
-)
+from gpuledger.names import PREEMPTED_REASON, PREEMPTING_ANNOTATION, QUEUE_API_VERSION, SCHEDULING_GATE
 from tests.conftest import require_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -65,17 +62,19 @@ def gpu_nodes(apiserver):
 
 
 class KubeletStandIn:
-    """The kubelet's part in a deletion, for a cluster without one; and a record of the Eviction API's acts.
+    """The kubelet's part, for a cluster without one, and a record of the Eviction API's acts.
 
-    A watch on every pod: a pod carrying the DisruptionTarget condition the Eviction API writes
-    (reason EvictionByEvictionAPI) is recorded as evicted; a terminating pod bound to a node is deleted with
-    grace 0 (what its kubelet does once the containers stopped), unless paused (the victims stay
-    Terminating: not gone yet)."""
+    A watch on every pod: a pod bound to a node is started (status Running and Ready, its startTime now,
+    as its kubelet reports once the containers run: PodDisruptionBudgets count Ready pods as healthy); a
+    terminating pod bound to a node is deleted with grace 0 (what its kubelet does once the containers
+    stopped), unless paused (the victims stay Terminating: not gone yet); a pod carrying the DisruptionTarget
+    condition the Eviction API writes (reason EvictionByEvictionAPI) is recorded as evicted."""
 
     def __init__(self, cp):
         self.cp = cp
         self.evicted: dict[str, str] = {}  # "namespace/name" -> uid, every pod the Eviction API evicted
         self.finished: list[str] = []  # terminating pods whose deletion this finished
+        self._started: set[str] = set()  # uids of the pods this reported running
         self._running = threading.Event()  # set: finish deletions; clear: leave them Terminating
         self._running.set()
         self._stop = threading.Event()
@@ -135,14 +134,30 @@ class KubeletStandIn:
         ):
             with self._lock:
                 self.evicted[key] = meta["uid"]
-        if meta.get("deletion_timestamp") and spec.get("node_name") and self._running.is_set():
-            from kubernetes.client.exceptions import ApiException
+        if not spec.get("node_name"):
+            return
+        from kubernetes.client.exceptions import ApiException
 
+        if meta.get("deletion_timestamp"):
+            if self._running.is_set():
+                try:
+                    self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
+                    self.finished.append(key)
+                except ApiException as err:
+                    if err.status != 404:
+                        raise
+        elif meta["uid"] not in self._started and (pod.get("status") or {}).get("phase") == "Pending":
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            ready = [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("Initialized", "ContainersReady", "Ready")
+            ]
+            body = {"status": {"phase": "Running", "startTime": now, "conditions": ready}}
             try:
-                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
-                self.finished.append(key)
+                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+                self._started.add(meta["uid"])
             except ApiException as err:
-                if err.status != 404:
+                if err.status not in (404, 409):
                     raise
 
 
@@ -406,6 +421,258 @@ def settle(seconds: float = 3.0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- scenarios
+def test_a_team_takes_back_exactly_the_borrowed_gpus_it_needs_whole_gangs_only(
+    apiserver, stack, kubelet, teams
+):
+    """Two teams with 64 GPUs of quota each on 128 GPUs: team-a submits 200 GPUs of work (gangs of 2 x 8
+    GPUs and a single 8-GPU pod) while team-b is idle, and runs 128; team-b submits a gang of 8 x 8: exactly
+    four of team-a's gangs (64 GPUs) are evicted, whole, through the Eviction API; then both run at their
+    quota."""
+    a = teams("team-a", {"quotas": [{"gpus": 64}]})
+    b = teams("team-b", {"quotas": [{"gpus": 64}]})
+    a.apply(stream(*(job(f"a-{i}", 2) for i in range(8))))
+    first = a.wait_placed(16)
+    a.apply(stream(*(job(f"a-{i}", 2) for i in range(8, 12)), job("a-solo", 1, gang=False)))
+    a.wait_waiting(9)  # 4 gangs of 2 and the single pod: 72 GPUs wait (WAITING counts pods)
+    settle(1.0)
+    assert gpus_placed(stack, a) == GPUS
+    wait_table(
+        apiserver,
+        {
+            "team-a": {"QUOTA": "64", "USED": "128", "BORROWED": "64", "WAITING": "9"},
+            "team-b": {"QUOTA": "64", "USED": "0", "BORROWED": "0", "WAITING": "0"},
+        },
+    )
+
+    b.apply(stream(job("b-big", 8)))
+    placed_b = b.wait_placed(8, "job=b-big", timeout=180)
+    assert {len(stack.placement(p).devices) for p in placed_b} == {8}
+
+    evicted = kubelet.evicted_in(a.namespace, b.namespace)
+    running_before = {key(p): p["metadata"]["uid"] for p in first}
+    assert set(evicted) <= set(running_before), evicted  # only running pods, and only team-a's
+    assert len(evicted) == 8, sorted(evicted)  # 64 GPUs: exactly what team-b needs
+    jobs_hit = {p["metadata"]["labels"]["job"] for p in first if key(p) in evicted}
+    assert len(jobs_hit) == 4  # whole gangs: both pods of each of four Jobs
+    # the Job controller made the evicted pods again; they wait, and nothing else is evicted
+    settle()
+    assert len(kubelet.evicted_in(a.namespace, b.namespace)) == 8
+    assert gpus_placed(stack, a) == gpus_placed(stack, b) == 64
+    assert not double_booked(stack, a, b)
+    wait_table(
+        apiserver,
+        {
+            "team-a": {"QUOTA": "64", "USED": "64", "BORROWED": "0", "WAITING": "17"},
+            "team-b": {"QUOTA": "64", "USED": "64", "BORROWED": "0", "WAITING": "0"},
+        },
+    )
+    # each victim's owner was told who took its GPUs and why
+    said = [e["message"] for e in events(apiserver, a.namespace, PREEMPTED_REASON)]
+    for job_name in jobs_hit:
+        assert any(job_name in m or "b-big" in m for m in said), (job_name, said)
+    assert all("b-big" in m for m in said), said
+
+
+def fill_two_leaves(team: Team, bigs_first: bool) -> tuple[list[dict], list[dict]]:
+    """leaf-0: eight low-priority 8-GPU pods (one a node, label size=8); leaf-1: sixteen low-priority 4-GPU
+    pods (two a node, size=4); the cluster full. `bigs_first`: leaf-0's pods are the older."""
+    bigs = [pod(f"big-{i}", 8, priority="low", leaf="leaf-0", labels={"size": "8"}) for i in range(8)]
+    halves = [pod(f"half-{i}", 4, priority="low", leaf="leaf-1", labels={"size": "4"}) for i in range(16)]
+    for group, selector, count in (
+        [(bigs, "size=8", 8), (halves, "size=4", 16)]
+        if bigs_first
+        else [(halves, "size=4", 16), (bigs, "size=8", 8)]
+    ):
+        team.apply(stream(*group))
+        team.wait_placed(count, selector)
+    placed_bigs, placed_halves = team.placed("size=8"), team.placed("size=4")
+    assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed_bigs} == {"leaf-0"}
+    assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed_halves} == {"leaf-1"}
+    return placed_bigs, placed_halves
+
+
+def budget(apiserver, team: Team, name: str, selector: dict, min_available: int) -> dict:
+    """A PodDisruptionBudget by an integer minAvailable (pods with no controller, as these are, take no
+    maxUnavailable); returned once the disruption controller counted its pods."""
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": team.namespace},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}},
+    }
+    apiserver.apply(body)
+
+    def counted():
+        status = apiserver.get_json("pdb", name, "-n", team.namespace).get("status") or {}
+        return (
+            status
+            if status.get("desiredHealthy") == min_available and "disruptionsAllowed" in status
+            else None
+        )
+
+    return apiserver.wait_for(counted, what=f"the disruption controller counted budget {name}")
+
+
+def test_a_critical_gang_preempts_the_youngest_pods_that_open_one_leaf_window(
+    apiserver, stack, kubelet, teams
+):
+    """A full cluster of low-priority pods, leaf-0's 8-GPU pods the youngest; a critical 16-GPU gang (2 x 8)
+    needs two whole nodes of one leaf: two of leaf-0's pods are evicted, the gang takes their nodes, and
+    nothing else is evicted."""
+    team = teams("research", {"quotas": [{"gpus": GPUS}]})
+    bigs, halves = fill_two_leaves(team, bigs_first=False)
+    team.apply(stream(job("urgent", 2, priority="critical")))
+    placed = team.wait_placed(2, "job=urgent", timeout=120)
+    evicted = kubelet.evicted_in(team.namespace)
+    assert len(evicted) == 2, sorted(evicted)
+    assert set(evicted) <= {key(p) for p in bigs}
+    assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed} == {"leaf-0"}
+    assert {p["spec"]["nodeName"] for p in placed} == {
+        p["spec"]["nodeName"] for p in bigs if key(p) in evicted
+    }
+    settle()
+    assert len(kubelet.evicted_in(team.namespace)) == 2
+    assert len(team.placed("size=4")) == 16 and len(team.placed("size=8")) == 6
+    assert not double_booked(stack, team)
+
+
+def test_a_disruption_budget_blocks_a_victim_and_the_plan_picks_another(apiserver, stack, kubelet, teams):
+    """The full cluster with leaf-0's 8-GPU pods the youngest (the victims of the plan above), under a
+    PodDisruptionBudget that lets none go: the critical gang takes two nodes of leaf-1 instead (four 4-GPU
+    pods), and no guarded pod is evicted."""
+    team = teams("research", {"quotas": [{"gpus": GPUS}]})
+    bigs, halves = fill_two_leaves(team, bigs_first=False)
+    status = budget(apiserver, team, "guard-big", {"size": "8"}, min_available=8)
+    assert status["disruptionsAllowed"] == 0 and status["currentHealthy"] == 8
+    team.apply(stream(job("urgent", 2, priority="critical")))
+    placed = team.wait_placed(2, "job=urgent", timeout=120)
+    evicted = kubelet.evicted_in(team.namespace)
+    assert len(evicted) == 4, sorted(evicted)
+    assert set(evicted) <= {key(p) for p in halves}
+    assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed} == {"leaf-1"}
+    settle()
+    assert len(kubelet.evicted_in(team.namespace)) == 4
+    assert len(team.placed("size=8")) == 8
+    assert not double_booked(stack, team)
+
+
+def test_a_disruption_budget_on_every_pod_makes_the_preemptor_wait(apiserver, stack, kubelet, teams):
+    """Every pod of the full cluster under a PodDisruptionBudget that lets none go: the critical gang waits
+    and nothing is evicted; once the budget lets two go, it takes two."""
+    team = teams("research", {"quotas": [{"gpus": GPUS}]})
+    team.apply(stream(*(pod(f"p-{i}", 8, priority="low", labels={"guard": "all"}) for i in range(16))))
+    team.wait_placed(16)
+    assert budget(apiserver, team, "guard-all", {"guard": "all"}, min_available=16)["disruptionsAllowed"] == 0
+    team.apply(stream(job("urgent", 2, priority="critical")))
+    team.wait_waiting(2, "job=urgent")
+    settle(5.0)
+    assert kubelet.evicted_in(team.namespace) == {}
+    assert len(team.waiting("job=urgent")) == 2 and len(team.placed()) == 16
+    assert budget(apiserver, team, "guard-all", {"guard": "all"}, min_available=14)["disruptionsAllowed"] == 2
+    team.wait_placed(2, "job=urgent", timeout=120)
+    assert len(kubelet.evicted_in(team.namespace)) == 2
+    assert not double_booked(stack, team)
+
+
+def test_preemption_policy_never_waits(apiserver, stack, kubelet, teams):
+    """A pod whose PriorityClass says `preemptionPolicy: Never` waits in a full cluster of lower priority and
+    evicts nothing; a pod of a higher class that may preempt takes one node's pod, and the first still
+    waits."""
+    team = teams("research", {"quotas": [{"gpus": GPUS}]})
+    never = priority_class(apiserver, f"e2e-never-{team.namespace[-5:]}", 500, never=True)
+    may = priority_class(apiserver, f"e2e-may-{team.namespace[-5:]}", 600)
+    team.apply(stream(*(pod(f"p-{i}", 8, priority="low") for i in range(16))))
+    team.wait_placed(16)
+    team.apply(stream(pod("patient", 8, priority_class=never)))
+    assert team.pod("patient")["spec"].get("preemptionPolicy") == "Never"
+    team.wait_waiting(1)
+    settle(5.0)
+    assert gated(team.pod("patient")) and kubelet.evicted_in(team.namespace) == {}
+    team.apply(stream(pod("pushy", 8, priority_class=may)))
+    apiserver.wait_for(
+        lambda: not gated(team.pod("pushy")) and team.pod("pushy")["spec"].get("nodeName"),
+        timeout=120,
+        what="pushy placed",
+    )
+    assert len(kubelet.evicted_in(team.namespace)) == 1
+    assert gated(team.pod("patient"))
+    assert not double_booked(stack, team)
+
+
+def test_a_workload_younger_than_its_queues_minimum_run_time_is_no_victim(apiserver, stack, kubelet, teams):
+    """team-a borrows the whole cluster under a queue whose minRunSeconds is an hour: team-b's pod, within its
+    quota, waits and nothing is evicted; once team-a's queue allows preemption at once, one pod is taken
+    back."""
+    a = teams("team-a", {"quotas": [{"gpus": 64}], "preemption": {"minRunSeconds": 3600}})
+    b = teams("team-b", {"quotas": [{"gpus": 64}]})
+    a.apply(stream(*(pod(f"p-{i}", 8, priority="low") for i in range(16))))
+    a.wait_placed(16)
+    b.apply(stream(pod("mine", 8)))
+    b.wait_waiting(1)
+    settle(5.0)
+    assert kubelet.evicted_in(a.namespace) == {} and gated(b.pod("mine"))
+    apiserver.kubectl(
+        "patch", "gpuqueue", "team-a", "--type=merge", "-p", '{"spec":{"preemption":{"minRunSeconds":0}}}'
+    )
+    b.wait_placed(1, timeout=120)
+    assert len(kubelet.evicted_in(a.namespace)) == 1
+    assert not double_booked(stack, a, b)
+
+
+def test_the_ledger_killed_mid_preemption_promises_no_gpu_twice(apiserver, stack, kubelet, teams):
+    """team-b's gang of 2 x 8 takes back two of team-a's borrowed pods. The victims evicted but still
+    Terminating (the kubelet stand-in paused), the preemptor carrying its `gpuledger.io/preempting` record,
+    the ledger actor is killed: rebuilt from the API objects, it keeps the nodes for the same preemptor, which
+    is placed once when the victims are gone, and no GPU is promised twice."""
+    a = teams("team-a", {"quotas": [{"gpus": 64}]})
+    b = teams("team-b", {"quotas": [{"gpus": 64}]})
+    a.apply(stream(*(job(f"a-{i}", 1, gang=False) for i in range(16))))
+    a.wait_placed(16)
+    a.apply(stream(job("a-late", 2, gang=False)))  # team-a's own work waits behind, for the GPUs freed
+    a.wait_waiting(2)
+    kubelet.pause()
+    try:
+        b.apply(stream(job("b-gang", 2)))
+
+        def recorded_and_terminating():
+            preemptors = [
+                p for p in b.pods("job=b-gang") if PREEMPTING_ANNOTATION in p["metadata"]["annotations"]
+            ]
+            terminating = [p for p in a.pods() if p["metadata"].get("deletionTimestamp")]
+            return (preemptors, terminating) if preemptors and len(terminating) == 2 else None
+
+        preemptors, terminating = apiserver.wait_for(
+            recorded_and_terminating, timeout=120, what="the record written and two victims terminating"
+        )
+        assert all(gated(p) for p in b.pods("job=b-gang"))  # not placed while its victims hold the GPUs
+        incarnation = stack.kill_ledger()
+        stack.wait_ledger_synced(after_incarnation=incarnation)
+        settle()
+        assert all(gated(p) for p in b.pods("job=b-gang"))
+        assert not double_booked(stack, a, b)
+    finally:
+        kubelet.resume()
+    placed = b.wait_placed(2, "job=b-gang", timeout=120)
+    victims_nodes = {p["spec"]["nodeName"] for p in terminating}
+    assert {p["spec"]["nodeName"] for p in placed} == victims_nodes
+    settle()
+    evicted = kubelet.evicted_in(a.namespace, b.namespace)
+    assert set(evicted) == {key(p) for p in terminating}  # no more than the plan named, after the restart
+    # placed once: each preemptor pod the same pod (uid), placed by one Placed event, on one reservation
+    for p in placed:
+        said = [
+            e
+            for e in events(apiserver, b.namespace, "Placed")
+            if e["involvedObject"]["name"] == p["metadata"]["name"]
+        ]
+        assert len(said) <= 1, said
+    assert {p["metadata"]["uid"] for p in placed} == {p["metadata"]["uid"] for p in b.pods("job=b-gang")}
+    assert len({stack.placement(p).group for p in placed}) == 1
+    assert len(a.waiting()) == 4  # a-late's two and the two evicted pods made again: none took the kept nodes
+    assert not double_booked(stack, a, b)
+    assert gpus_placed(stack, a) == 112 and gpus_placed(stack, b) == 16
+
+
 def test_a_resource_quota_on_gpus_is_still_respected(apiserver, stack, kubelet, teams):
     """A ResourceQuota of 8 GPUs in a queue's namespace: the second 8-GPU pod is refused by the API server
     (after the webhook placed it), and the ledger ends up holding nothing for it."""
