@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,10 +32,11 @@ from devcluster.kubelet import NODE_IP_NET, RealNode
 from devcluster.nodes import device_uuid
 from devcluster.services import ClusterServices
 from gpuledger.core.placement_codec import decode_placement
-from gpuledger.names import ADMISSION_LABEL, PLACEMENT_ANNOTATION
+from gpuledger.names import ADMISSION_LABEL, HOLDERS_ANNOTATION, PLACEMENT_ANNOTATION, WORKLOAD_UID_LABEL
 from tests.conftest import require_binaries, require_real_node
 from tests.deploy.test_helm import helm_binary
 from tests.e2e.conftest import busybox_pod
+from tests.e2e.deployed_load import LoadReport, PodLoad
 from tests.e2e.test_product_image import require_image_builder
 from tests.parts import missing_part
 
@@ -51,6 +52,7 @@ SERVICE_CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "endpoints-controller",
     "endpointslice-controller",
+    "daemonset-controller",  # the node agent's DaemonSet
 )
 PRINT_ENV = "echo NV=$NVIDIA_VISIBLE_DEVICES"
 
@@ -236,6 +238,233 @@ def test_gpuledger_status_runs_inside_the_image_as_the_webhooks_service_account(
     assert (cluster["nodes"], cluster["gpus"]) == (1, GPUS)
 
 
+def test_a_gpuworkload_is_run_by_the_deployed_controller(deployed):
+    """A GPUWorkload (agentaflow.io/v1) applied in an opted-in namespace: the deployed controller makes its
+    Job, the deployed webhook places its pod, the kubelet runs it, and the workload ends Succeeded."""
+    cp = deployed.cp
+    namespace = opted_in_namespace(cp, "workload")
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(gpu_workload("finetune", PRINT_ENV)))
+    workload = wait_workload_phase(cp, namespace, "finetune", "Succeeded")
+    (job,) = workload_jobs(cp, namespace, workload)
+    (pod,) = cp.pods(namespace, f"{WORKLOAD_UID_LABEL}={workload['metadata']['uid']}")
+    assert job["metadata"]["ownerReferences"][0]["uid"] == workload["metadata"]["uid"]
+    assert PLACEMENT_ANNOTATION in pod["metadata"]["annotations"], pod["metadata"]
+    assert pod["spec"]["nodeName"] == NODE and pod["status"]["phase"] == "Succeeded"
+    printed = cp.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout.strip()
+    assert printed.removeprefix("NV=") in deployed.plugin.health
+
+
+def gpu_workload(name: str, command: str, gpus: int = 1) -> dict:
+    """A GPUWorkload as a user writes it, its pod running `sh -c command` on the locally built test image."""
+    container = {
+        "name": "main",
+        "image": images.TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
+    }
+    return {
+        "apiVersion": "agentaflow.io/v1",
+        "kind": "GPUWorkload",
+        "metadata": {"name": name},
+        "spec": {
+            "gpuRequirements": {"gpuCount": gpus},
+            "podTemplate": {"spec": {"terminationGracePeriodSeconds": 1, "containers": [container]}},
+        },
+    }
+
+
+def workload(cp, namespace: str, name: str) -> dict:
+    return cp.get_json("gpuworkloads.agentaflow.io", name, "-n", namespace)
+
+
+def wait_workload_phase(cp, namespace: str, name: str, phase: str, timeout: float = 120) -> dict:
+    def reached():
+        obj = workload(cp, namespace, name)
+        return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+    try:
+        return cp.wait_for(reached, timeout=timeout, interval=0.5, what=f"GPUWorkload {name} {phase}")
+    except TimeoutError:
+        print(workload(cp, namespace, name).get("status"))
+        print(
+            cp.kubectl("-n", SYSTEM, "logs", "deploy/gpuledger", "-c", "controller", check=False).stdout[
+                -4000:
+            ]
+        )
+        raise
+
+
+def workload_jobs(cp, namespace: str, obj: dict) -> list[dict]:
+    selector = f"{WORKLOAD_UID_LABEL}={obj['metadata']['uid']}"
+    return cp.get_json("jobs", "-n", namespace, "-l", selector)["items"]
+
+
+def gpuledger_cli(cp, *args: str) -> subprocess.CompletedProcess:
+    """The `gpuledger` CLI run on the test's host, as an operator runs it, against the API server."""
+    argv = [str(Path(sys.executable).parent / "gpuledger"), *args, "--kubeconfig", cp.kubeconfig]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_gpuledger_strategy_changes_the_live_ledger_through_the_deployed_configmap(deployed):
+    """`gpuledger strategy best_fit` from the operator's host patches the deployed ConfigMap; the kubelet
+    updates the webhook pod's mounted file, the webhook pushes it to the live ledger, and the next placements
+    name best_fit. No pod restarts."""
+    cp = deployed.cp
+    (webhook_pod,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
+    changed = gpuledger_cli(cp, "strategy", "best_fit")
+    assert changed.returncode == 0, changed.stderr
+    shown = gpuledger_cli(cp, "strategy", "-o", "json")
+    assert json.loads(shown.stdout)["effective"] == "best_fit", shown.stdout + shown.stderr
+    namespace = opted_in_namespace(cp, "strategy")
+    key = placement_key(cp)
+    strategies: list[str] = []
+
+    def placed_by_best_fit():
+        name = f"probe-{len(strategies)}"
+        pod = yaml.safe_dump(busybox_pod(name, "true", gpus=1))
+        made = cp.kubectl("create", "-n", namespace, "-f", "-", "-o", "json", input=pod, as_user=ALICE)
+        text = json.loads(made.stdout)["metadata"].get("annotations", {}).get(PLACEMENT_ANNOTATION)
+        placement = decode_placement(text, key) if text else None
+        strategies.append(placement.strategy if placement else "waiting")
+        return strategies[-1] == "best_fit"
+
+    try:
+        # the kubelet refreshes a mounted ConfigMap at the pod's next sync (up to its syncFrequency, 1 min)
+        cp.wait_for(placed_by_best_fit, timeout=150, interval=2, what="a placement by best_fit")
+    except TimeoutError as timed_out:
+        phases = {p["metadata"]["name"]: p["status"].get("phase") for p in cp.pods(namespace)}
+        raise AssertionError(f"placed by {strategies}; pods {phases}") from timed_out
+    finally:
+        gpuledger_cli(cp, "strategy", "fgd_host")  # the install's default again, for the tests after
+    assert strategies[0] != "best_fit", strategies  # the ledger's default until the file changed
+    (still,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
+    assert still["metadata"]["uid"] == webhook_pod["metadata"]["uid"]  # nothing restarted
+
+
+NODE_AGENT_NAMESPACE = "gpuledger-node-agent"
+GPU_NODE_LABEL = "nvidia.com/gpu.present=true"  # GPU feature discovery's, the DaemonSet's nodeSelector
+
+
+@pytest.fixture(scope="module")
+def node_agent(deployed, tmp_path_factory):
+    """The node agent component as the prod overlay ships it, on a node labelled as GPU feature discovery
+    labels GPU nodes. Patched only for what this GPU-less harness lacks: NVML (the agent's fake probe,
+    reporting the fake device plugin's GPUs) and the kubelet's default root (the harness's kubelet keeps its
+    PodResources socket in a temporary folder)."""
+    cp, node = deployed.cp, deployed.node
+    cp.kubectl("label", "node", NODE, GPU_NODE_LABEL)
+    fake = {
+        "gpus": [
+            {
+                "index": i,
+                "uuid": device_uuid(NODE, i),
+                "product": "NVIDIA-H100",
+                "memory_mib": 81559,
+                "healthy": True,
+            }
+            for i in range(GPUS)
+        ],
+        "processes": [],
+    }
+    harness = [
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--fake"},
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": json.dumps(fake)},
+        {
+            "op": "replace",
+            "path": "/spec/template/spec/volumes/1/hostPath/path",
+            "value": str(node.pod_resources_socket.parent),
+        },
+    ]
+    folder = tmp_path_factory.mktemp("node-agent")
+    component = REPO / "kustomize" / "components" / "node-agent"
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "components": [os.path.relpath(component, folder)],
+        "patches": [
+            {"target": {"kind": "DaemonSet", "name": "gpuledger-node-agent"}, "patch": json.dumps(harness)}
+        ],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    cp.kubectl("apply", "-k", str(folder))
+    daemonset = ("-n", NODE_AGENT_NAMESPACE, "rollout", "status", "ds/gpuledger-node-agent", "--timeout=120s")
+    try:
+        cp.kubectl(*daemonset, timeout=130)
+    except Exception:
+        print(cp.kubectl("-n", NODE_AGENT_NAMESPACE, "describe", "pods", check=False).stdout[-5000:])
+        print(
+            cp.kubectl("-n", NODE_AGENT_NAMESPACE, "logs", "ds/gpuledger-node-agent", check=False).stdout[
+                -5000:
+            ]
+        )
+        raise
+    return folder
+
+
+def device_holders(cp) -> dict:
+    text = cp.get_json("node", NODE)["metadata"].get("annotations", {}).get(HOLDERS_ANNOTATION)
+    return json.loads(text) if text else {}
+
+
+def wait_holder(cp, namespace: str, pod: str, timeout: float = 60) -> list[str]:
+    """The device indices the node agent's holders annotation names `pod` on, once it names it."""
+
+    def named():
+        holders = device_holders(cp).get("holders", {})
+        found = [
+            i
+            for i, who in holders.items()
+            if any((h["namespace"], h["pod"]) == (namespace, pod) for h in who)
+        ]
+        return found or None
+
+    return cp.wait_for(
+        named, timeout=timeout, interval=0.5, what=f"{HOLDERS_ANNOTATION} naming {namespace}/{pod}"
+    )
+
+
+HOLD = "echo NV=$NVIDIA_VISIBLE_DEVICES; trap 'exit 0' TERM; sleep 3600 & wait"
+
+
+def start_holder(cp, namespace: str, name: str) -> dict:
+    """A 1-GPU pod holding its GPU until deleted, Running."""
+    cp.kubectl(
+        "create",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(busybox_pod(name, HOLD, gpus=1)),
+        as_user=ALICE,
+    )
+    cp.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "--for=jsonpath={.status.phase}=Running",
+        f"pod/{name}",
+        "--timeout=90s",
+        timeout=100,
+    )
+    return cp.get_json("pod", name, "-n", namespace)
+
+
+def test_the_node_agent_names_the_placed_pod_on_its_device(deployed, node_agent):
+    """The node agent DaemonSet, running on the node, publishes on the Node which pod holds which GPU: the
+    pod the deployed webhook placed, on the device the kubelet gave it."""
+    cp = deployed.cp
+    namespace = opted_in_namespace(cp, "held")
+    pod = start_holder(cp, namespace, "held")
+    assert PLACEMENT_ANNOTATION in pod["metadata"]["annotations"]
+    printed = cp.wait_for(
+        lambda: cp.kubectl("logs", "-n", namespace, "held").stdout.strip(), what="held's output"
+    )
+    given = printed.removeprefix("NV=")
+    uuids = [device_uuid(NODE, i) for i in range(GPUS)]
+    assert wait_holder(cp, namespace, "held") == [str(uuids.index(given))]
+    cp.kubectl("delete", "pod", "held", "-n", namespace, "--wait=false")
+
+
 def placement_key(cp) -> bytes:
     """The key the deployed webhook signs placements with, from its Secret."""
     secret = cp.get_json("secret", "gpuledger-placement-key", "-n", SYSTEM)
@@ -248,64 +477,171 @@ def test_a_rolling_restart_of_the_webhook_while_pods_are_created(deployed):
     ledger): creates are refused (failurePolicy Fail) until the new replica is Ready, none is admitted
     unplaced, and the new replica's ledger, rebuilt from the API server, double-books nothing."""
     cp = deployed.cp
-    key = placement_key(cp)
-    namespace = user_namespace(cp, "roll")
-    cp.kubectl("label", "namespace", namespace, f"{ADMISSION_LABEL}=enabled")
-    outcomes: dict[str, list[str]] = {"admitted": [], "refused": [], "denied": []}
-    refused_at: list[float] = []
-    stop = threading.Event()
-
-    def create_pods() -> None:
-        index = 0
-        while not stop.is_set():
-            name = f"roll-{index}"
-            pod = yaml.safe_dump(busybox_pod(name, "sleep 1", gpus=1))
-            made = cp.kubectl("create", "-n", namespace, "-f", "-", input=pod, as_user=ALICE, check=False)
-            if made.returncode == 0:
-                outcomes["admitted"].append(name)
-            elif "failed calling webhook" in made.stderr:
-                outcomes["refused"].append(name)  # the API server could not reach a ready replica
-                refused_at.append(time.monotonic())
-            else:
-                outcomes["denied"].append(made.stderr.strip())  # the ledger's answer: no GPU free
-            index += 1
-            stop.wait(0.3)
-
-    creator = threading.Thread(target=create_pods, daemon=True)
-    creator.start()
-    try:
-        cp.wait_for(
-            lambda: len(outcomes["admitted"]) >= 3, timeout=60, what="pods admitted before the restart"
-        )
-        before = len(outcomes["admitted"])
+    namespace = opted_in_namespace(cp, "roll")
+    with PodLoad(cp, namespace, "roll") as load:
+        load.wait_admitted(3, "pods admitted before the restart")
         cp.kubectl("-n", SYSTEM, "rollout", "restart", "deploy/gpuledger")
         cp.kubectl("-n", SYSTEM, "rollout", "status", "deploy/gpuledger", "--timeout=300s", timeout=310)
-        cp.wait_for(
-            lambda: len(outcomes["admitted"]) >= before + 3,
-            timeout=60,
-            what="pods admitted after the restart",
-        )
-    finally:
-        stop.set()
-        creator.join(30)
+        load.disruption_over()
+        load.wait_admitted(3, "pods admitted after the restart", since=load.over_at or 0.0)
+    report = load.settle()
+    print(f"\nrolling restart: {report.counts()}, refusals over {report.refusal_window_s:.1f}s")
+    assert_nothing_lost_or_double_booked(cp, load, report)
 
-    def finished():
-        pods = cp.pods(namespace)
-        done = [p for p in pods if p["status"].get("phase") in ("Succeeded", "Failed")]
-        return pods if len(done) == len(pods) else None
 
-    pods = cp.wait_for(finished, timeout=180, interval=1, what=f"every pod of {namespace} finished")
-    counts = {outcome: len(names) for outcome, names in outcomes.items()}
-    # the kubelet refuses a pod the ledger placed where no GPU was free (UnexpectedAdmissionError)
-    double_booked = [p["metadata"]["name"] for p in pods if p["status"]["phase"] != "Succeeded"]
-    window = refused_at[-1] - refused_at[0] if refused_at else 0.0
-    print(f"\nrolling restart: {counts}, double-booked {len(double_booked)}, refusals over {window:.1f}s")
-    assert {p["metadata"]["name"] for p in pods} == set(outcomes["admitted"])
-    assert not double_booked, [p["status"] for p in pods if p["metadata"]["name"] in double_booked]
-    for pod in pods:
+def opted_in_namespace(cp, prefix: str) -> str:
+    namespace = user_namespace(cp, prefix)
+    cp.kubectl("label", "namespace", namespace, f"{ADMISSION_LABEL}=enabled")
+    return namespace
+
+
+def assert_nothing_lost_or_double_booked(cp, load: PodLoad, report: LoadReport) -> None:
+    """Every admitted pod ran on a GPU of its own with a placement signed by the deployed key; every other
+    create was refused or denied for want of a GPU, never admitted unplaced."""
+    key = placement_key(cp)
+    created = {
+        p["metadata"]["name"]
+        for p in cp.pods(load.namespace)
+        if p["metadata"]["name"].startswith(load.prefix + "-")
+    }
+    assert created == load.admitted_names()
+    assert not report.double_booked, [
+        p["status"] for p in report.pods if p["metadata"]["name"] in report.double_booked
+    ]
+    assert report.admitted_after > 0, report.counts()
+    for pod in report.pods:
         placement = decode_placement(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION], key)
         assert placement is not None and placement.node == NODE, pod["metadata"]
-    assert all("GPU" in message or "gpu" in message for message in outcomes["denied"]), outcomes["denied"]
+    assert all("GPU" in message or "gpu" in message for message in report.denials), report.denials
+
+
+WEBHOOK_PODS = "app.kubernetes.io/component=webhook"
+
+
+def replacement_ready(cp, old_name: str, timeout: float = 300) -> dict:
+    """The webhook pod that replaced `old_name`, once it is Ready and `old_name` is gone."""
+
+    def ready():
+        pods = cp.pods(SYSTEM, WEBHOOK_PODS)
+        if any(p["metadata"]["name"] == old_name for p in pods):
+            return None
+        good = [
+            p
+            for p in pods
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        ]
+        return good[0] if good else None
+
+    return cp.wait_for(ready, timeout=timeout, interval=0.5, what=f"a Ready webhook pod replacing {old_name}")
+
+
+def placed_devices(cp, pod: dict) -> set[int]:
+    placement = decode_placement(pod["metadata"]["annotations"][PLACEMENT_ANNOTATION], placement_key(cp))
+    assert placement is not None, pod["metadata"]
+    return set(placement.devices)
+
+
+def test_the_ray_head_pod_deleted_while_pods_are_created(deployed):
+    """Day two: the pod that holds the Ray head deleted as a crash would take it (`--grace-period=0
+    --force`: no preStop, nothing handed over) while alice keeps creating 1-GPU pods. In the dev overlay the
+    Ray head is embedded in the webhook pod. Creates fail closed (refused) until the replacement's ledger,
+    rebuilt from the API server, is synced and Ready, then are admitted again; the rebuilt ledger counts the
+    GPU a pod placed before the crash still holds, and nothing is double-booked."""
+    cp = deployed.cp
+    namespace = opted_in_namespace(cp, "head")
+    holder = start_holder(cp, namespace, "holder")
+    held = placed_devices(cp, holder)
+    (old,) = wait_ready_pods(cp, SYSTEM, WEBHOOK_PODS, 1)
+    with PodLoad(cp, namespace, "head") as load:
+        load.wait_admitted(3, "pods admitted before the Ray head was deleted")
+        cp.kubectl("-n", SYSTEM, "delete", "pod", old["metadata"]["name"], "--grace-period=0", "--force")
+        replacement_ready(cp, old["metadata"]["name"])
+        over = load.disruption_over()
+        load.wait_admitted(3, "pods admitted after the Ray head came back", since=over)
+    report = load.settle()
+    cp.kubectl("delete", "pod", "holder", "-n", namespace, "--wait=false")
+    print(f"\nRay head deleted: {report.counts()}, refusals over {report.refusal_window_s:.1f}s")
+    assert_nothing_lost_or_double_booked(cp, load, report)
+    assert report.refused > 0, report.counts()  # failed closed while no ledger answered
+    clashes = [p["metadata"]["name"] for p in report.pods if placed_devices(cp, p) & held]
+    assert not clashes, f"placed on device {held} that holder kept throughout: {clashes}"
+
+
+CONTROLLER_LEASE = "gpuledger-controller"
+
+
+def lease_holder(cp) -> str:
+    return cp.get_json("lease", CONTROLLER_LEASE, "-n", SYSTEM)["spec"].get("holderIdentity") or ""
+
+
+def test_the_controllers_leader_pod_deleted_while_pods_are_created(deployed):
+    """Day two: the pod of the controller holding the Lease deleted (`kubectl delete pod`) while alice keeps
+    creating 1-GPU pods. The dev overlay runs one replica, so the Deployment replaces it: the replacement's
+    controller takes the Lease over and runs a GPUWorkload applied while no controller led; the workload
+    running before keeps its one Job and its one pod (never started twice)."""
+    cp = deployed.cp
+    namespace = opted_in_namespace(cp, "leader")
+    apply = ("apply", "-n", namespace, "-f", "-")
+    cp.kubectl(*apply, input=yaml.safe_dump(gpu_workload("before", HOLD)))
+    before = wait_workload_phase(cp, namespace, "before", "Running")
+    uid_selector = f"{WORKLOAD_UID_LABEL}={before['metadata']['uid']}"
+    cp.wait_for(
+        lambda: [p for p in cp.pods(namespace, uid_selector) if p["status"].get("phase") == "Running"],
+        timeout=90,
+        what="the pod of GPUWorkload before Running",
+    )
+    jobs_before = {j["metadata"]["uid"] for j in workload_jobs(cp, namespace, before)}
+    pods_before = {p["metadata"]["uid"] for p in cp.pods(namespace, uid_selector)}
+    (old,) = wait_ready_pods(cp, SYSTEM, WEBHOOK_PODS, 1)
+    assert lease_holder(cp) == old["metadata"]["name"]
+    with PodLoad(cp, namespace, "leader") as load:
+        load.wait_admitted(3, "pods admitted before the leader was deleted")
+        cp.kubectl("-n", SYSTEM, "delete", "pod", old["metadata"]["name"], "--wait=false")
+        cp.kubectl(*apply, input=yaml.safe_dump(gpu_workload("meanwhile", "sleep 1")))
+        new = replacement_ready(cp, old["metadata"]["name"])
+        cp.wait_for(
+            lambda: lease_holder(cp) == new["metadata"]["name"],
+            timeout=60,
+            what=f"the Lease {CONTROLLER_LEASE} held by {new['metadata']['name']}",
+        )
+        over = load.disruption_over()
+        load.wait_admitted(3, "pods admitted after the new leader took over", since=over)
+        wait_workload_phase(cp, namespace, "meanwhile", "Succeeded")
+    report = load.settle()
+    print(f"\ncontroller leader deleted: {report.counts()}, refusals over {report.refusal_window_s:.1f}s")
+    assert_nothing_lost_or_double_booked(cp, load, report)
+    after = workload(cp, namespace, "before")
+    assert after["status"]["phase"] == "Running", after["status"]
+    assert {j["metadata"]["uid"] for j in workload_jobs(cp, namespace, after)} == jobs_before
+    assert {p["metadata"]["uid"] for p in cp.pods(namespace, uid_selector)} == pods_before
+    (meanwhile_job,) = workload_jobs(cp, namespace, workload(cp, namespace, "meanwhile"))
+    assert meanwhile_job["status"].get("succeeded") == 1
+    cp.kubectl("delete", "gpuworkloads.agentaflow.io", "before", "-n", namespace, "--wait=false")
+
+
+def test_the_node_agent_daemonset_restarted_while_pods_are_created(deployed, node_agent):
+    """Day two: `kubectl rollout restart ds` of the node agent while alice keeps creating 1-GPU pods. The
+    webhook does not depend on the agent being up: nothing is refused; and the new agent pod publishes the
+    holders again, naming a pod started after it."""
+    cp = deployed.cp
+    namespace = opted_in_namespace(cp, "agent")
+    daemonset = ("-n", NODE_AGENT_NAMESPACE)
+    (old,) = cp.pods(NODE_AGENT_NAMESPACE, "app.kubernetes.io/name=gpuledger-node-agent")
+    with PodLoad(cp, namespace, "agent") as load:
+        load.wait_admitted(3, "pods admitted before the node agent restarted")
+        cp.kubectl(*daemonset, "rollout", "restart", "ds/gpuledger-node-agent")
+        cp.kubectl(*daemonset, "rollout", "status", "ds/gpuledger-node-agent", "--timeout=120s", timeout=130)
+        over = load.disruption_over()
+        (new,) = cp.pods(NODE_AGENT_NAMESPACE, "app.kubernetes.io/name=gpuledger-node-agent")
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
+        start_holder(cp, namespace, "after-restart")
+        devices = wait_holder(cp, namespace, "after-restart")
+        load.wait_admitted(3, "pods admitted after the node agent restarted", since=over)
+    report = load.settle()
+    cp.kubectl("delete", "pod", "after-restart", "-n", namespace, "--wait=false")
+    print(f"\nnode agent restarted: {report.counts()}, holders published again on device {devices}")
+    assert_nothing_lost_or_double_booked(cp, load, report)
+    assert report.refused == 0, report.counts()
 
 
 # what a cluster without KubeRay, the Prometheus operator or the GPU operator's node layout installs: the dev
