@@ -3,6 +3,8 @@
 Pods are admitted in order against one in-process ledger (each placement holds its GPUs for the pods after
 it), through the same AdmissionHandler the server runs. Jobs and StatefulSets in the pod file serve as the
 pods' owners; one that no pod in the file belongs to is expanded into its pods, as its controller would.
+A pod that would wait, in a cluster file with GPUQueues, is shown with the preemption the ledger would plan
+for it (each victim and the rule that allows it), or why it would take nothing back.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 
 import yaml
 
-from gpuledger.names import JOB_COMPLETION_INDEX, POD_INDEX_LABEL
-from gpuledger.service.ledger_service import LedgerService, iter_objects
+from gpuledger.names import JOB_COMPLETION_INDEX, POD_INDEX_LABEL, WAITING_ANNOTATION
+from gpuledger.service.ledger_service import LedgerService, decode_waiting, iter_objects
 from gpuledger.service.sources import load_objects
+from gpuledger.views.preemption import parse_preemption, preemption_lines
 from gpuledger.webhook.admission.handler import AdmissionHandler
 from gpuledger.webhook.admission.owners import OWNER_KINDS, StaticOwners
 from gpuledger.webhook.admission.review import make_review, parse_review
@@ -130,6 +133,7 @@ async def explain_pods(
         namespace = meta.get("namespace") or "default"
         review = parse_review(make_review(pod, uid=f"explain-{i}", namespace=namespace))
         decision = await handler.mutate(review)
+        preemption = _preemption(service, decision.patch, config, now)
         results.append(
             {
                 "pod": f"{namespace}/{meta.get('name') or meta.get('generateName') or '<unnamed>'}",
@@ -142,9 +146,26 @@ async def explain_pods(
                 or ("needs no GPU: admitted unchanged" if decision.outcome == "no_gpu" else ""),
                 "code": decision.code,
                 "warnings": decision.warnings,
+                "preemption": preemption.as_dict() if preemption is not None else None,
             }
         )
     return results
+
+
+def _preemption(service: LedgerService, patch: list[dict], config: WebhookConfig, now: float):
+    """For a pod admitted to wait (its signed ticket in the patch): the ledger's preemption words, parsed."""
+    whole, one = "/metadata/annotations", "/metadata/annotations/" + WAITING_ANNOTATION.replace("/", "~1")
+    text = None
+    for op in patch:
+        value = op.get("value")
+        if op.get("path") == one:
+            text = value
+        elif op.get("path") == whole and isinstance(value, dict):
+            text = value.get(WAITING_ANNOTATION, text)
+    ticket = decode_waiting(text, config.placement_key()) if text else None
+    if ticket is None:
+        return None
+    return parse_preemption(service.explain(ticket.request, now=now).preemption)
 
 
 def _text(results: list[dict]) -> str:
@@ -156,6 +177,9 @@ def _text(results: list[dict]) -> str:
         lines.append(f"  reason: {r['reason']}")
         for w in r["warnings"]:
             lines.append(f"  warning: {w}")
+        if r.get("preemption"):
+            view = parse_preemption(r["preemption"]["text"])
+            lines += [f"  {line}" for line in preemption_lines(view)] if view is not None else []
         if r["patch"]:
             lines.append("  patch:")
             for op in r["patch"]:
