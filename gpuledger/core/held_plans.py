@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpuledger.core.books import Books
@@ -59,7 +59,6 @@ class HeldPlan:
     record: str
     message: str
     recorded: bool = False  # the stored preemptor carries `record`
-    gone: set[tuple[str, str, str]] = field(default_factory=set)  # victim pods seen gone
 
     def present(self, pods: dict[str, PodFacts]) -> list[tuple[PlannedVictim, tuple[str, str, str]]]:
         """Every victim pod still stored (by name and uid), with its workload."""
@@ -67,7 +66,7 @@ class HeldPlan:
         for v in self.victims:
             for pod in v.pods:
                 facts = pods.get(f"{pod[0]}/{pod[1]}")
-                if facts is not None and facts.uid == pod[2] and pod not in self.gone:
+                if facts is not None and facts.uid == pod[2]:
                     out.append((v, pod))
         return out
 
