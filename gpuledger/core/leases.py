@@ -6,6 +6,7 @@ Time is always an argument; leases never decide where anything goes.
 from __future__ import annotations
 
 from gpuledger.core.books import TRUTH, Books, Reservation, slot_hid
+from gpuledger.core.group_slots import ClaimTable
 from gpuledger.core.model import GroupSlot, Placement, ReservationState
 from gpuledger.core.node_state import Holding
 
@@ -15,6 +16,7 @@ class Leases:
 
     def __init__(self, books: Books):
         self.books = books
+        self._sweeping = False  # a gang's last pod is going and its unclaimed slots go with it
 
     def hold_reserved(self, placement: Placement, now: float) -> Placement:
         """Hold a single pod's placement, unconfirmed, from `now`."""
@@ -68,7 +70,9 @@ class Leases:
             key, n = slot
             group = books.groups.get(key)
             if group is not None:
-                others = any(who is not None and s != n for s, who in group.claims.items())
+                claims: ClaimTable = group.claims  # type: ignore[assignment]  # (GroupState keeps its claims so)
+                # whether a pod other than this one holds a slot of the gang
+                others = claims.claimed() - (claims.get(n) is not None) > 0
                 if (
                     res is not None
                     and others
@@ -83,9 +87,15 @@ class Leases:
                     books.hold(Holding(hid, s.node, s.devices, s.shares, group.cpu_milli, group.memory_mib))
                 else:
                     books.drop_slot(group, n)
-                    if key in books.groups and not any(who is not None for who in group.claims.values()):
-                        for other in sorted(group.slots):
-                            self.release(slot_hid(key, other))
+                    if key in books.groups and not claims.claimed() and not self._sweeping:
+                        # one sweep, here: the slots' own releases find no pod either and would each sweep
+                        # again, one call deeper per slot (past Python's recursion limit for a large gang)
+                        self._sweeping = True
+                        try:
+                            for other in sorted(group.slots):
+                                self.release(slot_hid(key, other))
+                        finally:
+                            self._sweeping = False
         return res is not None or held is not None or slot is not None
 
     def expiry_candidates(self, now: float) -> list[str]:

@@ -1,12 +1,13 @@
 """A gang's pods admitted one at a time, as the webhook parses them from a Job's pods, on devcluster's sample
-clusters: every answer (node, devices, slot, the plan it carries) and the ledger's final snapshot, digested
-and compared with the digest recorded before a gang's slot claims were indexed (the smallest unclaimed slot
-and the plan in slot order kept by the gang instead of recomputed per pod). Any change to what a gang's pods
-are given shows here as a changed digest.
+clusters: every answer (node, devices, slot, the plan it carries), every release and the ledger's snapshots,
+digested and compared with the digest recorded before a gang's slot claims were indexed (the smallest
+unclaimed slot and the plan in slot order kept by the gang instead of recomputed per pod, the claimed slots
+counted). Any change to what a gang's pods are given, or to what their ends free, shows as a changed digest.
 
 Each case: the whole gang arrives; every fifth pod ends before the gang's deadline (its slot is held again,
-unclaimed) and a new pod takes each; a second, half-size gang arrives; after the deadline three pods end
-(their slots go) and three new pods arrive (each placed anew near the gang).
+unclaimed) and a new pod takes each; a second, half-size gang arrives, and a third with a third of its pods;
+after the deadline three pods of the first end (their slots go) and three new pods arrive (each placed anew
+near the gang); then every pod ends (the third gang's unclaimed slots go with its last pod).
 """
 
 from __future__ import annotations
@@ -85,12 +86,18 @@ def gang_digest(nodes: int, size: int, gpus: int, annotations: dict) -> str:
     second = _owner("b", size // 2, annotations)
     for i in range(size // 2):
         admit(second, f"b-{i}", 2.0)
+    third = _owner("c", size, annotations)  # a third of its pods: the rest of its slots stay unclaimed
+    for i in range(max(1, size // 3)):
+        admit(third, f"c-{i}", 3.0)
     late = TTL + 10.0
     for i in range(3):  # ended after the deadline: their slots go, new pods are placed near the gang
         admit(first, f"a-probe-{i}", late)  # (the gang is whole: denied)
         led.release(f"r-a-{i}")
     for i in range(3):
         admit(first, f"a-late-{i}", late)
+    answers.append(led.snapshot())
+    for rid in sorted(led.reservations()):  # every pod ends: its gang's slots go with the last
+        answers.append([rid, led.release(rid)])
     answers.append(led.snapshot())
     return hashlib.sha256(json.dumps(answers, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -116,15 +123,15 @@ CASES = {
 # recorded with the slot claims recomputed per pod (a scan of the gang's claims, its slots sorted per pod)
 RECORDED = {
     "1000 nodes, 300 pods x 2 GPUs, spine-1": (
-        "5814f576ac98e69319632101347f261841e43d4307bc08eae56f273639279d82"
+        "0bcd3dd85a03760cb8efd8259ec23574dcf0cb6402accc0655cd0b3831924a7d"
     ),
     "300 nodes, 200 pods x 1 GPU, distributed": (
-        "4c0ef42ebcffda581541b698c9b419fb69b864ee9c1ec3dfcd05c6edf557007c"
+        "cdc50e42d98d46d80fa736980b9b14c8095f7a15c1b15ce8263d232225bd281c"
     ),
     "500 nodes, 512 pods x 1 GPU, spine-0": (
-        "2a731dd5a843d4ff995603fa88d8b5281ccf5a27233d28d3359f3ec2aeb0168a"
+        "5c8b547f253ead8ded7193ad97ebdfef60a173dd0eeba8f5aa22183346737547"
     ),
-    "64 nodes, 8 pods x 1 GPU, spine-0": "258d967843de38a3280dab45a0ca7b4e1d6c4dec776e2ecddf77799367e711aa",
+    "64 nodes, 8 pods x 1 GPU, spine-0": ("1ab5303348e6ab1d8298451d3a3247f6fa2369a2ce92e4ba1b89f5dded236f5d"),
 }
 
 

@@ -94,3 +94,27 @@ def test_group_state_keeps_its_tables_from_plain_dicts() -> None:
     assert group.claims.first_unclaimed() == 1  # type: ignore[attr-defined]
     group.slots[2] = _slot(2)
     assert [s.slot for s in group.plan()] == [0, 1, 2]
+
+
+def test_a_large_gangs_unclaimed_slots_go_with_its_last_pod() -> None:
+    """1,200 slots, two pods: when the last pod ends, every unclaimed slot goes, in one sweep (each slot's
+    own release used to sweep again, one call deeper per slot, past Python's recursion limit)."""
+    from gpuledger.core.ledger import Ledger, LedgerConfig
+    from gpuledger.core.model import Placement
+    from gpuledger.core.request import request_from_pod
+    from tests.core.test_gang_claims_differential import _nodes, _owner, _pod
+
+    nodes = _nodes(160)
+    led = Ledger.rebuild(nodes, LedgerConfig(placement_key=b"k"), now=0.0)
+    empty = led.snapshot()
+    job = _owner("big", 1200, {"topology.scheduler/gang": "true"})
+    for i in range(2):
+        req = request_from_pod(_pod(f"big-{i}", 1), job, reservation_id=f"r-big-{i}", namespace="gang")
+        assert req is not None
+        placed = led.reserve_or_wait(req, 0.0, True)
+        assert isinstance(placed, Placement) and len(placed.group_plan) == 1200
+    assert led.release("r-big-0")  # another pod lives: its slot is held again for the gang
+    assert led.groups()["job/gang/big"].claims.unclaimed() == 1199  # type: ignore[attr-defined]
+    assert led.release("r-big-1")  # the last pod: the gang and every slot go
+    assert led.groups() == {} and led.reservations() == {}
+    assert led.snapshot() == empty
