@@ -30,7 +30,7 @@ from gpuledger.core.gpu_queues import QueueSet
 from gpuledger.core.held_plans import HeldPlan, HeldPlans
 from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
-from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, Running, describe_plan
+from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
 from gpuledger.core.queue_book import QueueBook
 from gpuledger.core.queue_gate import QueueGate
 from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
@@ -287,7 +287,7 @@ class Ledger:
         heads.sort(key=lambda h: (gate.key(h.request), h.rank))
         excluded = plans.excluded(now)
         running = book.running(excluded)
-        excluded |= self._on_kept_nodes(running)
+        excluded |= self._on_kept_nodes()
         by_key = {r.key: r for r in running}
         allowances = self._allowances_left()
         usage, capacity = book.usage(), book.capacity()
@@ -300,7 +300,7 @@ class Ledger:
             if isinstance(found, Plan) and found.victims:
                 held = plans.hold(found, facts, head.id, by_key)
                 made.append(held)
-                excluded |= {v.workload.key for v in found.victims} | self._on_kept_nodes(running)
+                excluded |= {v.workload.key for v in found.victims} | self._on_kept_nodes()
                 for v in found.victims:
                     for budget, n in v.workload.budgets:
                         allowances[budget] = allowances.get(budget, 0) - n
@@ -314,14 +314,21 @@ class Ledger:
         last = self._no_plan.get(wid)
         return last is None or (last[0] != self._changes and now - last[1] >= self.replan_s)
 
-    def _on_kept_nodes(self, running: list[Running]) -> set[str]:
-        """The workloads holding GPUs on a node a plan keeps: they are no victims of another plan (one plan
-        a node, so its victims' GPUs go to its preemptor alone)."""
-        kept = self._plans.kept_nodes()
-        if not kept:
-            return set()
-        view = LedgerView(self)
-        return {r.key for r in running if any(node in kept for node in view.nodes_of(r.holders))}
+    def _on_kept_nodes(self) -> set[str]:
+        """The workloads holding GPUs on a node a plan keeps (a gang by its key, a pod by its own): they are
+        no victims of another plan (one plan a node, so its victims' GPUs go to its preemptor alone)."""
+        books, claims = self._books, self._adoption.claims
+        out: set[str] = set()
+        for node in self._plans.kept_nodes():
+            for hid in books.node_holders.get(node, ()):
+                res = books.reservations.get(hid)
+                if res is not None:
+                    owner = claims.owner_of(hid)
+                    group = res.placement.group
+                    out.add(group if group is not None else owner.key if owner is not None else hid)
+                elif hid in books.slot_of:
+                    out.add(books.slot_of[hid][0])
+        return out
 
     def _preemptor(self, head: Waiter, never: bool) -> Preemptor:
         req = head.request
@@ -434,7 +441,7 @@ class Ledger:
         )
         excluded = self._plans.excluded(now)
         running = book.running(excluded)
-        excluded |= self._on_kept_nodes(running)
+        excluded |= self._on_kept_nodes()
         planner = Planner(book.queues, book.usage(), book.capacity(), LedgerView(self))
         candidates = [r for r in running if r.key not in excluded]
         found: Plan | NoPlan = planner.plan(who, candidates, self._allowances_left(), now)
