@@ -29,7 +29,13 @@ from devcluster.cluster import CONTROLLERS, ControlPlane
 from devcluster.nodes import LEAF_LABEL, create_nodes, make_sample_cluster
 from devcluster.scheduler import KubeScheduler
 from devcluster.stack import Stack, e2e_webhook_config, placements_by_device
-from gpuledger.names import PREEMPTED_REASON, PREEMPTING_ANNOTATION, QUEUE_API_VERSION, SCHEDULING_GATE
+from gpuledger.names import (
+    PREEMPTED_REASON,
+    PREEMPTING_ANNOTATION,
+    PREEMPTING_REASON,
+    QUEUE_API_VERSION,
+    SCHEDULING_GATE,
+)
 from tests.conftest import require_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -467,10 +473,17 @@ def test_a_team_takes_back_exactly_the_borrowed_gpus_it_needs_whole_gangs_only(
         },
     )
     # each victim's owner was told who took its GPUs and why
-    said = [e["message"] for e in events(apiserver, a.namespace, PREEMPTED_REASON)]
-    for job_name in jobs_hit:
-        assert any(job_name in m or "b-big" in m for m in said), (job_name, said)
-    assert all("b-big" in m for m in said), said
+    told = apiserver.wait_for(
+        lambda: (lambda got: got if {e["involvedObject"]["name"] for e in got} == jobs_hit else None)(
+            events(apiserver, a.namespace, PREEMPTED_REASON)
+        ),
+        what="a Preempted Event on each evicted gang's Job",
+    )
+    assert all("b-big" in e["message"] and "reclaim" in e["message"] for e in told), told
+    preempting = apiserver.wait_for(
+        lambda: events(apiserver, b.namespace, PREEMPTING_REASON), what="the preemptor's Preempting Event"
+    )
+    assert len(preempting) == 1 and "evicting 8 pod(s) (64 GPUs)" in preempting[0]["message"], preempting
 
 
 def fill_two_leaves(team: Team, bigs_first: bool) -> tuple[list[dict], list[dict]]:
@@ -658,15 +671,20 @@ def test_the_ledger_killed_mid_preemption_promises_no_gpu_twice(apiserver, stack
     settle()
     evicted = kubelet.evicted_in(a.namespace, b.namespace)
     assert set(evicted) == {key(p) for p in terminating}  # no more than the plan named, after the restart
-    # placed once: each preemptor pod the same pod (uid), placed by one Placed event, on one reservation
-    for p in placed:
-        said = [
-            e
-            for e in events(apiserver, b.namespace, "Placed")
-            if e["involvedObject"]["name"] == p["metadata"]["name"]
-        ]
-        assert len(said) <= 1, said
+    # placed once: the same pods (uids) as before the restart, one Placed Event each, and the ledger holds
+    # their 16 GPUs under their own reservations and nothing more under the plan's keep
     assert {p["metadata"]["uid"] for p in placed} == {p["metadata"]["uid"] for p in b.pods("job=b-gang")}
+    names = sorted(p["metadata"]["name"] for p in placed)
+    apiserver.wait_for(
+        lambda: (
+            sorted(e["involvedObject"]["name"] for e in events(apiserver, b.namespace, "Placed")) == names
+        ),
+        what="one Placed Event for each preemptor pod",
+    )
+    owners = [d[3] for n in stack.call("snapshot")["nodes"].values() for d in n["devices"]]
+    ids = {stack.placement(p).id for p in placed}
+    assert sum(1 for o in owners if o in ids) == 16
+    assert not [o for o in owners if isinstance(o, str) and o.startswith("keep:")]
     assert len({stack.placement(p).group for p in placed}) == 1
     assert len(a.waiting()) == 4  # a-late's two and the two evicted pods made again: none took the kept nodes
     assert not double_booked(stack, a, b)
