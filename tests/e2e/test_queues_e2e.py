@@ -692,7 +692,9 @@ def test_the_ledger_killed_mid_preemption_promises_no_gpu_twice(apiserver, stack
     assert sum(1 for o in owners if o in ids) == 16
     assert not [o for o in owners if isinstance(o, str) and o.startswith("keep:")]
     assert len({stack.placement(p).group for p in placed}) == 1
-    assert len(a.waiting()) == 4  # a-late's two and the two evicted pods made again: none took the kept nodes
+    # a-late's two and the two evicted pods the Job controller makes again (after its backoff for failed pods)
+    # wait: none took the kept nodes
+    assert len(a.wait_waiting(4)) == 4
     assert not double_booked(stack, a, b)
     assert gpus_placed(stack, a) == 112 and gpus_placed(stack, b) == 16
 
