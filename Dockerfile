@@ -27,11 +27,14 @@ RUN apt-get update \
  && groupadd --gid 65532 gpuledger \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin gpuledger
 COPY --from=build /opt/gpuledger /opt/gpuledger
+# TINI_SUBREAPER: tini adopts and reaps Ray's orphans also where it is not PID 1 (the webhook pod shares one
+# process namespace with its controller; the node agent runs with the host's)
 ENV PATH=/opt/gpuledger/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    RAY_USAGE_STATS_ENABLED=0
+    RAY_USAGE_STATS_ENABLED=0 \
+    TINI_SUBREAPER=1
 USER 65532:65532
 EXPOSE 8443
 ENTRYPOINT ["/usr/bin/tini", "--"]

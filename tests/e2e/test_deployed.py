@@ -164,6 +164,9 @@ def test_every_pod_of_the_install_is_ready_under_its_own_security_context(deploy
         assert context["readOnlyRootFilesystem"] and context["capabilities"]["drop"] == ["ALL"]
     statuses = {s["name"]: s for s in pod["status"]["containerStatuses"]}
     assert set(statuses) == {"webhook", "controller"} and all(s["ready"] for s in statuses.values())
+    for container in statuses:  # tini reaps Ray's processes though not PID 1 (one process namespace)
+        logs = cp.kubectl("-n", SYSTEM, "logs", pod["metadata"]["name"], "-c", container).stdout
+        assert "Tini is not running as PID 1" not in logs, logs[:2000]
     (endpoints,) = cp.get_json("endpointslices", "-n", SYSTEM, "-l", "kubernetes.io/service-name=gpuledger")[
         "items"
     ]
@@ -307,36 +310,39 @@ def gpuledger_cli(cp, *args: str) -> subprocess.CompletedProcess:
 
 def test_gpuledger_strategy_changes_the_live_ledger_through_the_deployed_configmap(deployed):
     """`gpuledger strategy best_fit` from the operator's host patches the deployed ConfigMap; the kubelet
-    updates the webhook pod's mounted file, the webhook pushes it to the live ledger, and the next placements
-    name best_fit. No pod restarts."""
+    updates the webhook pod's mounted file, the webhook pushes it to the live ledger, and the next placement
+    is best_fit's. No pod restarts. Server-side dry runs (placed, nothing reserved, nothing run) watch for
+    the change; a pod created then shows it."""
     cp = deployed.cp
     (webhook_pod,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
+    namespace = opted_in_namespace(cp, "strategy")
+    key = placement_key(cp)
+
+    def strategy_of(name: str, *dry_run: str) -> str:
+        pod = yaml.safe_dump(busybox_pod(name, "true", gpus=1))
+        made = cp.kubectl(
+            "create", *dry_run, "-n", namespace, "-f", "-", "-o", "json", input=pod, as_user=ALICE
+        )
+        text = json.loads(made.stdout)["metadata"].get("annotations", {}).get(PLACEMENT_ANNOTATION)
+        placement = decode_placement(text, key) if text else None
+        return placement.strategy if placement else "waiting"
+
+    assert strategy_of("before", "--dry-run=server") == "fgd_host"  # the install's default
     changed = gpuledger_cli(cp, "strategy", "best_fit")
     assert changed.returncode == 0, changed.stderr
     shown = gpuledger_cli(cp, "strategy", "-o", "json")
     assert json.loads(shown.stdout)["effective"] == "best_fit", shown.stdout + shown.stderr
-    namespace = opted_in_namespace(cp, "strategy")
-    key = placement_key(cp)
-    strategies: list[str] = []
-
-    def placed_by_best_fit():
-        name = f"probe-{len(strategies)}"
-        pod = yaml.safe_dump(busybox_pod(name, "true", gpus=1))
-        made = cp.kubectl("create", "-n", namespace, "-f", "-", "-o", "json", input=pod, as_user=ALICE)
-        text = json.loads(made.stdout)["metadata"].get("annotations", {}).get(PLACEMENT_ANNOTATION)
-        placement = decode_placement(text, key) if text else None
-        strategies.append(placement.strategy if placement else "waiting")
-        return strategies[-1] == "best_fit"
-
     try:
         # the kubelet refreshes a mounted ConfigMap at the pod's next sync (up to its syncFrequency, 1 min)
-        cp.wait_for(placed_by_best_fit, timeout=150, interval=2, what="a placement by best_fit")
-    except TimeoutError as timed_out:
-        phases = {p["metadata"]["name"]: p["status"].get("phase") for p in cp.pods(namespace)}
-        raise AssertionError(f"placed by {strategies}; pods {phases}") from timed_out
+        cp.wait_for(
+            lambda: strategy_of("probe", "--dry-run=server") == "best_fit",
+            timeout=150,
+            interval=2,
+            what="a dry-run placement by best_fit",
+        )
+        assert strategy_of("after") == "best_fit"
     finally:
         gpuledger_cli(cp, "strategy", "fgd_host")  # the install's default again, for the tests after
-    assert strategies[0] != "best_fit", strategies  # the ledger's default until the file changed
     (still,) = wait_ready_pods(cp, SYSTEM, "app.kubernetes.io/component=webhook", 1)
     assert still["metadata"]["uid"] == webhook_pod["metadata"]["uid"]  # nothing restarted
 
@@ -606,7 +612,7 @@ def test_the_controllers_leader_pod_deleted_while_pods_are_created(deployed):
         )
         over = load.disruption_over()
         load.wait_admitted(3, "pods admitted after the new leader took over", since=over)
-        wait_workload_phase(cp, namespace, "meanwhile", "Succeeded")
+    wait_workload_phase(cp, namespace, "meanwhile", "Succeeded")
     report = load.settle()
     print(f"\ncontroller leader deleted: {report.counts()}, refusals over {report.refusal_window_s:.1f}s")
     assert_nothing_lost_or_double_booked(cp, load, report)
