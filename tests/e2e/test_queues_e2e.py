@@ -18,6 +18,7 @@ what was placed, and the GPUs promised twice (none).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -36,6 +37,7 @@ from gpuledger.names import (
     QUEUE_API_VERSION,
     SCHEDULING_GATE,
 )
+from tests.cli.conftest import run_cli
 from tests.conftest import require_binaries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -422,6 +424,12 @@ def wait_table(apiserver, expected: dict[str, dict[str, str]], timeout: float = 
         raise TimeoutError(f"{err}\n{apiserver.kubectl('get', 'gpuqueues', '-o', 'wide').stdout}") from None
 
 
+def cli_queues(apiserver, *names: str) -> dict[str, tuple]:
+    """`gpuledger queues -o json` (read from API objects alone): queue -> (used, borrowed, pods waiting)."""
+    rows = json.loads(run_cli("queues", "--kubeconfig", apiserver.kubeconfig, "-o", "json").out)["items"]
+    return {r["name"]: (r["used"], r["borrowed"], len(r["waiting"])) for r in rows if r["name"] in names}
+
+
 def events(apiserver, namespace: str, reason: str) -> list[dict]:
     return [e for e in apiserver.get_json("events", "-n", namespace)["items"] if e.get("reason") == reason]
 
@@ -455,6 +463,7 @@ def test_a_team_takes_back_exactly_the_borrowed_gpus_it_needs_whole_gangs_only(
             "team-b": {"QUOTA": "64", "USED": "0", "BORROWED": "0", "WAITING": "0"},
         },
     )
+    assert cli_queues(apiserver, "team-a", "team-b") == {"team-a": (128, 64, 9), "team-b": (0, 0, 0)}
 
     b.apply(stream(job("b-big", 8)))
     placed_b = b.wait_placed(8, "job=b-big", timeout=180)
@@ -478,6 +487,7 @@ def test_a_team_takes_back_exactly_the_borrowed_gpus_it_needs_whole_gangs_only(
             "team-b": {"QUOTA": "64", "USED": "64", "BORROWED": "0", "WAITING": "0"},
         },
     )
+    assert cli_queues(apiserver, "team-a", "team-b") == {"team-a": (64, 0, 17), "team-b": (64, 0, 0)}
     # each victim's owner was told who took its GPUs and why
     told = apiserver.wait_for(
         lambda: (lambda got: got if {e["involvedObject"]["name"] for e in got} == jobs_hit else None)(
