@@ -39,6 +39,7 @@ from gpuledger.names import (
 )
 from tests.cli.conftest import run_cli
 from tests.conftest import require_binaries
+from tests.e2e.conftest import stable_snapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -674,9 +675,10 @@ def test_the_ledger_killed_mid_preemption_promises_no_gpu_twice(apiserver, stack
             recorded_and_terminating, timeout=120, what="the record written and two victims terminating"
         )
         assert all(gated(p) for p in b.pods("job=b-gang"))  # not placed while its victims hold the GPUs
+        live = stable_snapshot(stack)["nodes"]  # the terminating victims still hold their GPUs
         incarnation = stack.kill_ledger()
         stack.wait_ledger_synced(after_incarnation=incarnation)
-        settle()
+        assert stable_snapshot(stack)["nodes"] == live  # rebuilt from the API objects, the record included
         assert all(gated(p) for p in b.pods("job=b-gang"))
         assert not double_booked(stack, a, b)
     finally:
