@@ -649,6 +649,41 @@ def test_a_workload_younger_than_its_queues_minimum_run_time_is_no_victim(apiser
     assert not double_booked(stack, a, b)
 
 
+def test_critical_work_preempts_across_queues_only_where_its_queue_allows_it(
+    apiserver, stack, kubelet, teams
+):
+    """team-a runs the whole cluster within its quota of 128; team-b (quota 0) submits a critical pod:
+    nothing may be reclaimed (team-a borrows nothing), so it waits while its queue says nothing of critical
+    work; once team-b's queue allows `criticalAcrossQueues`, one of team-a's pods is evicted by the critical
+    rule."""
+    a = teams("team-a", {"quotas": [{"gpus": GPUS}]})
+    b = teams("team-b", {"quotas": [{"gpus": 0}]})
+    a.apply(stream(*(pod(f"p-{i}", 8, priority="low") for i in range(16))))
+    a.wait_placed(16)
+    b.apply(stream(pod("critical", 8, priority="critical")))
+    b.wait_waiting(1)
+    settle(5.0)
+    assert kubelet.evicted_in(a.namespace) == {} and gated(b.pod("critical"))
+    apiserver.kubectl(
+        "patch",
+        "gpuqueue",
+        "team-b",
+        "--type=merge",
+        "-p",
+        '{"spec":{"preemption":{"criticalAcrossQueues":true}}}',
+    )
+    b.wait_placed(1, timeout=120)
+    evicted = kubelet.evicted_in(a.namespace)
+    assert len(evicted) == 1, evicted
+    told = apiserver.wait_for(
+        lambda: events(apiserver, a.namespace, PREEMPTED_REASON), what="the victim's Preempted Event"
+    )
+    assert "(rule critical)" in told[0]["message"], told
+    settle()
+    assert len(kubelet.evicted_in(a.namespace)) == 1
+    assert not double_booked(stack, a, b)
+
+
 def test_the_ledger_killed_mid_preemption_promises_no_gpu_twice(apiserver, stack, kubelet, teams):
     """team-b's gang of 2 x 8 takes back two of team-a's borrowed pods. The victims evicted but still
     Terminating (the kubelet stand-in paused), the preemptor carrying its `gpuledger.io/preempting` record,
