@@ -274,6 +274,9 @@ class RealNode:
                 "nodefs.inodesFree": "1%",
             },  # a shared disk filling up must not evict test pods
             "volumeStatsAggPeriod": "0s",
+            # a mounted ConfigMap's change reaches the pod at its next sync: within ~10 s, not a minute (the
+            # deployed test changes the webhook's config this way)
+            "syncFrequency": "10s",
             # node status (capacity a device plugin just registered, among others) reaches the API within 2s
             "nodeStatusUpdateFrequency": "2s",
             "nodeStatusReportFrequency": "5m",  # unchanged status: rarely
