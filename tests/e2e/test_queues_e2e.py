@@ -515,6 +515,11 @@ def fill_two_leaves(team: Team, bigs_first: bool) -> tuple[list[dict], list[dict
     ):
         team.apply(stream(*group))
         team.wait_placed(count, selector)
+        team.cp.wait_for(
+            lambda selector=selector: all(p["status"].get("startTime") for p in team.pods(selector)),
+            what=f"pods {selector} started",
+        )
+        time.sleep(1.1)  # status.startTime counts whole seconds: the second group starts strictly later
     placed_bigs, placed_halves = team.placed("size=8"), team.placed("size=4")
     assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed_bigs} == {"leaf-0"}
     assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed_halves} == {"leaf-1"}
