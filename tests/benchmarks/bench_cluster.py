@@ -827,7 +827,8 @@ def gpu_queue(name: str, gpus: int) -> dict:
 class Kubelet:
     """What a kubelet does for an evicted pod, here where no kubelet runs (as KAI's simulated nodes do): a
     pod of the watched namespaces given a deletionTimestamp is deleted at once (grace 0), as though its
-    containers had stopped. Counts the pods it ended."""
+    containers had stopped. Reads a watch per namespace, so the stand-in adds no polling delay to the figure.
+    Counts the pods it ended."""
 
     def __init__(self, h: Harness, namespaces: list[str]):
         from kubernetes import client
@@ -835,38 +836,60 @@ class Kubelet:
         self.h, self.namespaces = h, namespaces
         self.core = client.CoreV1Api(h.cp.api_client())  # type: ignore[attr-defined]
         self.ended: set[str] = set()
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._stop = False
+        self._resps: list = []
+        self.threads = [threading.Thread(target=self._run, args=(ns,), daemon=True) for ns in namespaces]
 
     def start(self) -> Kubelet:
-        self.thread.start()
+        for t in self.threads:
+            t.start()
         return self
 
-    def _run(self) -> None:
+    def _run(self, ns: str) -> None:
+        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
 
-        while not self._stop.is_set():
-            for ns in self.namespaces:
-                for pod in self.core.list_namespaced_pod(ns).items:
-                    meta = pod.metadata
-                    key = f"{ns}/{meta.name}"
-                    if meta.deletion_timestamp is None or key in self.ended:
+        core = client.CoreV1Api(self.h.cp.api_client())  # type: ignore[attr-defined]
+        version = core.list_namespaced_pod(ns, limit=1).metadata.resource_version
+        while not self._stop:
+            resp = core.list_namespaced_pod(
+                ns, watch=True, resource_version=version, timeout_seconds=3600, _preload_content=False
+            )
+            self._resps.append(resp)
+            try:
+                for line in iter_resp_lines(resp):
+                    event = json.loads(line)
+                    meta = event["object"]["metadata"]
+                    version = meta.get("resourceVersion", version)
+                    key = f"{ns}/{meta['name']}"
+                    if event["type"] != "MODIFIED" or not meta.get("deletionTimestamp") or key in self.ended:
                         continue
                     try:
                         read_answer(
-                            self.core.delete_namespaced_pod(
-                                meta.name, ns, grace_period_seconds=0, _preload_content=False
+                            core.delete_namespaced_pod(
+                                meta["name"], ns, grace_period_seconds=0, _preload_content=False
                             )
                         )
                     except ApiException as exc:
                         if exc.status != 404:
                             raise
                     self.ended.add(key)
-            self._stop.wait(0.1)
+            except Exception:  # the stream shut down by stop(), or broken: reopened unless stopping
+                if self._stop:
+                    return
+                time.sleep(0.2)
 
     def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(5)
+        self._stop = True
+        for resp in self._resps:
+            conn = getattr(resp, "connection", None) or getattr(resp, "_connection", None)
+            sock = getattr(conn, "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        for t in self.threads:
+            t.join(5)
 
 
 def scenario_reclaim(h: Harness, nodes: int, large: bool) -> dict:
