@@ -7,6 +7,10 @@ create). Over the channel it is one C pickle and one socket write. The sync's th
 so the admission loop never carries the sync's frames. Any failure falls back to Ray calls for `retry_s`
 (the `clock` is an input); a re-sent call is safe: events are applied by object (a pod seen twice is the same
 pod), confirm/release by id.
+
+Two of the sync's threads call the ledger: the forwarding thread, and the queue status writer every few
+seconds (gpuledger.sync.queue_status). Their calls take the one connection in turn, under a lock: two calls'
+frames interleaved on one socket would leave each reading the other's answer.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -132,6 +137,7 @@ class ChannelLedgerTarget(CallingTarget):
         self.channel: BlockingChannel | None = None
         self.failed_at: float | None = None
         self.calls = {"channel": 0, "ray": 0}
+        self._lock = threading.Lock()  # one call on the channel at a time, whichever thread makes it
 
     def _channel(self) -> BlockingChannel | None:
         if self.channel is not None:
@@ -156,15 +162,16 @@ class ChannelLedgerTarget(CallingTarget):
             self.channel = None
 
     def _call(self, method: str, *args: Any) -> Any:
-        channel = self._channel()
-        if channel is not None:
-            try:
-                answer = channel.call(method, *args)
-                self.calls["channel"] += 1
-                return answer
-            except ChannelError as exc:
-                self._down(exc)
-        self.calls["ray"] += 1
+        with self._lock:
+            channel = self._channel()
+            if channel is not None:
+                try:
+                    answer = channel.call(method, *args)
+                    self.calls["channel"] += 1
+                    return answer
+                except ChannelError as exc:
+                    self._down(exc)
+            self.calls["ray"] += 1
         return getattr(self.ray_target, method)(*args)
 
     def resync(self, objects, holder):  # large and rare: Ray's object transfer, not a frame
@@ -175,6 +182,7 @@ class ChannelLedgerTarget(CallingTarget):
         return self.ray_target.sync_lease(holder, term_s, hand_back)
 
     def close(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
+        with self._lock:
+            if self.channel is not None:
+                self.channel.close()
+                self.channel = None

@@ -224,6 +224,41 @@ def test_the_sync_target_sends_its_calls_over_the_channel_and_resyncs_through_ra
         target.close()
 
 
+def test_the_sync_targets_threads_take_the_channel_in_turn(tmp_path):
+    """The forwarding thread and the queue status writer share one target: their calls, made at once from
+    several threads, each get their own answer over the one connection, and the channel stays up."""
+    import threading
+
+    handle = new_actor(tmp_path)
+    target = ChannelLedgerTarget(RayLedgerTarget(handle), ray_channel_opener(handle, "auto"))
+    answers: dict[str, list] = {"status": [], "candidates": [], "queues": []}
+    errors: list[BaseException] = []
+
+    def repeat(name: str, call) -> None:
+        try:
+            for _ in range(150):
+                answers[name].append(call())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    try:
+        threads = [
+            threading.Thread(target=repeat, args=("status", target.status)),
+            threading.Thread(target=repeat, args=("candidates", lambda: target.expiry_candidates(0.0))),
+            threading.Thread(target=repeat, args=("queues", lambda: target.queue_status(None))),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        assert all(isinstance(a, dict) and "ready" in a for a in answers["status"])
+        assert answers["candidates"] == [[]] * 150 and answers["queues"] == [{}] * 150
+        assert target.calls == {"channel": 450, "ray": 0} and target.channel is not None
+    finally:
+        target.close()
+
+
 def test_the_sync_target_falls_back_to_ray_while_the_channel_fails(tmp_path):
     handle = new_actor(tmp_path)
     clock = Clock()
