@@ -100,12 +100,14 @@ bench: venv apiserver
 	$(if $(strip $(BENCH_SCALE)),$(PY) tests/benchmarks/bench_allocator.py $(BENCH_SCALE))
 	$(PY) tests/benchmarks/bench_waiting.py $(if $(strip $(BENCH_SCALE)),,--nodes 5000 --waiting 2000)
 	$(PY) tests/benchmarks/bench_preemption.py $(if $(strip $(BENCH_SCALE)),,--nodes 5000)
+	$(PY) tests/benchmarks/bench_queue_ledger.py
+	$(PY) tests/benchmarks/bench_gang_scale.py
 	$(PY) tests/benchmarks/bench_handler_cpu.py
 	$(PY) tests/benchmarks/bench_webhook.py --in-process
 	$(PY) tests/benchmarks/bench_pod_create.py
 	$(PY) tests/benchmarks/bench_api_requests.py
 	$(PY) tests/benchmarks/bench_simulator.py
-	$(PY) tests/benchmarks/bench_cluster.py --nodes 24 --scenario fill,gang,never,free
+	$(PY) tests/benchmarks/bench_cluster.py --nodes 24 --scenario fill,gang,never,free,reclaim-one,reclaim-large
 
 # the cluster-scale scenarios at the peers' size, 500 nodes x 8 GPUs, with the controller-manager's default client
 # rate limits and with a large cluster's (docs/benchmarks.md, "Cluster-scale figures"; most of an hour on 2 cores)
