@@ -47,6 +47,11 @@ class LedgerView:
         state = self.ledger.index.nodes.get(node)
         return state.info.product if state is not None else ""
 
+    def leaf(self, node: str) -> str:
+        """The node's leaf ("" for a node the ledger does not know)."""
+        state = self.ledger.index.nodes.get(node)
+        return state.info.leaf if state is not None else ""
+
     def holdings(self, reservation_ids: Iterable[str]) -> list[Holding]:
         """What the reservations hold, and, for a gang, its slots no pod has claimed yet (they go when its
         last pod goes): everything evicting the workload whole frees."""

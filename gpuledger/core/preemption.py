@@ -29,7 +29,7 @@ set of preemptions can come back to where it started (tests/core/test_preemption
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -43,6 +43,7 @@ from gpuledger.core.quotas import Capacity, Usage, Use, gpus_text, quota_refusal
 
 CRITICAL = PRIORITY_WORDS["critical"]
 PASSED_OVER_SHOWN = 20  # workloads named in a NoPlan's passed_over (the rest are counted)
+WINDOWS_TRIED = 16  # placement windows searched for a plan with fewer victims than the line's, at most
 
 
 class Rule(str, Enum):
@@ -149,6 +150,7 @@ class _Line:
         product: str,
         budgets: Mapping[str, int],
         blocked: dict[str, str],
+        order: Callable[[_Candidate], tuple] | None = None,
     ):
         self.planner, self.preemptor, self.budgets, self.blocked = planner, preemptor, budgets, blocked
         req = preemptor.request
@@ -156,7 +158,7 @@ class _Line:
         self.whole = req.gpus > 0
         self.per_pod = req.gpus * MILLI_PER_GPU if req.gpus else max(1, req.gpu_milli)
         self.pods = req.group.size if req.group is not None and req.group.size > 1 else 1
-        self.heap = [(c.rank, i) for i, c in enumerate(candidates)]
+        self.heap = [(c.rank if order is None else order(c), i) for i, c in enumerate(candidates)]
         heapq.heapify(self.heap)
         self.candidates = candidates
         self.room: dict[str, int] = {}  # node -> milli-GPUs free and freed so far (absent: not read yet)
@@ -266,6 +268,7 @@ class Planner:
             if isinstance(found, str):
                 last = found
                 continue
+            found = self._fewest(preemptor, candidates, product, budgets, now, found)
             cost = (
                 max(_RULE_ORDER[v.rule] for v in found.victims),
                 max(v.workload.priority for v in found.victims),
@@ -428,6 +431,86 @@ class Planner:
         ready = now + max((v.workload.grace_s for v in victims), default=0.0)
         return Plan(preemptor.key, victims, placement, ready)
 
+    # ------------------------------------------------------------------------------------------ the fewest
+    def _fewest(
+        self,
+        preemptor: Preemptor,
+        candidates: list[_Candidate],
+        product: str,
+        budgets: Mapping[str, int],
+        now: float,
+        best: Plan,
+    ) -> Plan:
+        """The plan with the fewest victims among the line's (`best`) and those found in one placement window
+        each: a node for a one-node pod, a leaf for a gang. The line takes the youngest first, so its plan is
+        minimal (no victim can be dropped) but may evict four 4-GPU pods of one leaf where two 8-GPU pods of
+        another would do. A window is searched only while the fewest victims it could need (counted from the
+        GPUs free and freed on the nodes its candidates hold there) is below the best plan's pods, the most
+        promising first, at most WINDOWS_TRIED; in a window, within one rule and priority, the candidates
+        freeing the most GPUs there come first. Plans compare by `_cost`."""
+        best_cost = _cost(best)
+        if best_cost[2] <= 1:
+            return best
+        req = preemptor.request
+        gang = req.group is not None and req.group.size > 1
+        per_pod = req.gpus * MILLI_PER_GPU if req.gpus else max(1, req.gpu_milli)
+        need = per_pod * (req.group.size if req.group is not None and gang else 1)
+        ceiling = best_cost[:2]  # a victim of higher rule and priority makes no better plan
+        eligible = [c for c in candidates if c.rank[:2] <= ceiling]
+        # no window can do better when even the largest candidates anywhere are too few: checked before
+        # reading where each candidate is (a walk of every candidate's holdings)
+        cap = self.capacity.products.get(product)
+        have = cap.free_milli if cap is not None else 0
+        largest = heapq.nlargest(best_cost[2] - 1, (c.run.use.milli_of(product) for c in eligible))
+        if have + sum(largest) < need:
+            return best
+        view, whole = self.view, req.gpus > 0
+        room: dict[str, int] = {}  # node -> milli-GPUs free there (-1: another product)
+        window_nodes: dict[str, set[str]] = {}
+        window_items: dict[str, list[tuple[int, _Candidate]]] = {}  # window -> (milli freed there, candidate)
+        for c in eligible:
+            freed: dict[str, int] = {}
+            for node, milli in c.nodes.items():
+                r = room.get(node)
+                if r is None:
+                    node_product, whole_free, milli_free = view.node_room(node)
+                    r = room[node] = (
+                        -1 if node_product != product else whole_free * MILLI_PER_GPU if whole else milli_free
+                    )
+                if r < 0:
+                    continue
+                window = view.leaf(node) if gang else node
+                window_nodes.setdefault(window, set()).add(node)
+                freed[window] = freed.get(window, 0) + milli
+            for window, milli in freed.items():
+                window_items.setdefault(window, []).append((milli, c))
+        bounds: list[tuple[int, str]] = []
+        for window, items in window_items.items():
+            have = sum(room[n] for n in window_nodes[window])
+            k = 0
+            for milli in sorted((m for m, _ in items), reverse=True):
+                if have >= need:
+                    break
+                have, k = have + milli, k + 1
+            if have >= need and k < best_cost[2]:
+                bounds.append((k, window))
+        bounds.sort()
+        for k, window in bounds[:WINDOWS_TRIED]:
+            if k >= best_cost[2]:
+                break
+            frees = {id(c): m for m, c in window_items[window]}
+
+            def biggest_first(c: _Candidate, frees: dict[int, int] = frees) -> tuple:
+                return (c.rank[0], c.rank[1], -frees[id(c)], c.rank[2], c.rank[3])
+
+            line = _Line(
+                self, preemptor, [c for _, c in window_items[window]], product, budgets, {}, biggest_first
+            )
+            found = self._search(preemptor, line, now, product)
+            if isinstance(found, Plan) and _cost(found) < best_cost:
+                best, best_cost = found, _cost(found)
+        return best
+
     def _check(
         self, preemptor: Preemptor, chosen: list[tuple[_Candidate, Rule]]
     ) -> tuple[Placement, tuple[Victim, ...]] | str:
@@ -497,6 +580,22 @@ class Planner:
                 if then > max(q.quota(bucket).gpus * MILLI_PER_GPU, now_used):
                     return name
         return None
+
+
+def _cost(plan: Plan) -> tuple:
+    """How much a plan takes, least first: its highest rule and priority, its pods, its workloads, then its
+    victims in rank order (the youngest first), so of two plans of as many pods the line's order decides."""
+    victims = plan.victims
+    ranks = sorted(
+        (_RULE_ORDER[v.rule], v.workload.priority, -v.workload.started, v.workload.key) for v in victims
+    )
+    return (
+        max((r[0] for r in ranks), default=-1),
+        max((r[1] for r in ranks), default=-(2**31)),
+        sum(v.workload.pods for v in victims),
+        len(victims),
+        ranks,
+    )
 
 
 def _bucket_milli(queue: GPUQueue, use: Use, bucket: str) -> int:
