@@ -16,8 +16,9 @@ stand aside and the ledger decides as it did without them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, is_dataclass, replace
+from itertools import islice, repeat
 from typing import Any
 
 from gpuledger.core.adoption import Adoption
@@ -68,6 +69,7 @@ class QueueAccounts:
 
 
 REPLAN_S = 5.0  # a waiting workload that found no preemption plan is tried again after this long at the least
+PLAN_LOOK_AHEAD = 16  # waiters of one line looked at for the first that may preempt, at most
 
 
 def _shared(name: str, doc: str) -> property:
@@ -277,11 +279,7 @@ class Ledger:
         gate = self._gate()
         if queues is None or gate is None:
             return []
-        heads = [
-            h
-            for h in self._waiting.heads()
-            if h.id not in plans.plans and h.key in book.pods and self._may_plan(h.id, now)
-        ]
+        heads = [h for h in map(self._plan_head, self._waiting.undecided_by_line(), repeat(now)) if h]
         if not heads:
             return []
         heads.sort(key=lambda h: (gate.key(h.request), h.rank))
@@ -309,6 +307,22 @@ class Ledger:
         while len(self._no_plan) > 4096:
             del self._no_plan[next(iter(self._no_plan))]
         return made
+
+    def _plan_head(self, line: Iterator[Waiter], now: float) -> Waiter | None:
+        """The first waiter of a line to plan a preemption for, looking at most PLAN_LOOK_AHEAD deep past
+        `preemptionPolicy: Never` pods (as in Kubernetes, a pod that may preempt goes before a Never pod
+        ahead of it). None while one of the line holds a plan (the line is served), or once one that may
+        preempt found no plan and nothing changed since: a line's pods share shape, namespace and so queue,
+        the same answer for all."""
+        plans, pods = self._plans.plans, self._queues.pods
+        for w in islice(line, PLAN_LOOK_AHEAD):
+            if w.id in plans:
+                return None
+            facts = pods.get(w.key)
+            if facts is None or facts.never:
+                continue
+            return w if self._may_plan(w.id, now) else None
+        return None
 
     def _may_plan(self, wid: str, now: float) -> bool:
         last = self._no_plan.get(wid)

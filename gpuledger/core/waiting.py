@@ -632,9 +632,16 @@ class WaitingLine:
 
     # ------------------------------------------------------------------ views
     def heads(self) -> list[Waiter]:
-        """The first waiter of every line not placing (those a preemption may be planned for)."""
+        """The first waiter of every line not placing."""
         reserved = self.books.reservations
         return [h for h in (line.head(reserved) for line in self.lines.values()) if h is not None]
+
+    def undecided_by_line(self) -> list[Iterator[Waiter]]:
+        """Every line's waiters not placing, in line order, each read only as far as its caller asks: a
+        preemption is planned for the first that may preempt, so a head that may not (`preemptionPolicy:
+        Never`, or no plan found) does not hold back the pods behind it. Read them before the line changes."""
+        reserved = self.books.reservations
+        return [line.undecided(reserved) for line in self.lines.values()]
 
     def key_of(self, wid: str) -> str | None:
         """The pod key of the waiter holding ticket `wid`; None when none waits under it."""
