@@ -19,7 +19,10 @@ victims. The shortest prefix of that line with which the ledger would place the 
 found, then every victim the placement does not need is dropped, one at a time, each drop checked by the
 ledger again: removing any victim left makes the preemptor not fit. The line is read only as far as the
 search asks, so a plan at 65,000 nodes looks closely at the few candidates it needs
-(tests/benchmarks/bench_preemption.py).
+(tests/benchmarks/bench_preemption.py). Minimal is not the fewest: the youngest first may take four 4-GPU
+pods where two older 8-GPU pods elsewhere would do. So the same search runs again in single placement
+windows (a node for a one-node pod, a leaf for a gang) that could need fewer victims, and the plan taken is
+the one of lowest rule and priority, then the fewest pods, then the youngest victims (`Planner._fewest`).
 
 No loop: each plan strictly improves, in this order, (1) the priorities of the running critical work, (2) the
 GPUs leaf queues borrow, (3) the GPUs top-level queues borrow, (4) the priorities of all running work; so no
