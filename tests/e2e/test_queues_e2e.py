@@ -782,3 +782,37 @@ def test_a_resource_quota_on_gpus_is_still_respected(apiserver, stack, kubelet, 
     assert held_gpus(stack) == 8  # the first pod's, nothing for the second
     assert gpus_placed(stack, team) == 8
     assert not double_booked(stack, team)
+
+
+def test_a_critical_gang_preempts_the_fewest_pods_that_open_one_leaf_window(apiserver, stack, kubelet, teams):
+    """The same full cluster with leaf-1's 4-GPU pods the youngest: two of leaf-0's 8-GPU pods still open a
+    leaf window with the fewest victims (four 4-GPU pods of leaf-1 would also do: more pods)."""
+    team = teams("research", {"quotas": [{"gpus": GPUS}]})
+    bigs, _halves = fill_two_leaves(team, bigs_first=True)
+    team.apply(stream(job("urgent", 2, priority="critical")))
+    placed = team.wait_placed(2, "job=urgent", timeout=120)
+    evicted = kubelet.evicted_in(team.namespace)
+    assert len(evicted) == 2, sorted(evicted)
+    assert set(evicted) <= {key(p) for p in bigs}
+    assert {LEAF_OF[p["spec"]["nodeName"]] for p in placed} == {"leaf-0"}
+    assert not double_booked(stack, team)
+
+
+def test_a_pod_that_may_preempt_is_not_held_back_by_a_never_pod_ahead_of_it(apiserver, stack, kubelet, teams):
+    """As in Kubernetes, a `preemptionPolicy: Never` pod does not preempt, and does not stop a pod of the
+    same priority behind it that may."""
+    team = teams("research", {"quotas": [{"gpus": GPUS}]})
+    never = priority_class(apiserver, f"e2e-never-{team.namespace[-5:]}", 500, never=True)
+    may = priority_class(apiserver, f"e2e-may-{team.namespace[-5:]}", 500)
+    team.apply(stream(*(pod(f"p-{i}", 8, priority="low") for i in range(16))))
+    team.wait_placed(16)
+    team.apply(stream(pod("patient", 8, priority_class=never)))
+    team.wait_waiting(1)
+    team.apply(stream(pod("pushy", 8, priority_class=may)))
+    apiserver.wait_for(
+        lambda: not gated(team.pod("pushy")) and team.pod("pushy")["spec"].get("nodeName"),
+        timeout=120,
+        what="pushy placed",
+    )
+    assert len(kubelet.evicted_in(team.namespace)) == 1
+    assert not double_booked(stack, team)
