@@ -40,25 +40,10 @@ from gpuledger.core.model import Placement  # noqa: E402
 from gpuledger.core.placement_codec import Binding, decode_placement, encode_placement  # noqa: E402
 from gpuledger.core.request import request_from_pod  # noqa: E402
 from gpuledger.service.ledger_service import AdmitCall, LedgerService  # noqa: E402
+from tests.benchmarks.bench_cluster import GPUS_PER_NODE, cluster_nodes  # noqa: E402  (the same cluster)
 
 KEY = b"bench-key"
-NODES_PER_LEAF, LEAVES_PER_SPINE, GPUS_PER_NODE = 8, 8, 8
 ANNOTATIONS = {"topology.scheduler/gang": "true", "topology.scheduler/preferred-domain": "spine-0"}
-
-
-def cluster_nodes(count: int) -> list[dict]:
-    """bench_cluster.py's cluster: devcluster's sample cluster cut to `count` nodes, no taints."""
-    from devcluster.nodes import make_sample_cluster
-
-    nodes = make_sample_cluster(
-        spines=-(-count // (NODES_PER_LEAF * LEAVES_PER_SPINE)),
-        leaves_per_spine=LEAVES_PER_SPINE,
-        nodes_per_leaf=NODES_PER_LEAF,
-        gpus_per_node=GPUS_PER_NODE,
-        tainted_per_leaf=0,
-        agentaflow_per_leaf=0,
-    )
-    return nodes[:count]
 
 
 def gang_job(pods: int) -> dict:
