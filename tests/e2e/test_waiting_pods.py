@@ -216,7 +216,12 @@ def test_a_later_higher_priority_job_goes_first(apiserver, line, waiting_stack):
     apiserver.wait_for(lambda: waiting_of(line, "job=early") == 2, what="early waits")
     line.apply(job("urgent", 2, annotations={"agentaflow.gpu/priority": "high"}))
     apiserver.wait_for(lambda: waiting_of(line, "job=urgent") == 2, what="urgent waits")
-    rows = [r for r in waiting_rows(waiting_stack) if r["pod"].startswith(f"{line.namespace}/")]
+
+    def ledger_line():  # the ledger learns of a gated pod from the sync's watch, a moment after its create
+        rows = [r for r in waiting_rows(waiting_stack) if r["pod"].startswith(f"{line.namespace}/")]
+        return rows if len(rows) == 4 else None
+
+    rows = apiserver.wait_for(ledger_line, timeout=30, what="the ledger's line holding all four")
     assert [r["priority"] for r in rows] == [100, 100, 0, 0]
     for name in fills[:2]:
         apiserver.force_delete("pod", name, namespace=line.namespace)
