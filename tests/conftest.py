@@ -13,6 +13,27 @@ from devcluster.cluster import ControlPlane, missing_binaries
 from tests.parts import missing_part
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), each test module is one unit of
+    work, so its module-scoped control plane starts once; every `realnode` module shares one unit, since the
+    real node's kubelet, containerd and kube-proxy use the host's paths and iptables one at a time. Units are
+    ordered longest first (the real node's, then `slow` modules) so that neither worker ends long after the
+    other."""
+    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") == "no":
+        return
+
+    def unit(item: pytest.Item) -> str:
+        return "realnode" if item.get_closest_marker("realnode") else item.nodeid.split("::")[0]
+
+    def rank(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("realnode") else 1 if item.get_closest_marker("slow") else 2
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(unit(item)))
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (rank(item), order[id(item)]))
+
+
 def require_binaries(with_controllers: bool = True) -> None:
     """Missing binaries skip the test when pytest runs by hand (naming the command that builds them), and fail
     it in CI and under `make test`, where a skipped end-to-end suite would look like a green one."""

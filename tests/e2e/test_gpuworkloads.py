@@ -25,7 +25,7 @@ from devcluster.processes import stop_process
 from devcluster.stack import placements_by_device
 from gpuledger.names import WORKLOAD_UID_LABEL
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 

@@ -16,7 +16,7 @@ import yaml
 from gpuledger.names import WORKLOAD_UID_LABEL
 from tests.cli.conftest import run_cli
 from tests.e2e import test_gpuworkloads, test_waiting_pods
-from tests.e2e.test_waiting_pods import bare_pods, fill, gated, no_device_twice, waiting_rows
+from tests.e2e.test_waiting_pods import bare_pods, fill, gated, ledger_line, no_device_twice, waiting_rows
 
 # the fixtures this module shares: the controller as its own process, the webhook waiting when full
 controllers = test_gpuworkloads.controllers
@@ -118,7 +118,9 @@ def test_gpuworkloads_and_bare_pods_are_placed_in_one_order(apiserver, line, wai
     apiserver.wait_for(lambda: gated(line.pod("pod-b")) and gated(line.pod("pod-c")), what="bare pods wait")
     # priority, then arrival, whoever created them
     order = ["pod-c", "wl-d", "wl-a", "pod-b", "wl-e"]
-    assert my_line(waiting_stack, ns) == [pod_of[k] for k in order]
+    assert [r["pod"].split("/", 1)[1] for r in ledger_line(apiserver, waiting_stack, ns, 5)] == [
+        pod_of[k] for k in order
+    ]
     wait_positions(apiserver, ns, {"wl-d": 2, "wl-a": 3, "wl-e": 5})
     assert cli_positions(apiserver, ns) == {
         "wl-a": 3,
@@ -152,7 +154,7 @@ def test_the_line_survives_the_controller_killed(apiserver, line, waiting_stack,
     line.apply(bare_pods(["bare"]))
     apiserver.wait_for(lambda: gated(line.pod("bare")), what="the bare pod waits")
     order = ["w2", "w0", "w1"]
-    before = my_line(waiting_stack, ns)
+    before = [r["pod"].split("/", 1)[1] for r in ledger_line(apiserver, waiting_stack, ns, 4)]
     assert before[:3] == [pod_of[k] for k in order] and before[3] == "bare"
     wait_positions(apiserver, ns, {"w2": 1, "w0": 2, "w1": 3})
     shown = cli_positions(apiserver, ns)

@@ -124,6 +124,17 @@ def waiting_rows(stack) -> list[dict]:
     return [r for r in stack.call("waiting_line", 200) if not r["placing"]]
 
 
+def ledger_line(apiserver, stack, namespace: str, count: int, timeout: float = 30) -> list[dict]:
+    """The ledger's line of `namespace` once it holds `count` pods: the ledger learns of a gated pod from the
+    sync's watch, a moment after the API server stores it (a loaded machine widens that moment)."""
+
+    def held():
+        rows = [r for r in waiting_rows(stack) if r["pod"].startswith(f"{namespace}/")]
+        return rows if len(rows) == count else None
+
+    return apiserver.wait_for(held, timeout=timeout, what=f"the ledger's line holding {count} of {namespace}")
+
+
 def fill(line, count: int = 16) -> list[str]:
     names = [f"fill-{i}" for i in range(count)]
     line.apply(bare_pods(names))
@@ -144,8 +155,7 @@ def test_a_job_larger_than_the_cluster_runs_16_and_the_rest_wait_in_order(apiser
     waiting = [p for p in pods if gated(p)]
     assert (len(placed), len(waiting)) == (16, 4), [p["metadata"]["name"] for p in pods]
     assert all(WAITING_ANNOTATION in p["metadata"]["annotations"] for p in waiting)
-    rows = waiting_rows(waiting_stack)
-    mine = [r for r in rows if r["pod"].startswith(f"{line.namespace}/")]
+    mine = ledger_line(apiserver, waiting_stack, line.namespace, 4)
     assert [r["position"] for r in mine] == [1, 2, 3, 4]
     first = mine[0]["pod"].split("/", 1)[1]
     # the operator's CLI shows the same line, from the pods alone
@@ -185,7 +195,8 @@ def test_a_job_larger_than_the_cluster_runs_16_and_the_rest_wait_in_order(apiser
     no_device_twice(waiting_stack, line.pods())
     # the Job replaced the deleted pod: the replacement waits at the end of the line
     apiserver.wait_for(lambda: len(line.pods("job=big")) >= 20, what="the Job's replacement pod")
-    rows = [r for r in waiting_rows(waiting_stack) if r["pod"].startswith(f"{line.namespace}/")]
+    apiserver.wait_for(lambda: waiting_of(line, "job=big") == 4, what="the replacement gated")
+    rows = ledger_line(apiserver, waiting_stack, line.namespace, 4)
     assert [r["position"] for r in rows] == [1, 2, 3, 4] and rows[0]["pod"] == mine[1]["pod"]
 
 
@@ -216,12 +227,7 @@ def test_a_later_higher_priority_job_goes_first(apiserver, line, waiting_stack):
     apiserver.wait_for(lambda: waiting_of(line, "job=early") == 2, what="early waits")
     line.apply(job("urgent", 2, annotations={"agentaflow.gpu/priority": "high"}))
     apiserver.wait_for(lambda: waiting_of(line, "job=urgent") == 2, what="urgent waits")
-
-    def ledger_line():  # the ledger learns of a gated pod from the sync's watch, a moment after its create
-        rows = [r for r in waiting_rows(waiting_stack) if r["pod"].startswith(f"{line.namespace}/")]
-        return rows if len(rows) == 4 else None
-
-    rows = apiserver.wait_for(ledger_line, timeout=30, what="the ledger's line holding all four")
+    rows = ledger_line(apiserver, waiting_stack, line.namespace, 4)
     assert [r["priority"] for r in rows] == [100, 100, 0, 0]
     for name in fills[:2]:
         apiserver.force_delete("pod", name, namespace=line.namespace)
@@ -248,7 +254,7 @@ def test_the_line_survives_the_ledger_actor_killed(apiserver, line, waiting_stac
     fills = fill(line)
     line.apply(bare_pods(["w-0", "w-1", "w-2"], gpus=8))
     apiserver.wait_for(lambda: sum(gated(p) for p in line.pods()) == 3, what="three waiting")
-    before = [r["pod"] for r in waiting_rows(waiting_stack) if r["pod"].startswith(f"{line.namespace}/")]
+    before = [r["pod"] for r in ledger_line(apiserver, waiting_stack, line.namespace, 3)]
     assert before == [f"{line.namespace}/w-{i}" for i in range(3)]
     incarnation = waiting_stack.kill_ledger()
     waiting_stack.wait_ledger_synced(after_incarnation=incarnation)
