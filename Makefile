@@ -80,10 +80,10 @@ lint: venv
 # kubelet. GPULEDGER_REQUIRE_ALL: a missing part fails its tests (naming the command that provides it) instead
 # of skipping them; only the tests marked `gpu` skip, where no NVIDIA GPU answers.
 # TEST_WORKERS: pytest-xdist workers, each a test module at a time (the real node's modules one after another on
-# one worker; tests/conftest.py); 2 keeps both cores of the smallest machine busy, 0 runs in this process
+# one worker: tests/conftest.py); 2 keeps both cores of the smallest machine busy, 0 runs in this process
 TEST_WORKERS ?= 2
 test: venv apiserver helm runtime
-	GPULEDGER_REQUIRE_ALL=1 $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+	GPULEDGER_REQUIRE_ALL=1 $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # everything that needs no control plane
 test-fast: venv

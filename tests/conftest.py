@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -12,24 +13,53 @@ import gpuledger.strategies  # noqa: F401
 from devcluster.cluster import ControlPlane, missing_binaries
 from tests.parts import missing_part
 
+# the modules that run pods on the real node (marked `realnode`): the kubelet hard-codes its device-plugin
+# folder and kube-proxy writes the host's iptables, so one real node runs at a time (devcluster/node_host.py)
+REAL_NODE_MODULES = frozenset(
+    f"tests/e2e/{name}.py"
+    for name in (
+        "test_deployed",
+        "test_product_image",
+        "test_real_node",
+        "test_real_node_agent",
+        "test_real_node_placement",
+        "test_real_node_visibility",
+        "test_real_node_waiting",
+    )
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test` runs two pytest-xdist workers with `--dist loadfile`: each takes a whole test module at a
+    time (its module-scoped control plane or deployed stack starts once), and every real-node module goes to
+    the same worker, one after another, instead of waiting on the other worker's real node."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RealNodeModulesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "realnode" if module in REAL_NODE_MODULES else module
+
+    return RealNodeModulesTogether(config, log)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), each test module is one unit of
-    work, so its module-scoped control plane starts once; every `realnode` module shares one unit, since the
-    real node's kubelet, containerd and kube-proxy use the host's paths and iptables one at a time. Units are
-    ordered longest first (the real node's, then `slow` modules) so that neither worker ends long after the
-    other."""
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") == "no":
+    """In a pytest-xdist worker: the collection, whose order is the order units of work are handed out, puts
+    the longest first (the real node's modules, then those marked `slow`), so neither worker ends long after
+    the other. A `realnode` module missing from REAL_NODE_MODULES is an error: it would run beside another."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-
-    def unit(item: pytest.Item) -> str:
-        return "realnode" if item.get_closest_marker("realnode") else item.nodeid.split("::")[0]
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if item.get_closest_marker("realnode") and module not in REAL_NODE_MODULES:
+            raise pytest.UsageError(f"{module} is marked realnode: add it to REAL_NODE_MODULES")
 
     def rank(item: pytest.Item) -> int:
         return 0 if item.get_closest_marker("realnode") else 1 if item.get_closest_marker("slow") else 2
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(unit(item)))
     order = {id(item): index for index, item in enumerate(items)}
     items.sort(key=lambda item: (rank(item), order[id(item)]))
 
