@@ -13,6 +13,10 @@ import gpuledger.strategies  # noqa: F401
 from devcluster.cluster import ControlPlane, missing_binaries
 from tests.parts import missing_part
 
+# Ray's head waits 30 s for its GCS to publish its port; two test workers and a real node on two cores have
+# outlasted that once, so the tests' Rays wait as Ray waits for a RocksDB-backed GCS (its own override)
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
+
 # the modules that run pods on the real node (marked `realnode`): the kubelet hard-codes its device-plugin
 # folder and kube-proxy writes the host's iptables, so one real node runs at a time (devcluster/node_host.py)
 REAL_NODE_MODULES = frozenset(

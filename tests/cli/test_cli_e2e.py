@@ -183,6 +183,8 @@ def test_stale_gpunodes_give_way_to_what_the_api_holds(apiserver, stack, gpu_crd
         {"index": i, "health": "Healthy", "allocatedMilli": 1000, "holders": [ghost]} for i in range(8)
     ]
     status = {"devices": devices, "schedulable": True, "updatedTime": written}
+    # the only GPUNode is that one: none newer that a controller of an earlier test module published
+    apiserver.kubectl("delete", "gpunodes.agentaflow.io", "--all", "--wait=true")
     apiserver.apply([{"apiVersion": "agentaflow.io/v1", "kind": "GPUNode", "metadata": {"name": node}}])
     try:
         apiserver.kubectl(
