@@ -425,7 +425,7 @@ def queue_status() -> S:
                 "description": "GPUs its running workloads hold (shares in fractions).",
             },
             "borrowed": {"type": "number", "description": "GPUs used above its quota."},
-            "waiting": int_field(0, description="Workloads waiting in it."),
+            "waiting": int_field(0, description="Pods waiting in it (each pod of a waiting gang counts)."),
             "share": {
                 "type": "number",
                 "description": "Its dominant share of what it borrows, over its weight (0 within quota).",
