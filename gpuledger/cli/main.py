@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 # subcommand -> (module, one-line help); each module exposes `main(argv: list[str]) -> int`
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -50,6 +51,16 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def _harness_on_path() -> bool:
+    """An editable install maps only the `gpuledger` package: when this package sits in a source checkout,
+    the checkout (which holds devcluster/) goes on the path, however the command was started."""
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / "devcluster" / "__init__.py").is_file():
+        return False
+    sys.path.insert(0, str(checkout))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -63,14 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(target)
     except ModuleNotFoundError as exc:
-        if exc.name != "devcluster":
-            raise
-        # the development harness lives in the source tree only, never in the wheel or the image
-        print(
-            f"gpuledger {name}: needs a source checkout of gpuledger (run `make {name}` there)",
-            file=sys.stderr,
-        )
-        return 2
+        if exc.name != "devcluster" or not _harness_on_path():
+            if exc.name != "devcluster":
+                raise
+            # the development harness lives in the source tree only, never in the wheel or the image
+            print(
+                f"gpuledger {name}: runs from a source checkout of gpuledger, which this installation is "
+                f"not: clone the repository and run `make {name}` in it",
+                file=sys.stderr,
+            )
+            return 2
+        module = importlib.import_module(target)
     return int(module.main(rest) or 0)
 
 
