@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from gpuledger.cli.kube import Kube, KubeError
 
@@ -103,23 +104,26 @@ def run(prog: str, body: Callable[[], int]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ output
-def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> Table:
-    """A kubectl-looking table: upper-case headers, three spaces between columns, no borders."""
+def table(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None, empty: str | None = None
+) -> RenderableType:
+    """A kubectl-looking table: upper-case headers, three spaces between columns, no borders, under its
+    title's line (never wrapped to the table's width). Without rows it is one line and no header: `empty`,
+    else `TITLE none`."""
+    if not rows:
+        return Text(empty or f"{title or 'ROWS'} none", style="bold")
     t = Table(
         box=None,
         show_edge=False,
         pad_edge=False,
         header_style="bold",
         padding=(0, 3, 0, 0),
-        title=title,
-        title_justify="left",
-        title_style="bold",
     )
     for c in columns:
         t.add_column(c.upper(), no_wrap=True)
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
-    return t
+    return Group(Text(title, style="bold"), t) if title else t
 
 
 def render_text(*renderables: RenderableType, color: bool = False) -> str:

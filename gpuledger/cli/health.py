@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime, timedelta
 
+from rich.console import RenderableType
+
 from gpuledger.cli import common
 from gpuledger.cli.snapshot import Snapshot
 from gpuledger.views import health
@@ -29,6 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def report(found: list[health.Finding], checked: dict[str, int]) -> list[RenderableType]:
+    """The problems, one per row, then a summary; with none, the summary line alone."""
+    if not found:
+        return [f"all {checked['gpus']} GPUs on {checked['nodes']} nodes healthy and reporting"]
+    return [
+        common.table(
+            ["node", "gpu", "problem", "detail"],
+            [[f.node, "-" if f.device is None else f.device, f.problem, f.detail] for f in found],
+        ),
+        f"{len(found)} problem(s) on {len({f.node for f in found})} of {checked['nodes']} GPU nodes",
+    ]
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
 
@@ -43,19 +58,8 @@ def main(argv: list[str]) -> int:
             views = [v for v in views if v.name in args.node]
         found = health.findings(views, now, timedelta(seconds=args.stale_after))
         checked = {"nodes": len(views), "gpus": sum(v.gpus for v in views)}
-        summary = (
-            f"{len(found)} problem(s) on {len({f.node for f in found})} of {checked['nodes']} GPU nodes"
-            if found
-            else f"all {checked['gpus']} GPUs on {checked['nodes']} nodes healthy and reporting"
-        )
         common.emit(
-            args,
-            {"checked": checked, "findings": [f.as_dict() for f in found]},
-            common.table(
-                ["node", "gpu", "problem", "detail"],
-                [[f.node, "-" if f.device is None else f.device, f.problem, f.detail] for f in found],
-            ),
-            summary,
+            args, {"checked": checked, "findings": [f.as_dict() for f in found]}, *report(found, checked)
         )
         return common.EXIT_PROBLEMS if found else common.EXIT_OK
 

@@ -45,7 +45,9 @@ def device_rows(nodes: list[inventory.NodeView]) -> list[list]:
 
 def nodes_table(nodes: list[inventory.NodeView]):
     return common.table(
-        ["node", "leaf", "gpu", "product", "memory", "health", "util", "held-by"], device_rows(nodes)
+        ["node", "leaf", "gpu", "product", "memory", "health", "util", "held-by"],
+        device_rows(nodes),
+        empty="GPU DEVICES none",
     )
 
 

@@ -91,6 +91,7 @@ def queues_table(rows: list[QueueRow]) -> RenderableType:
             "namespaces",
         ],
         out,
+        empty="GPU QUEUES none",
     )
 
 
@@ -115,6 +116,7 @@ def quotas_table(rows: list[QueueRow]) -> RenderableType:
         ["queue", "product", "quota", "borrowing-limit", "lending-limit", "used", "borrowed", "lendable"],
         out,
         title="QUOTAS",
+        empty="QUOTAS none",
     )
 
 
@@ -136,7 +138,8 @@ def waiting_table(rows: list[QueueRow], now: datetime) -> RenderableType:
             ]
             for queue, w in line
         ],
-        title=f"PODS WAITING FOR GPUS {len(line)}" if line else "PODS WAITING FOR GPUS none",
+        title=f"PODS WAITING FOR GPUS {len(line)}",
+        empty="PODS WAITING FOR GPUS none",
     )
 
 
@@ -173,6 +176,7 @@ def summary_table(rows: list[QueueRow]) -> RenderableType:
             for r in rows
         ],
         title="GPU QUEUES",
+        empty="GPU QUEUES none",
     )
 
 

@@ -1,8 +1,9 @@
 """`gpuledger status`: cluster GPU totals, allocation and fragmentation per leaf, the GPUWorkload queue.
 
 Figures are the ledger's definitions computed from the API's objects (see gpuledger.views.inventory); the
-default
-strategy is read from the gpuledger ConfigMap when this identity may read it. Read-only.
+default strategy is the one the webhook's loader gives the ledger: the gpuledger Deployment's
+SCHEDULING_STRATEGY, else the gpuledger ConfigMap's, else the built-in default (gpuledger.cli.strategy).
+Read-only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from gpuledger.views.workloads import WorkloadRow, age, phase_counts, queue, wai
 
 def build_parser() -> argparse.ArgumentParser:
     p = common.parser("status", "Cluster GPU totals, allocation and fragmentation per leaf, and the queue.")
-    p.add_argument("--system-namespace", default=None, help="where gpuledger runs (default gpuledger-system)")
+    p.add_argument(
+        "--system-namespace",
+        default=None,
+        help="where gpuledger runs: its default strategy (default $GPULEDGER_NAMESPACE, gpuledger-system)",
+    )
     common.add_source(p)
     return p
 
@@ -78,6 +83,8 @@ def _totals_row(spine: str, leaf: str, t: inventory.Totals) -> list[Any]:
 def queue_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
     q = queue(rows)
     counts = phase_counts(rows)
+    # the title counts every GPUWorkload by phase, the rows are the Queued ones: with none queued, the
+    # section is the title's line alone
     title = (
         "GPUWORKLOADS " + "  ".join(f"{phase}={n}" for phase, n in counts.items() if n)
         if any(counts.values())
@@ -98,6 +105,7 @@ def queue_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
             for r in q
         ],
         title=title,
+        empty=title,
     )
 
 
@@ -110,7 +118,8 @@ def waiting_table(rows: list[WorkloadRow], now: datetime) -> RenderableType:
             [r.queue_position, r.namespace, r.name, r.priority, r.gpus, r.reason, age(r.created, now)]
             for r in line
         ],
-        title=f"PODS WAITING FOR GPUS {len(line)}" if line else "PODS WAITING FOR GPUS none",
+        title=f"PODS WAITING FOR GPUS {len(line)}",
+        empty="PODS WAITING FOR GPUS none",
     )
 
 
@@ -123,15 +132,17 @@ def read_queue_view(kube: Kube) -> QueuesView | None:
         return None
 
 
-def read_strategy(kube: Kube, system_namespace: str | None) -> dict | None:
-    """The default strategy as configured, or None when the ConfigMap cannot be read."""
-    from gpuledger.cli.strategy import current_strategy, find_config_map
+def read_strategy(kube: Kube, system_namespace: str | None) -> tuple[dict | None, str]:
+    """(the default strategy the ledger uses and its source, the line saying so); None and "unknown" with
+    the reason when this identity may not read the ConfigMap or Deployment that set it."""
+    from gpuledger.cli import strategy as config
 
     try:
-        found = find_config_map(kube, system_namespace)
-    except (KubeError, common.CommandError):
-        return None
-    return current_strategy(kube, found)
+        strategy = config.live_default(kube, system_namespace)
+    except (KubeError, common.CommandError) as exc:
+        where = config.system_namespace(system_namespace)
+        return None, f"default strategy: unknown (the gpuledger config in {where} is not readable: {exc})"
+    return strategy, f"default strategy: {strategy['effective']} ({strategy['source']})"
 
 
 def main(argv: list[str]) -> int:
@@ -144,12 +155,7 @@ def main(argv: list[str]) -> int:
         snap = Snapshot.read(kube, scope, now=now, source=args.source)
         if snap.notice:
             common.warn("status", snap.notice)
-        strategy = read_strategy(kube, args.system_namespace)
-        line = (
-            f"default strategy: {strategy['effective']} ({strategy['source']})"
-            if strategy
-            else "default strategy: unknown (gpuledger ConfigMap not readable)"
-        )
+        strategy, line = read_strategy(kube, args.system_namespace)
         queues = read_queue_view(kube)
         common.emit(
             args,

@@ -26,6 +26,8 @@ CONFIG_PREFIX = "gpuledger-config"
 CONFIG_KEY = "config.yaml"
 STRATEGY_KEY = "default_strategy"
 STRATEGY_ENV = "SCHEDULING_STRATEGY"  # overrides the file (gpuledger.webhook.config.STRATEGY_ENV)
+# the webhook's loader's default (WebhookConfig.default_strategy) and the ledger's own (LedgerSettings): what
+# the ledger uses when no ConfigMap and no SCHEDULING_STRATEGY names another
 BUILTIN_DEFAULT = "fgd_host"
 _LINE = re.compile(r"^default_strategy\s*:.*$", re.M)
 
@@ -114,6 +116,31 @@ def current_strategy(kube: Kube, found: tuple[dict, dict | None]) -> dict[str, A
         "source": f"{STRATEGY_ENV} on Deployment {DEPLOYMENT}"
         if override
         else f"ConfigMap {meta['namespace']}/{meta['name']}",
+    }
+
+
+def live_default(kube: Kube, namespace_flag: str | None) -> dict[str, Any]:
+    """The default strategy the ledger uses and where it comes from, as the webhook's loader resolves it:
+    SCHEDULING_STRATEGY on the Deployment, else the ConfigMap's `default_strategy`, else the built-in
+    default. Without a gpuledger ConfigMap (a ledger started with no config file, as the dev cluster's) that
+    is the Deployment's variable or the built-in default, the source saying so. A KubeError when the
+    ConfigMap or Deployment cannot be read (e.g. forbidden): then nothing can be said."""
+    try:
+        return current_strategy(kube, find_config_map(kube, namespace_flag))
+    except common.CommandError as exc:
+        if exc.code != common.EXIT_NOT_FOUND:
+            raise
+    namespace = system_namespace(namespace_flag)
+    override = env_override(kube.read("apps/v1", "Deployment", DEPLOYMENT, namespace))
+    return {
+        "configured": None,
+        "environment": override or None,
+        "effective": override or BUILTIN_DEFAULT,
+        "configMap": None,
+        "key": None,
+        "source": f"{STRATEGY_ENV} on Deployment {DEPLOYMENT}"
+        if override
+        else f"built-in default: no gpuledger ConfigMap in {namespace} sets another",
     }
 
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.text import Text
 
 from gpuledger.cli import common
 from gpuledger.cli.kube import Kube
@@ -35,17 +36,19 @@ def frame(kube: Kube, args: argparse.Namespace) -> Group:
     scope = common.namespace_scope(args, kube)
     now = datetime.now(UTC)
     snap = Snapshot.read(kube, scope, now=now, source=args.source)
-    parts: list[RenderableType] = [
+    heading: list[RenderableType] = [
         f"gpuledger watch  {now:%Y-%m-%d %H:%M:%S}Z  every {args.interval:g}s  (Ctrl-C to stop)",
         *([f"warning: {snap.notice}"] if snap.notice else []),
+    ]
+    sections = [
         totals_table(snap.nodes),
         queue_table(snap.workloads, now),
         waiting_table(snap.workloads, now),  # the pods waiting for GPUs, in line
         workloads_table(snap.workloads, now, scope is None),
+        *([nodes_table(snap.nodes)] if args.devices else []),
     ]
-    if args.devices:
-        parts.append(nodes_table(snap.nodes))
-    return Group(*parts)
+    # a blank line before each section, as `status` prints them
+    return Group(*heading, *(r for s in sections for r in (Text(""), s)))
 
 
 def main(argv: list[str]) -> int:

@@ -58,7 +58,7 @@ def workloads_table(rows: list[WorkloadRow], now: datetime, all_namespaces: bool
             age(r.created, now),
         ]
         out.append(cells)
-    return common.table(columns, out)
+    return common.table(columns, out, empty="GPUWORKLOADS AND PLACED PODS none")
 
 
 def main(argv: list[str]) -> int:

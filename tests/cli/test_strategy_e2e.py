@@ -103,3 +103,19 @@ def test_strategy_rejects_an_unknown_name_and_a_missing_install(installed_config
     assert bad.code == 2 and "fastest" in bad.err and "best_fit" in bad.err
     missing = cli("strategy", "--system-namespace", "no-such-namespace")
     assert missing.code == 4 and "no gpuledger ConfigMap" in missing.err
+
+
+def test_status_names_the_ledgers_default_without_a_config_map(apiserver, stack, cli):
+    """The dev cluster's ledger runs with no gpuledger ConfigMap: `status` names the default it uses."""
+    system = apiserver.create_namespace(f"t-sys-{uuid.uuid4().hex[:5]}", admission=False, users=())
+    try:
+        live = stack.call("get_settings")["default_strategy"]
+        data = cli("status", "--system-namespace", system, "--source", "nodes", "-o", "json").json()
+        assert data["strategy"]["effective"] == live and data["strategy"]["configMap"] is None
+        text = cli("status", "--system-namespace", system, "--source", "nodes")
+        assert text.code == 0, text.err
+        assert text.out.splitlines()[-1] == (
+            f"default strategy: {live} (built-in default: no gpuledger ConfigMap in {system} sets another)"
+        )
+    finally:
+        apiserver.kubectl("delete", "namespace", system, "--wait=false")
