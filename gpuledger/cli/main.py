@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(target)
     except ModuleNotFoundError as exc:
-        if exc.name != "devcluster" or not _harness_on_path():
-            if exc.name != "devcluster":
-                raise
+        if exc.name != "devcluster":
+            raise
+        if not _harness_on_path():
             # the development harness lives in the source tree only, never in the wheel or the image
             print(
                 f"gpuledger {name}: runs from a source checkout of gpuledger, which this installation is "

@@ -116,7 +116,6 @@ def quotas_table(rows: list[QueueRow]) -> RenderableType:
         ["queue", "product", "quota", "borrowing-limit", "lending-limit", "used", "borrowed", "lendable"],
         out,
         title="QUOTAS",
-        empty="QUOTAS none",
     )
 
 
@@ -176,7 +175,6 @@ def summary_table(rows: list[QueueRow]) -> RenderableType:
             for r in rows
         ],
         title="GPU QUEUES",
-        empty="GPU QUEUES none",
     )
 
 
