@@ -3,33 +3,62 @@ gRPC API (Register, ListAndWatch, GetPreferredAllocation, Allocate), answering A
 does.
 
 It sets NVIDIA_VISIBLE_DEVICES to the allocated UUIDs and records what the kubelet asked; it never touches a
-GPU.
+GPU. The gRPC server runs in a process of its own (device_plugin_process.py): this module never imports grpc,
+so the test process holds no gRPC threads when it forks (Ray's workers, every `kubectl`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent import futures
 from pathlib import Path
 
-import grpc  # type: ignore[import-untyped]  # no stubs here: types-grpcio is not a dev dependency
-
-from devcluster import kubelet_api
+from devcluster.processes import stop_process
 from gpuledger.names import GPU_RESOURCE
 
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 # the kubelet's device manager listens here; the path is a constant of the API, not under --root-dir
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+REPO = Path(__file__).resolve().parents[1]
+
+
+# the names gRPC's core gives the threads it starts (the OS's 15-character names, /proc/self/task/*/comm)
+GRPC_THREAD_PREFIXES = ("grpc", "event_engine", "lifeguard", "default-executo", "resolver-execut")
+
+
+def grpc_threads() -> list[str]:
+    """The threads of this process that gRPC's core started (alive until the process ends, once it served or
+    dialled); none in a process that only ran this harness's real node."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(GRPC_THREAD_PREFIXES):
+            names.append(name)
+    return sorted(names)
+
+
+class DevicePluginError(RuntimeError):
+    """The plugin's process failed, or refused a request."""
 
 
 class FakeGPUPlugin:
     """Advertises `device_ids` (GPU UUIDs) as `resource`; re-registers when the kubelet restarts.
 
-    `allocations` holds every Allocate answer (a list of UUID lists, one per container) and `preferred` every
-    GetPreferredAllocation request, for tests to compare with what the pod saw.
+    `allocations` holds every Allocate answer (a list of UUID lists, one per container), `preferred` every
+    GetPreferredAllocation request, `health` each device's health and `registrations` how many times it
+    registered with a kubelet: each read asks the plugin's process; after `stop`, they hold its last record.
+    Its output goes to `log` (a temporary file unless given).
     """
 
     def __init__(
@@ -38,105 +67,106 @@ class FakeGPUPlugin:
         resource: str = GPU_RESOURCE,
         socket_dir: Path = DEVICE_PLUGIN_DIR,
         endpoint: str = "gpuledger-fake-gpu.sock",
+        log: Path | None = None,
     ):
-        self.api = kubelet_api.load()
+        self.device_ids = list(device_ids)
         self.resource, self.socket_dir, self.endpoint = resource, Path(socket_dir), endpoint
-        self.health = dict.fromkeys(device_ids, HEALTHY)
-        self.allocations: list[list[str]] = []
-        self.preferred: list[dict] = []
-        self.registrations = 0  # one per kubelet (re)start it registered with
-        self._changed = threading.Condition()
-        self._version = 0
-        self._server: grpc.Server | None = None
-        self._stopping = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self.log = Path(log) if log is not None else None
+        self.proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one request and its reply at a time
+        self._last: dict = {
+            "health": dict.fromkeys(self.device_ids, HEALTHY),
+            "allocations": [],
+            "preferred": [],
+            "registrations": 0,
+        }
 
     @property
     def socket(self) -> Path:
         return self.socket_dir / self.endpoint
 
-    # ------------------------------------------------------------------ the DevicePlugin service
-    def GetDevicePluginOptions(self, request, context):
-        return self.api.deviceplugin.DevicePluginOptions(get_preferred_allocation_available=True)
+    # ------------------------------------------------------------------ what it recorded
+    @property
+    def health(self) -> dict[str, str]:
+        return dict(self._state()["health"])
 
-    def ListAndWatch(self, request, context):
-        """The device list now, then again after every health change, until the kubelet or `stop` hangs up."""
-        seen = -1
-        while context.is_active() and not self._stopping.is_set():
-            with self._changed:
+    @property
+    def allocations(self) -> list[list[str]]:
+        return [list(a) for a in self._state()["allocations"]]
 
-                def changed(last: int = seen) -> bool:
-                    return self._version != last or self._stopping.is_set()
+    @property
+    def preferred(self) -> list[dict]:
+        return [dict(p) for p in self._state()["preferred"]]
 
-                self._changed.wait_for(changed, timeout=1.0)
-                if self._version == seen:
-                    continue
-                seen, health = self._version, dict(self.health)
-            yield self.api.deviceplugin.ListAndWatchResponse(
-                devices=[self.api.deviceplugin.Device(ID=d, health=h) for d, h in health.items()]
-            )
+    @property
+    def registrations(self) -> int:
+        return int(self._state()["registrations"])
 
-    def GetPreferredAllocation(self, request, context):
-        """The devices it must include, then the available ones in advertised order (lowest index first)."""
-        order = {d: i for i, d in enumerate(self.health)}
-        responses = []
-        for req in request.container_requests:
-            self.preferred.append(
-                {
-                    "available": list(req.available_deviceIDs),
-                    "must_include": list(req.must_include_deviceIDs),
-                    "size": req.allocation_size,
-                }
-            )
-            chosen = list(req.must_include_deviceIDs)
-            rest = sorted(set(req.available_deviceIDs) - set(chosen), key=lambda d: order.get(d, len(order)))
-            chosen += rest[: max(0, req.allocation_size - len(chosen))]
-            responses.append(self.api.deviceplugin.ContainerPreferredAllocationResponse(deviceIDs=chosen))
-        return self.api.deviceplugin.PreferredAllocationResponse(container_responses=responses)
+    def set_health(self, device_id: str, healthy: bool) -> None:
+        """Mark a device (un)healthy; the kubelet's ListAndWatch stream gets the new list."""
+        self._request({"op": "set_health", "device": device_id, "healthy": healthy})
 
-    def Allocate(self, request, context):
-        """NVIDIA's plugin in its default envvar strategy: the container's runtime hook reads this
-        variable."""
-        responses = []
-        for req in request.container_requests:
-            unknown = [d for d in req.devices_ids if d not in self.health]
-            if unknown:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices {unknown}")
-            self.allocations.append(list(req.devices_ids))
-            responses.append(
-                self.api.deviceplugin.ContainerAllocateResponse(
-                    envs={"NVIDIA_VISIBLE_DEVICES": ",".join(req.devices_ids)}
-                )
-            )
-        return self.api.deviceplugin.AllocateResponse(container_responses=responses)
-
-    def PreStartContainer(self, request, context):
-        return self.api.deviceplugin.PreStartContainerResponse()
+    def _state(self) -> dict:
+        if self.proc is None:
+            return self._last
+        return self._request({"op": "state"})
 
     # ------------------------------------------------------------------ lifecycle
-    def set_health(self, device_id: str, healthy: bool) -> None:
-        with self._changed:
-            self.health[device_id] = HEALTHY if healthy else UNHEALTHY
-            self._version += 1
-            self._changed.notify_all()
-
     def start(self, timeout: float = 30.0) -> FakeGPUPlugin:
-        self._serve_and_register(timeout)
-        self._watcher = threading.Thread(
-            target=self._reregister_on_kubelet_restart, daemon=True, name=f"device-plugin-{self.endpoint}"
-        )
-        self._watcher.start()
+        """Serve and register with the kubelet (waiting up to `timeout` for its registration socket)."""
+        if self.proc is not None:
+            raise RuntimeError("the fake device plugin is already started")
+        if self.log is None:
+            fd, name = tempfile.mkstemp(prefix=f"fake-gpu-plugin-{self.endpoint}-", suffix=".log")
+            os.close(fd)
+            self.log = Path(name)
+        argv = [sys.executable, "-m", "devcluster.device_plugin_process"]
+        argv += ["--devices", json.dumps(self.device_ids), "--resource", self.resource]
+        argv += ["--socket-dir", str(self.socket_dir), "--endpoint", self.endpoint, "--timeout", str(timeout)]
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env={**os.environ, "PYTHONPATH": path},
+                cwd=REPO,
+            )
+        try:
+            # starting Python, loading the stubs, then up to `timeout` for the kubelet
+            reply = self._read_reply(timeout + 60)
+        except DevicePluginError:
+            self.stop()
+            raise
+        if not reply["ok"]:
+            self.stop()
+            error = f"{reply['error']} (fake device plugin log: {self.log})"
+            raise TimeoutError(error) if reply.get("type") == "TimeoutError" else DevicePluginError(error)
+        self._last = reply["state"]
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        with self._changed:
-            self._changed.notify_all()
-        if self._server is not None:
-            self._server.stop(grace=1).wait(5)
-            self._server = None
-        if self._watcher is not None:
-            self._watcher.join(5)
+        """Unregister (the socket goes away, as the plugin's does when it ends) and end its process."""
+        proc = self.proc
+        if proc is None:
+            return
+        with self._lock:
+            try:
+                if proc.poll() is None and proc.stdin is not None:
+                    proc.stdin.write(b'{"op": "stop"}\n')
+                    proc.stdin.flush()
+                    reply = self._read_reply(15)
+                    if reply.get("state"):
+                        self._last = reply["state"]
+            except (OSError, DevicePluginError):
+                pass  # it ended already, or will be made to
+            finally:
+                self.proc = None
+                for pipe in (proc.stdin, proc.stdout):
+                    if pipe is not None:
+                        pipe.close()
+                stop_process(proc, grace_s=10)
         self.socket.unlink(missing_ok=True)
 
     def __enter__(self) -> FakeGPUPlugin:
@@ -145,43 +175,46 @@ class FakeGPUPlugin:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _serve_and_register(self, timeout: float) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0).wait(5)
-        self.socket.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        self.api.deviceplugin_grpc.add_DevicePluginServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        server.start()
-        self._server = server
-        kubelet_socket = self.socket_dir / "kubelet.sock"
-        with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+    # ------------------------------------------------------------------ the line protocol
+    def _request(self, request: dict, timeout: float = 30.0) -> dict:
+        with self._lock:
+            proc = self.proc
+            if proc is None or proc.stdin is None:
+                raise DevicePluginError("the fake device plugin is not running")
             try:
-                grpc.channel_ready_future(channel).result(timeout=timeout)
-            except grpc.FutureTimeoutError:
-                raise TimeoutError(
-                    f"no kubelet device-plugin registration socket at {kubelet_socket}"
+                proc.stdin.write(json.dumps(request).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError as err:
+                raise DevicePluginError(
+                    f"the fake device plugin's process is gone: {err}{self._tail()}"
                 ) from None
-            self.api.deviceplugin_grpc.RegistrationStub(channel).Register(
-                self.api.deviceplugin.RegisterRequest(
-                    version=API_VERSION,
-                    endpoint=self.endpoint,
-                    resource_name=self.resource,
-                    options=self.api.deviceplugin.DevicePluginOptions(
-                        get_preferred_allocation_available=True
-                    ),
-                ),
-                timeout=timeout,
-            )
-        self.registrations += 1
+            reply = self._read_reply(timeout)
+        if not reply["ok"]:
+            raise DevicePluginError(f"the fake device plugin refused {request}: {reply['error']}")
+        self._last = reply["state"]
+        return reply["state"]
 
-    def _reregister_on_kubelet_restart(self) -> None:
-        """A restarting kubelet empties the socket folder; like NVIDIA's plugin, serve and register again."""
-        while not self._stopping.wait(0.5):
-            if not self.socket.exists() and (self.socket_dir / "kubelet.sock").exists():
-                time.sleep(0.5)  # let the new kubelet's registration server come up
-                if not self._stopping.is_set():
-                    try:
-                        self._serve_and_register(timeout=30)
-                    except (grpc.RpcError, TimeoutError):
-                        continue
+    def _read_reply(self, timeout: float) -> dict:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DevicePluginError(
+                    f"no answer from the fake device plugin in {timeout:.0f}s{self._tail()}"
+                )
+            readable, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
+            if readable:
+                break
+            if proc.poll() is not None:
+                raise DevicePluginError(f"the fake device plugin exited {proc.returncode}{self._tail()}")
+        line = proc.stdout.readline()  # it writes whole lines: once one starts, the rest follows
+        if not line:
+            raise DevicePluginError(f"the fake device plugin closed its output{self._tail()}")
+        return json.loads(line)
+
+    def _tail(self) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        return f" (its log, {self.log}):\n{self.log.read_text()[-3000:]}"

@@ -230,6 +230,10 @@ class RealNode:
         """(namespace, pod, container) -> the `resource` device ids the kubelet assigned (node_gpus.py)."""
         return node_gpus.pod_devices(self.pod_resources_socket, resource)
 
+    def allocatable_devices(self, resource: str = GPU_RESOURCE) -> list[str]:
+        """The `resource` device ids the kubelet can assign, from PodResources (node_gpus.py)."""
+        return node_gpus.allocatable_devices(self.pod_resources_socket, resource)
+
     def advertise_gpus(self, devices: list[dict], resource: str = GPU_RESOURCE, timeout: float = 30) -> dict:
         """Publish `devices` through the real node agent, as a node without a device plugin does; the Node
         once its `resource` is allocatable (node_gpus.py)."""

@@ -1,12 +1,14 @@
 """The real node's parts that need no kubelet: image tarballs, containerd's config, node credentials, and
-the fake device plugin answering the device-plugin protocol to an in-process stand-in for the kubelet's
-registry."""
+the fake device plugin answering the device-plugin protocol to a stand-in for the kubelet's registry (in a
+child process: gRPC never runs in the test process)."""
 
 from __future__ import annotations
 
 import io
 import json
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
 import tomllib
@@ -18,6 +20,7 @@ import pytest
 from cryptography.x509.oid import NameOID
 
 from devcluster import images, kubelet_api
+from devcluster.binaries import REPO
 from devcluster.containerd import Containerd
 from devcluster.kubelet import node_credentials, node_rbac
 from gpuledger.certs import pki
@@ -112,11 +115,13 @@ def _stubs_available() -> bool:
     return True  # the .proto files are vendored: no Go needed
 
 
-@pytest.mark.skipif(not _stubs_available(), reason="needs grpcio-tools")
-def test_fake_plugin_registers_and_answers_like_nvidias():
+def exercise_fake_plugin() -> dict:
+    """Run in a child process (gRPC never lives in the test process, which forks): a stand-in for the
+    kubelet's registry, the fake plugin registering with it, and the calls the kubelet makes; what each
+    returned, for the test to compare."""
     import grpc
 
-    from devcluster.device_plugin import FakeGPUPlugin
+    from devcluster.device_plugin import DevicePluginError, FakeGPUPlugin
 
     api = kubelet_api.load()
     registered = []
@@ -132,23 +137,24 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
     kubelet.add_insecure_port(f"unix://{folder / 'kubelet.sock'}")
     kubelet.start()
     ids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(3)]
+    seen: dict = {"ids": ids}
     try:
         with (
             FakeGPUPlugin(ids, socket_dir=folder) as plugin,
             grpc.insecure_channel(f"unix://{plugin.socket}") as channel,
         ):
-            (request,) = registered
-            assert (request.version, request.resource_name, request.endpoint) == (
-                "v1beta1",
-                "nvidia.com/gpu",
-                plugin.endpoint,
-            )
-            assert request.options.get_preferred_allocation_available
+            seen["endpoint"] = plugin.endpoint
+            seen["registered"] = [
+                [r.version, r.resource_name, r.endpoint, r.options.get_preferred_allocation_available]
+                for r in registered
+            ]
+            seen["registrations"] = plugin.registrations
             stub = api.deviceplugin_grpc.DevicePluginStub(channel)
             stream = stub.ListAndWatch(api.deviceplugin.Empty(), timeout=10)
-            assert [(d.ID, d.health) for d in next(stream).devices] == [(i, "Healthy") for i in ids]
+            seen["listed"] = [[d.ID, d.health] for d in next(stream).devices]
             plugin.set_health(ids[1], False)
-            assert [d.health for d in next(stream).devices] == ["Healthy", "Unhealthy", "Healthy"]
+            seen["after_unhealthy"] = [d.health for d in next(stream).devices]
+            seen["health"] = plugin.health
             stream.cancel()
             preferred = stub.GetPreferredAllocation(
                 api.deviceplugin.PreferredAllocationRequest(
@@ -161,7 +167,8 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
                     ]
                 )
             )
-            assert list(preferred.container_responses[0].deviceIDs) == [ids[2], ids[0]]
+            seen["preferred_answer"] = list(preferred.container_responses[0].deviceIDs)
+            seen["preferred"] = plugin.preferred
             answer = stub.Allocate(
                 api.deviceplugin.AllocateRequest(
                     container_requests=[
@@ -169,11 +176,9 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
                     ]
                 )
             )
-            assert dict(answer.container_responses[0].envs) == {
-                "NVIDIA_VISIBLE_DEVICES": f"{ids[0]},{ids[2]}"
-            }
-            assert plugin.allocations == [[ids[0], ids[2]]]
-            with pytest.raises(grpc.RpcError) as denied:
+            seen["envs"] = dict(answer.container_responses[0].envs)
+            seen["allocations"] = plugin.allocations
+            try:
                 stub.Allocate(
                     api.deviceplugin.AllocateRequest(
                         container_requests=[
@@ -181,10 +186,75 @@ def test_fake_plugin_registers_and_answers_like_nvidias():
                         ]
                     )
                 )
-            assert denied.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                seen["unknown_device"] = "allocated"
+            except grpc.RpcError as denied:
+                seen["unknown_device"] = denied.code().name
+            try:
+                plugin.set_health("GPU-nope", False)
+                seen["unknown_health"] = "accepted"
+            except DevicePluginError as refused:
+                seen["unknown_health"] = str(refused)
+            seen["plugin_pid"] = plugin.proc.pid if plugin.proc else None
+        seen["socket_after_stop"] = plugin.socket.exists()
+        seen["allocations_after_stop"] = plugin.allocations
     finally:
         kubelet.stop(0)
         shutil.rmtree(folder, ignore_errors=True)
+    return seen
+
+
+def _in_child(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO)
+
+
+@pytest.mark.skipif(not _stubs_available(), reason="needs grpcio-tools")
+def test_fake_plugin_registers_and_answers_like_nvidias():
+    proc = _in_child(
+        "import json; from tests.devcluster.test_real_node_parts import exercise_fake_plugin as f; "
+        "print(json.dumps(f()))"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    ids = seen["ids"]
+    assert seen["registered"] == [["v1beta1", "nvidia.com/gpu", seen["endpoint"], True]]
+    assert seen["registrations"] == 1
+    assert seen["listed"] == [[i, "Healthy"] for i in ids]
+    assert seen["after_unhealthy"] == ["Healthy", "Unhealthy", "Healthy"]
+    assert seen["health"] == {ids[0]: "Healthy", ids[1]: "Unhealthy", ids[2]: "Healthy"}
+    assert seen["preferred_answer"] == [ids[2], ids[0]]
+    assert seen["preferred"] == [{"available": [ids[2], ids[0]], "must_include": [ids[2]], "size": 2}]
+    assert seen["envs"] == {"NVIDIA_VISIBLE_DEVICES": f"{ids[0]},{ids[2]}"}
+    assert seen["allocations"] == [[ids[0], ids[2]]]
+    assert seen["unknown_device"] == "INVALID_ARGUMENT"
+    assert "GPU-nope" in seen["unknown_health"]
+    # stopped: unregistered, its process gone, its record still readable
+    assert seen["socket_after_stop"] is False
+    assert seen["allocations_after_stop"] == [[ids[0], ids[2]]]
+    assert not Path(f"/proc/{seen['plugin_pid']}").exists()
+
+
+def test_fake_plugin_without_a_kubelet_times_out_and_leaves_no_process(tmp_path):
+    from devcluster.device_plugin import FakeGPUPlugin
+
+    folder = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))  # unix socket paths are short
+    plugin = FakeGPUPlugin(["GPU-0"], socket_dir=folder, log=tmp_path / "plugin.log")
+    try:
+        with pytest.raises(TimeoutError, match="no kubelet device-plugin registration socket"):
+            plugin.start(timeout=1)
+        assert plugin.proc is None and not plugin.socket.exists()
+        assert plugin.registrations == 0 and plugin.health == {"GPU-0": "Healthy"}
+    finally:
+        plugin.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_real_nodes_harness_never_imports_grpc():
+    """gRPC's threads in a process that forks (Ray's workers, kubectl) can crash the child: the plugin and
+    PodResources run in processes of their own, and importing the harness brings no grpc."""
+    modules = "devcluster.kubelet, devcluster.device_plugin, devcluster.node_gpus, devcluster.agent_process"
+    proc = _in_child(f"import sys, {modules}; print('grpc' in sys.modules)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "False"
 
 
 def test_kubelet_heartbeat_is_well_inside_the_lifecycle_grace_period(tmp_path):

@@ -7,14 +7,14 @@ gpuledger's placement.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 import uuid
 
-import grpc
 import pytest
 
-from devcluster import kubelet_api
-from devcluster.device_plugin import FakeGPUPlugin
+from devcluster.device_plugin import FakeGPUPlugin, grpc_threads
 from devcluster.kubelet import RealNode
 from devcluster.nodes import device_uuid
 from tests.conftest import require_real_node
@@ -28,13 +28,20 @@ PRINT_ENV = "echo CUDA=$CUDA_VISIBLE_DEVICES NV=$NVIDIA_VISIBLE_DEVICES"
 
 
 @pytest.fixture(scope="module")
-def real_node(apiserver):
+def grpc_before():
+    """gRPC in this process before the module's node started: what another module may have left."""
+    return set(grpc_threads()), "grpc" in sys.modules
+
+
+@pytest.fixture(scope="module")
+def real_node(apiserver, grpc_before):
     """One real node with the fake plugin advertising GPUS devices, for the whole module."""
     require_real_node()
     started = time.monotonic()
     with RealNode(apiserver, name=NODE) as node:
         ready = time.monotonic()
-        with FakeGPUPlugin([device_uuid(NODE, i) for i in range(GPUS)]) as plugin:
+        log = node.kubelet_log.with_name("device-plugin.log")
+        with FakeGPUPlugin([device_uuid(NODE, i) for i in range(GPUS)], log=log) as plugin:
             apiserver.wait_for(
                 lambda: (
                     apiserver.get_json("node", NODE)["status"].get("allocatable", {}).get("nvidia.com/gpu")
@@ -119,21 +126,10 @@ def test_pod_resources_names_the_devices_a_running_pod_holds(apiserver, real_nod
     printed = apiserver.wait_for(
         lambda: logs(apiserver, plain_namespace, "holds-one"), what="the pod's output"
     )
-    api = kubelet_api.load()
-    with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as channel:
-        stub = api.podresources_grpc.PodResourcesListerStub(channel)
-        listed = stub.List(api.podresources.ListPodResourcesRequest(), timeout=10)
-        allocatable = stub.GetAllocatableResources(api.podresources.AllocatableResourcesRequest(), timeout=10)
-    held = {
-        (p.namespace, p.name, c.name): [
-            d for dev in c.devices if dev.resource_name == "nvidia.com/gpu" for d in dev.device_ids
-        ]
-        for p in listed.pod_resources
-        for c in p.containers
-    }
+    held = node.pod_devices()  # PodResources List, asked from a child process
     devices = held[(plain_namespace, "holds-one", "main")]
     assert printed.strip() == f"CUDA= NV={devices[0]}" and len(devices) == 1
-    assert {d for dev in allocatable.devices for d in dev.device_ids} == set(plugin.health)
+    assert set(node.allocatable_devices()) == set(plugin.health)
 
 
 def test_kubelet_restart_reregisters_the_plugin_and_gpus_stay_usable(apiserver, real_node, plain_namespace):
@@ -146,3 +142,17 @@ def test_kubelet_restart_reregisters_the_plugin_and_gpus_stay_usable(apiserver, 
     assert (
         logs(apiserver, plain_namespace, "after-restart").strip() == f"CUDA= NV={plugin.allocations[-1][0]}"
     )
+
+
+def test_the_node_and_its_plugin_bring_no_grpc_into_the_test_process(apiserver, real_node, grpc_before):
+    """This process forks (Ray's workers, every kubectl): gRPC's threads alive in it can crash the child
+    (`Fatal Python error: Segmentation fault` in an at-fork handler). The plugin serves from a process of its
+    own and PodResources is read from one, so neither leaves a gRPC thread here."""
+    node, plugin = real_node
+    threads_before, imported_before = grpc_before
+    assert plugin.proc is not None and plugin.proc.poll() is None  # the plugin is its own process
+    node.pod_devices()  # a PodResources read, too
+    assert set(grpc_threads()) <= threads_before, grpc_threads()
+    assert not [t.name for t in threading.enumerate() if "device-plugin" in t.name or "grpc" in t.name]
+    if not imported_before:  # another module in this process may have imported it; this one must not
+        assert "grpc" not in sys.modules
