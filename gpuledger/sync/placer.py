@@ -23,12 +23,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.names import HOSTNAME_LABEL, SCHEDULING_GATE
-from gpuledger.service.ledger_service import PlacedPod, Taint
+from gpuledger.podwrite.affinity import with_node
+from gpuledger.podwrite.gate import index_of
+from gpuledger.podwrite.ungate import placement_ops
+from gpuledger.service.ledger_service import PlacedPod
 from gpuledger.sync.pod_events import pod_event
 
 if TYPE_CHECKING:
@@ -36,90 +39,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuledger.sync.placer")
 
-HARD_EFFECTS = ("NoSchedule", "NoExecute")
-
-
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
-
 
 def required_node(affinity: Any, node: str, key: str = HOSTNAME_LABEL) -> dict:
-    """`affinity` with `node` ANDed into every required node selector term (a new term when there is none):
-    what a gated pod may still change (only additions to the terms' requirements), and what the scheduler
-    then honours. `key` metadata.name writes matchFields (clusters whose hostname label is not the name)."""
-    out = dict(affinity) if isinstance(affinity, Mapping) else {}
-    node_affinity = dict(out.get("nodeAffinity") or {})
-    required = dict(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    field = "matchFields" if key == "metadata.name" else "matchExpressions"
-    requirement = {"key": key, "operator": "In", "values": [node]}
-    terms = []
-    for term in required.get("nodeSelectorTerms") or [{}]:
-        term = dict(term) if isinstance(term, Mapping) else {}
-        requirements = list(term.get(field) or [])
-        if requirement not in requirements:
-            requirements.append(requirement)
-        term[field] = requirements
-        terms.append(term)
-    required["nodeSelectorTerms"] = terms
-    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
-    out["nodeAffinity"] = node_affinity
-    return out
+    """`affinity` with `node` ANDed into every required node selector term (gpuledger.podwrite.affinity)."""
+    return with_node(affinity, node, key)
 
 
-def _tolerates(tolerations: Sequence[Any], taint: Taint) -> bool:
-    for t in tolerations:
-        if not isinstance(t, Mapping) or (t.get("effect") and t.get("effect") != taint.effect):
-            continue
-        if (t.get("operator") or "Equal") == "Exists":
-            if not t.get("key") or t.get("key") == taint.key:
-                return True
-        elif t.get("key") == taint.key and (t.get("value") or "") == taint.value:
-            return True
-    return False
-
-
-def placement_patch(pod: Mapping, placed: PlacedPod, affinity_key: str = HOSTNAME_LABEL) -> list[dict]:
-    """The JSON patch that writes `placed` on the gated `pod` (as last read) and removes gpuledger's gate;
-    its first operations test that it is still that pod, still gated by gpuledger, so a patch meant for a pod
-    since replaced fails instead of landing elsewhere."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    gates = spec.get("schedulingGates") or []
-    at = next(
-        (i for i, g in enumerate(gates) if isinstance(g, Mapping) and g.get("name") == SCHEDULING_GATE), None
-    )
+def placement_patch(pod: dict, placed: PlacedPod, affinity_key: str = HOSTNAME_LABEL) -> list[dict]:
+    """The JSON patch that writes `placed` on the gated `pod` (as last read) and removes gpuledger's gate
+    (gpuledger.podwrite.ungate: its first operations test that it is still that pod, still gated)."""
+    at = index_of(pod)
     if at is None:
         raise ValueError(f"pod {placed.namespace}/{placed.name} carries no {SCHEDULING_GATE} scheduling gate")
-    ops: list[dict] = [
-        {"op": "test", "path": "/metadata/uid", "value": placed.uid},
-        {"op": "test", "path": f"/spec/schedulingGates/{at}/name", "value": SCHEDULING_GATE},
-    ]
-    for field, values in (("annotations", placed.annotations), ("labels", placed.labels)):
-        if isinstance(meta.get(field), Mapping):
-            ops += [
-                {"op": "add", "path": f"/metadata/{field}/{_escape(k)}", "value": v}
-                for k, v in values.items()
-            ]
-        else:
-            ops.append({"op": "add", "path": f"/metadata/{field}", "value": dict(values)})
-    ops.append(
-        {
-            "op": "add",
-            "path": "/spec/affinity",
-            "value": required_node(spec.get("affinity"), placed.node, affinity_key),
-        }
+    return placement_ops(
+        pod,
+        at,
+        uid=placed.uid,
+        node=placed.node,
+        annotations=placed.annotations,
+        labels=placed.labels,
+        taints=placed.tolerated_taints,
+        affinity_key=affinity_key,
     )
-    existing = list(spec.get("tolerations") or [])
-    added: list[dict[str, Any]] = []
-    for taint in placed.tolerated_taints:
-        if taint.effect in HARD_EFFECTS and not _tolerates(existing + added, taint):
-            tol: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
-            tol.update({"operator": "Equal", "value": taint.value} if taint.value else {"operator": "Exists"})
-            added.append(tol)
-    if added:
-        ops.append({"op": "add", "path": "/spec/tolerations", "value": existing + added})
-    ops.append({"op": "remove", "path": f"/spec/schedulingGates/{at}"})
-    return ops
 
 
 def placed_message(placed: PlacedPod) -> str:

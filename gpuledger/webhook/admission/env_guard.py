@@ -15,18 +15,13 @@ import posixpath
 from collections.abc import Iterator
 
 from gpuledger.names import PLACEMENT_ANNOTATION, WAITING_ANNOTATION
+from gpuledger.podwrite import visibility
+from gpuledger.podwrite.containers import CONTAINER_KINDS, gpu_containers, others
+from gpuledger.podwrite.copy_on_write import dict_at as _dict_at
+from gpuledger.podwrite.copy_on_write import list_at as _list_at
+from gpuledger.podwrite.visibility.runtime_uuids import VISIBLE_DEVICES_FROM
+from gpuledger.podwrite.visibility.variables import CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
 from gpuledger.service.ledger_service import Placement, Request, decode_bound, decode_waiting
-from gpuledger.webhook.admission.patch import (
-    CONTAINER_KINDS,
-    CUDA_VISIBLE_DEVICES,
-    NVIDIA_VISIBLE_DEVICES,
-    VISIBLE_DEVICES_FROM,
-    _dict_at,
-    _list_at,
-    gpu_containers,
-    visibility_env,
-    waiting_env,
-)
 from gpuledger.webhook.config import WebhookConfig
 
 ALL_KINDS = (*CONTAINER_KINDS, "ephemeralContainers")
@@ -64,15 +59,13 @@ WAITING_DEVICES = "<the devices of its placement, to come>"
 def waiting_placed(pod: dict, request: Request, config: WebhookConfig) -> dict[tuple[str, int], str]:
     """(kind, index) -> what gpuledger's admission of a waiting pod writes for NVIDIA_VISIBLE_DEVICES there
     (patch.apply_waiting)."""
-    value = waiting_env(request, config.visibility_mode).get(NVIDIA_VISIBLE_DEVICES)
+    value = visibility.waiting_env(request, config.visibility_mode).get(NVIDIA_VISIBLE_DEVICES)
     if value is None:
         return {}
     targets = gpu_containers(pod, config.gpu_resource)
-    out = dict.fromkeys(targets, value if isinstance(value, str) else WAITING_DEVICES)
-    if config.visibility_mode == "runtime-uuids":
-        others = [(k, i) for k, i, _ in _containers(pod) if k in CONTAINER_KINDS and (k, i) not in out]
-        out.update(dict.fromkeys(others, "void"))
-    return out
+    return _with_others(
+        pod, dict.fromkeys(targets, value if isinstance(value, str) else WAITING_DEVICES), config
+    )
 
 
 def _ours(value_from: object) -> bool:
@@ -92,15 +85,21 @@ def placed_env(pod: dict, placement: Placement | None, config: WebhookConfig) ->
     """(kind, index) -> the NVIDIA_VISIBLE_DEVICES value gpuledger's placement writes there (patch.py)."""
     if placement is None:
         return {}
-    value = visibility_env(placement, config.visibility_mode).get(NVIDIA_VISIBLE_DEVICES)
+    value = visibility.placed_env(placement, config.visibility_mode).get(NVIDIA_VISIBLE_DEVICES)
     if value is None:  # device-plugin: the kubelet's plugin sets it, outside the pod spec
         return {}
     targets = gpu_containers(pod, config.gpu_resource)
-    out = dict.fromkeys(targets, value)
-    if config.visibility_mode == "runtime-uuids":
-        others = [(k, i) for k, i, _ in _containers(pod) if k in CONTAINER_KINDS and (k, i) not in out]
-        out.update(dict.fromkeys(others, "void"))
-    return out
+    return _with_others(pod, dict.fromkeys(targets, value), config)
+
+
+def _with_others(
+    pod: dict, placed: dict[tuple[str, int], str], config: WebhookConfig
+) -> dict[tuple[str, int], str]:
+    """`placed` and what the mode writes in the pod's other containers (runtime-uuids: `void`)."""
+    value = (visibility.mode(config.visibility_mode).others or {}).get(NVIDIA_VISIBLE_DEVICES)
+    if isinstance(value, str):
+        placed.update(dict.fromkeys(others(_dict_at(pod, "spec"), list(placed)), value))
+    return placed
 
 
 def findings(pod: dict, placed: dict[tuple[str, int], str]) -> list[str]:
