@@ -1,10 +1,14 @@
-"""`gpuledger demo`: a local control plane, the webhook with a local Ray ledger, a sample GPU cluster, sample
-workloads applied with kubectl, and a table of where each pod went and why.
+"""`gpuledger demo`: a local control plane, the webhook with a local Ray ledger, a sample GPU cluster, and
+today's story in three parts: (1) sample workloads applied with kubectl, and a table of where each pod went
+and why; (2) a full cluster, where pods wait in one line and start in order; (3) two teams' GPUQueues and a
+reclaim, shown by `gpuledger explain` before it happens. The cluster runs kube-scheduler, the disruption
+controller and a kubelet stand-in for the sample nodes (devcluster/kubelet_standin.py).
 
 With `--use-current-kubeconfig` it talks to the cluster of the current kubeconfig instead: if gpuledger's
 webhook configurations are installed there it uses them as they are; otherwise it runs the webhook here and
 registers it at https://WEBHOOK_HOST:PORT (reachable from that API server only if it runs on this machine or
-WEBHOOK_HOST routes here). Fake GPU nodes are created there only with `--sample-nodes`.
+WEBHOOK_HOST routes here). Fake GPU nodes are created there only with `--sample-nodes`; only the first part
+runs there (the others need the sample nodes' kubelet stand-in, which plays the kubelet of every node).
 """
 
 from __future__ import annotations
@@ -13,17 +17,23 @@ import argparse
 import logging
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
 from devcluster.binaries import ControlPlaneError, missing_binaries
-from devcluster.cluster import ControlPlane
-from devcluster.demo_queue import run_queue
+from devcluster.cluster import CONTROLLERS, ControlPlane
+from devcluster.demo_line import run_line
+from devcluster.demo_queues import run_queues
+from devcluster.demo_shell import DemoShell, empty_namespace, wait
 from devcluster.kubeclient import ExistingCluster, KubeClient
+from devcluster.kubelet_standin import KubeletStandIn
 from devcluster.nodes import LEAF_LABEL, SPINE_LABEL, create_nodes, make_sample_cluster
+from devcluster.scheduler import KubeScheduler
 from devcluster.users import ALICE
 from gpuledger.names import MUTATING_CONFIG
 
@@ -246,14 +256,21 @@ def print_ledger(stack) -> None:
         )
 
 
-def _free_node(kube: KubeClient, rows: list[Row]) -> str:
-    """An untainted node no sample workload uses: all 8 of its GPUs are free for the queue section."""
-    used = {r.node for r in rows}
-    for node in kube.get_json("nodes")["items"]:
-        name = node["metadata"]["name"]
-        if name not in used and not node["spec"].get("taints"):
-            return name
-    raise ControlPlaneError(f"no untainted node left with all GPUs free (used: {sorted(used)})")
+def wait_bound_as_placed(kube: KubeClient, stack, namespace: str) -> int:
+    """Until every pod with a placement is bound to its placement's node (kube-scheduler does it, honouring
+    the node affinity the webhook wrote); how many there are."""
+
+    def bound() -> int | None:
+        pods = [(p, stack.placement(p)) for p in kube.pods(namespace)]
+        placed = [(p, placement) for p, placement in pods if placement is not None]
+        return len(placed) if all(p["spec"].get("nodeName") == pl.node for p, pl in placed) else None
+
+    return wait(
+        kube,
+        bound,
+        "every placed pod bound to its node",
+        pods=lambda: [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in kube.pods(namespace)],
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,8 +308,11 @@ def main(argv: list[str] | None = None) -> int:
 
     cp: ControlPlane | None = None
     stack = None
+    scheduler: KubeScheduler | None = None
+    kubelet: KubeletStandIn | None = None
     kube: KubeClient
     started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="gpuledger-demo-"))
     try:
         if args.use_current_kubeconfig:
             kube = ExistingCluster(args.kubeconfig)
@@ -316,13 +336,20 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            print("starting etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 ...", flush=True)
-            cp = kube = ControlPlane().start()
-            print(f"  API server {cp.url} (kubeconfig {cp.kubeconfig})")
+            print(
+                "starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on 127.0.0.1 ...",
+                flush=True,
+            )
+            # the disruption controller keeps PodDisruptionBudgets' status, which reclaims respect
+            cp = kube = ControlPlane(controllers=(*CONTROLLERS, "disruption-controller")).start()
+            scheduler = KubeScheduler(cp).start()
+            print(f"  API server {cp.url}")
             create_nodes(cp.api_client(), make_sample_cluster())
+            kubelet = KubeletStandIn(cp).start()
             print(
                 "  16 GPU nodes x 8 GPUs: spines spine-0 (A100) and spine-1 (H100), leaves leaf-0..leaf-3; "
-                "node-3 of each leaf tainted nvidia.com/gpu=true:NoSchedule"
+                "node-3 of each leaf tainted nvidia.com/gpu=true:NoSchedule;\n"
+                "  a kubelet stand-in reports their bound pods running and ends the terminating ones"
             )
             installed, user = False, ALICE
         key = b""
@@ -340,22 +367,37 @@ def main(argv: list[str] | None = None) -> int:
                 "when this demo can verify them, i.e. never: the key stays in the cluster)"
             )
         kube.create_namespace(args.namespace, users=(ALICE,) if cp else ())
+        shell = DemoShell(kube, workdir)
         print(
-            f"\napplying sample workloads in namespace {args.namespace} with kubectl"
-            f"{' as user alice' if user else ''} ...\n",
-            flush=True,
+            f"\nTo run the commands shown below yourself (with --keep-running):\n"
+            f"  export KUBECONFIG={kube.kubeconfig}; cd {workdir}   # the manifests are there"
+        )
+        shell.heading(
+            1,
+            "Placement: where each pod goes, and why",
+            f"Sample workloads applied in namespace {args.namespace} with kubectl"
+            f"{' as user alice' if user else ''}; the webhook answers each pod with its node and GPUs.",
         )
         rows = run_workloads(kube, args.namespace, key, user)
         print_table(rows)
         if stack is not None:
             print_ledger(stack)
-        if cp is not None and stack is not None:
-            run_queue(cp, stack, args.namespace, _free_node(cp, rows))
+        if cp is not None and stack is not None and kubelet is not None:
+            bound = wait_bound_as_placed(cp, stack, args.namespace)
+            print(
+                f"\nkube-scheduler bound each of the {bound} placed pods to the node the ledger chose:\n"
+                f"$ kubectl get pods -n {args.namespace} -o wide"
+            )
+            empty_namespace(cp, stack, args.namespace)
+            run_line(cp, stack, shell, args.namespace)
+            run_queues(cp, stack, shell, kubelet)
+        else:
+            print("\n(parts 2 and 3 run on the demo's own control plane: `gpuledger demo` without flags)")
         print(f"\ndone in {time.monotonic() - started:.0f}s")
         if args.keep_running:
             print(
                 f"\nkeeping it running; try:\n  export KUBECONFIG={kube.kubeconfig}\n"
-                f"  kubectl get pods -n {args.namespace} -o wide\nCtrl-C to stop.",
+                f"  kubectl get pods -A -o wide\n  gpuledger queues\nCtrl-C to stop.",
                 flush=True,
             )
             stop = threading.Event()
@@ -365,12 +407,16 @@ def main(argv: list[str] | None = None) -> int:
                 pass
             print("stopping ...", flush=True)
         return 0
-    except (ControlPlaneError, OSError) as exc:
+    except (ControlPlaneError, OSError, TimeoutError) as exc:
         print(f"gpuledger demo: {exc}", file=sys.stderr)
         return 1
     finally:
+        if kubelet is not None:
+            kubelet.stop()
         if stack is not None:
             stack.stop()
+        if scheduler is not None:
+            scheduler.stop()
         if args.use_current_kubeconfig and not args.keep_running:
             kube.kubectl(
                 "delete", "namespace", args.namespace, "--wait=false", "--ignore-not-found", check=False
