@@ -91,7 +91,8 @@ test-fast: venv
 
 # local control plane (or the current kubeconfig with DEMO_ARGS=--use-current-kubeconfig), webhook + local Ray,
 # sample workloads. The demo drives the test control plane (devcluster/demo.py) of this checkout.
-demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,apiserver)
+# the demo's cluster needs only the control plane and kube-scheduler (no real node, no cluster DNS)
+demo: venv $(if $(findstring --use-current-kubeconfig,$(DEMO_ARGS)),,$(KUBE_APISERVER) $(KUBE_CONTROLLER_MANAGER) $(KUBE_SCHEDULER))
 	$(VENV)/bin/gpuledger demo $(DEMO_ARGS)
 
 # every benchmark, one after another (each prints ratios to a baseline measured in the same run)

@@ -33,7 +33,7 @@ from devcluster.demo_shell import DemoShell, empty_namespace, wait
 from devcluster.kubeclient import ExistingCluster, KubeClient
 from devcluster.kubelet_standin import KubeletStandIn
 from devcluster.nodes import LEAF_LABEL, SPINE_LABEL, create_nodes, make_sample_cluster
-from devcluster.scheduler import KubeScheduler
+from devcluster.scheduler import KubeScheduler, scheduler_binary
 from devcluster.users import ALICE
 from gpuledger.names import MUTATING_CONFIG
 
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             user = None
         else:
-            missing = missing_binaries()
+            missing = missing_binaries() + [str(b) for b in (scheduler_binary(),) if not b.exists()]
             if missing:
                 print(
                     f"gpuledger demo: missing {', '.join(missing)}; build them with `make apiserver`",
