@@ -14,7 +14,7 @@ COREDNS := $(GPULEDGER_CACHE)/coredns-v1.12.1
 export HELM_VERSION ?= 3.22.0
 HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
-.PHONY: all venv apiserver helm runtime image test test-fast lint demo bench bench-cluster simulate clean
+.PHONY: all venv apiserver helm runtime runtime-build image test test-fast lint demo bench bench-cluster simulate clean
 
 all: test
 
@@ -53,9 +53,18 @@ $(HELM):
 
 helm: $(HELM)
 
-# the real node's runtime (containerd, runc, CNI plugins, static busybox) from Debian's packages; installs only
-# what is missing (as root, or through sudo)
-runtime:
+# the real node's containerd 2 (+ its runc shim, ctr) and runc, built from their Go modules and cached outside
+# the repo (devcluster/build_runtime.sh; kubelet 1.36+ no longer supports Debian's containerd 1.6)
+export CONTAINERD_VERSION ?= 2.4.2
+CONTAINERD_BIN := $(GPULEDGER_CACHE)/containerd-v$(CONTAINERD_VERSION)/bin
+$(CONTAINERD_BIN)/runc:
+	bash devcluster/build_runtime.sh
+
+runtime-build: $(CONTAINERD_BIN)/runc
+
+# the real node's runtime: containerd 2 and runc built above, then the CNI plugins and static busybox from
+# Debian's packages; installs only what is missing (as root, or through sudo)
+runtime: runtime-build
 	@bash devcluster/runtime.sh || { echo "the real node's runtime could not be installed: run 'sudo bash devcluster/runtime.sh'" >&2; exit 1; }
 
 # the product image without docker or a registry, from the Dockerfile's recipe with Debian's packages

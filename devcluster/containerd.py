@@ -1,6 +1,9 @@
 """One containerd for one real node: its own root, state, sockets and CNI bridge network, all under the node's
 folder.
 
+containerd 2 (and its shim and runc) built from their Go modules into the cache (devcluster/build_runtime.sh)
+when present, with a version 3 config; otherwise Debian's containerd 1.6 from PATH, with a version 2 config.
+
 Binds only unix sockets and a loopback streaming port; never reads /etc/containerd nor uses the system's
 socket. `teardown` ends only what this containerd started (its shims, found by their -address), unmounts its
 mounts and removes its entries from libcni's cache, the one thing it writes outside the folder.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster import images
+from devcluster.binaries import CACHE
 from devcluster.processes import stop_process
 
 CNI_BIN_DIR = Path(
@@ -25,6 +30,46 @@ CNI_BIN_DIR = Path(
 )  # Debian's containernetworking-plugins
 CNI_CACHE = Path("/var/lib/cni/results")  # libcni's default cache, which containerd 1.6 does not let us move
 RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
+CONTAINERD_VERSION = os.environ.get("CONTAINERD_VERSION", "2.4.2")
+
+
+def runtime_bin_dir() -> Path | None:
+    """The cached containerd 2 build's bin/ (devcluster/build_runtime.sh) when it holds every runtime binary;
+    None: the runtime comes from PATH (Debian's containerd 1.6 and runc)."""
+    folder = Path(
+        os.environ.get("GPULEDGER_RUNTIME_BIN_DIR") or CACHE / f"containerd-v{CONTAINERD_VERSION}" / "bin"
+    )
+    return folder if all(os.access(folder / b, os.X_OK) for b in RUNTIME_BINARIES) else None
+
+
+def runtime_binary(name: str) -> str | None:
+    """Where `name` (one of RUNTIME_BINARIES) comes from: the cached build, else PATH; None if neither."""
+    folder = runtime_bin_dir()
+    return str(folder / name) if folder else shutil.which(name)
+
+
+def runtime_env() -> dict[str, str]:
+    """The environment containerd and ctr run with: the cached build's bin/ first on PATH, so containerd
+    starts its own shim (which finds runc there too)."""
+    env = dict(os.environ)
+    folder = runtime_bin_dir()
+    if folder:
+        env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', os.defpath)}"
+    return env
+
+
+@contextlib.contextmanager
+def _runtime_path():
+    """images.import_images runs `ctr` from PATH: the cached build's, while it runs."""
+    saved = os.environ.get("PATH")
+    os.environ["PATH"] = runtime_env()["PATH"]
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
 
 
 @dataclass
@@ -45,10 +90,14 @@ class Containerd:
     def log(self) -> Path:
         return self.folder / "containerd.log"
 
-    def config_toml(self) -> str:
-        runc = 'runtime_type = "io.containerd.runc.v2"\n'
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        return f"""version = 2
+    def config_toml(self, version: int | None = None) -> str:
+        """Version 3 (containerd 2's own, no migration at start) where the cached containerd 2 runs, else
+        version 2 (containerd 1.6)."""
+        version = version or (3 if runtime_bin_dir() else 2)
+        return self._config_v3() if version == 3 else self._config_v2()
+
+    def _common_toml(self, version: int) -> str:
+        return f"""version = {version}
 root = "{self.folder / "root"}"
 state = "{self.folder / "state"}"
 [grpc]
@@ -57,27 +106,70 @@ state = "{self.folder / "state"}"
   address = "{self.socket}.ttrpc"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{self.folder / "opt"}"
-[{cri}]
+"""
+
+    def _runc_toml(self, table: str) -> str:
+        """The runc runtime (and the GPU operator's `nvidia` handler, on a GPU node runc plus NVIDIA's
+        prestart hook): the cached runc where there is one, named by BinaryName."""
+        folder = runtime_bin_dir()
+        out = ""
+        for name in ("runc", "nvidia"):
+            out += f'[{table}.runtimes.{name}]\n  runtime_type = "io.containerd.runc.v2"\n'
+            if folder:
+                out += f'  [{table}.runtimes.{name}.options]\n    BinaryName = "{folder / "runc"}"\n'
+        return out
+
+    # these machines drop CAP_SYS_RESOURCE from every bounding set: runc could not lower a sandbox's
+    # oom_score_adj to the kubelet's -998 ("nsexec: failed to update /proc/self/oom_score_adj: Permission
+    # denied"), hence restrict_oom_score_adj
+    def _config_v2(self) -> str:
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return (
+            self._common_toml(2)
+            + f"""[{cri}]
   sandbox_image = "{images.PAUSE_IMAGE}"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   netns_mounts_under_state_dir = true
-  # these machines drop CAP_SYS_RESOURCE from every bounding set: runc could not lower a sandbox's
-  # oom_score_adj to the kubelet's -998 ("nsexec: failed to update /proc/self/oom_score_adj: Permission
-  # denied")
   restrict_oom_score_adj = true
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      {runc}
-    # the GPU operator's RuntimeClass handler; on a GPU node it is runc plus NVIDIA's prestart hook
-    [{cri}.containerd.runtimes.nvidia]
-      {runc}
-  [{cri}.cni]
-    bin_dir = "{CNI_BIN_DIR}"
-    conf_dir = "{self.folder / "net.d"}"
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
 """
+            + self._runc_toml(f"{cri}.containerd")
+            + f"""[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{self.folder / "net.d"}"
+"""
+        )
+
+    def _config_v3(self) -> str:
+        rt = 'plugins."io.containerd.cri.v1.runtime"'
+        img = 'plugins."io.containerd.cri.v1.images"'
+        return (
+            self._common_toml(3)
+            + f"""[{img}]
+  snapshotter = "overlayfs"
+[{img}.pinned_images]
+  sandbox = "{images.PAUSE_IMAGE}"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+# NRI (on by default in containerd 2) would listen on the host's one /var/run/nri/nri.sock
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+[{rt}]
+  netns_mounts_under_state_dir = true
+  restrict_oom_score_adj = true
+[{rt}.containerd]
+  default_runtime_name = "runc"
+"""
+            + self._runc_toml(f"{rt}.containerd")
+            + f"""[{rt}.cni]
+  bin_dirs = ["{CNI_BIN_DIR}"]
+  conf_dir = "{self.folder / "net.d"}"
+"""
+        )
 
     def cni_conflist(self) -> dict:
         """A bridge with no masquerade and, unless `gateway`, no gateway: pods get an address and no route
@@ -111,7 +203,8 @@ state = "{self.folder / "state"}"
         config.write_text(self.config_toml())
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                ["containerd", "--config", str(config)],
+                [runtime_binary("containerd") or "containerd", "--config", str(config)],
+                env=runtime_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -122,13 +215,16 @@ state = "{self.folder / "state"}"
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"containerd did not come up ({self.log}):\n{tail(self.log)}")
             time.sleep(0.1)
-        images.import_images(self.socket, images.build_images(image_cache))
+        with _runtime_path():
+            images.import_images(self.socket, images.build_images(image_cache))
 
     def _serving(self) -> bool:
         if not self.socket.exists():
             return False
         proc = subprocess.run(
-            ["ctr", "--address", str(self.socket), "version"], capture_output=True, timeout=10
+            [runtime_binary("ctr") or "ctr", "--address", str(self.socket), "version"],
+            capture_output=True,
+            timeout=10,
         )
         return proc.returncode == 0
 

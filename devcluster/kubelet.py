@@ -27,7 +27,14 @@ import yaml
 from devcluster import node_gpus
 from devcluster.binaries import CACHE, binary_path, free_port
 from devcluster.cluster import ControlPlane
-from devcluster.containerd import CNI_BIN_DIR, RUNTIME_BINARIES, Containerd, mounts_under, tail
+from devcluster.containerd import (
+    CNI_BIN_DIR,
+    RUNTIME_BINARIES,
+    Containerd,
+    mounts_under,
+    runtime_binary,
+    tail,
+)
 from devcluster.device_plugin import DEVICE_PLUGIN_DIR
 from devcluster.node_host import (
     RealNodeUnavailable,
@@ -61,7 +68,7 @@ def _started(part: Part | None, what: str) -> Part:
 
 
 def missing_parts() -> list[str]:
-    lacking = [f"{b} (bash devcluster/runtime.sh)" for b in RUNTIME_BINARIES if not shutil.which(b)]
+    lacking = [f"{b} (bash devcluster/build_runtime.sh)" for b in RUNTIME_BINARIES if not runtime_binary(b)]
     lacking += [
         f"{CNI_BIN_DIR}/{p} (bash devcluster/runtime.sh)"
         for p in ("bridge", "host-local", "loopback")

@@ -60,15 +60,27 @@ def test_rootfs_layer_is_busybox_and_its_applets_and_is_reproducible():
     assert images.rootfs_layer() == layer  # fixed mtimes and order: the same busybox, the same digests
 
 
-def test_containerd_config_keeps_to_its_folder_and_names_the_pause_image(tmp_path):
+@pytest.mark.parametrize("version", [2, 3])
+def test_containerd_config_keeps_to_its_folder_and_names_the_pause_image(tmp_path, version):
+    """Version 2 for Debian's containerd 1.6, version 3 for the cached containerd 2 (build_runtime.sh)."""
     ctd = Containerd(tmp_path, bridge="glbrtest", pod_cidr="10.244.3.0/24")
-    config = tomllib.loads(ctd.config_toml())
-    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    config = tomllib.loads(ctd.config_toml(version))
+    plugins = config["plugins"]
+    assert config["version"] == version
     assert config["grpc"]["address"] == str(tmp_path / "containerd.sock")
     assert all(str(config[k]).startswith(str(tmp_path)) for k in ("root", "state"))
-    assert cri["sandbox_image"] == images.PAUSE_IMAGE
-    assert cri["stream_server_address"] == "127.0.0.1" and cri["restrict_oom_score_adj"] is True
-    assert set(cri["containerd"]["runtimes"]) == {"runc", "nvidia"}
+    server = plugins["io.containerd.grpc.v1.cri"]
+    assert server["stream_server_address"] == "127.0.0.1"
+    if version == 2:
+        runtime = server
+        assert server["sandbox_image"] == images.PAUSE_IMAGE
+    else:
+        runtime = plugins["io.containerd.cri.v1.runtime"]
+        assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == images.PAUSE_IMAGE
+        assert plugins["io.containerd.nri.v1.nri"]["disable"] is True
+        assert runtime["cni"]["bin_dirs"] and runtime["cni"]["conf_dir"] == str(tmp_path / "net.d")
+    assert runtime["restrict_oom_score_adj"] is True
+    assert set(runtime["containerd"]["runtimes"]) == {"runc", "nvidia"}
     (bridge,) = ctd.cni_conflist()["plugins"]
     assert bridge["ipam"]["ranges"] == [[{"subnet": "10.244.3.0/24"}]] and not bridge["ipMasq"]
 
