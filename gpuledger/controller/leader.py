@@ -9,6 +9,7 @@ kopf's own peering was not used: replicas of equal priority both keep running th
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,16 +75,23 @@ class LeaseElector:
         self.lease_s, self.renew_deadline_s, self.retry_s = lease_s, renew_deadline_s, retry_s
         self.clock = clock
         self.last_renewed = 0.0
+        self.last_contact = 0.0  # when a Lease read last got an answer from the API server (`clock`)
+        # no call may hang longer than a renewal may take: a stop or a lost Lease is noticed within it
+        self.request_timeout_s = max(1.0, renew_deadline_s / 2)
 
     def _read(self) -> tuple[Any, LeaseView | None]:
         from kubernetes.client.rest import ApiException
 
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self.request_timeout_s
+            )
         except ApiException as err:
             if err.status == 404:
+                self.last_contact = self.clock()
                 return None, None
             raise
+        self.last_contact = self.clock()
         spec = lease.spec
         if spec is None:
             return lease, LeaseView(None, 0.0, self.lease_s)
@@ -112,7 +120,8 @@ class LeaseElector:
                 spec.update(acquireTime=_micro(now), leaseTransitions=0)
                 self.api.create_namespaced_lease(
                     self.namespace,
-                    cast(
+                    _request_timeout=self.request_timeout_s,
+                    body=cast(
                         Any,
                         {  # a dict body is sent as it is
                             "apiVersion": "coordination.k8s.io/v1",
@@ -128,7 +137,9 @@ class LeaseElector:
                         acquireTime=_micro(now), leaseTransitions=(view.transitions if view else 0) + 1
                     )
                 body = {"metadata": {"resourceVersion": lease.metadata.resource_version}, "spec": spec}
-                self.api.patch_namespaced_lease(self.name, self.namespace, body)
+                self.api.patch_namespaced_lease(
+                    self.name, self.namespace, body, _request_timeout=self.request_timeout_s
+                )
             else:
                 return False
         except ApiException as err:
@@ -154,12 +165,19 @@ class LeaseElector:
         acting before any other replica may take the Lease over)."""
         return self._still_valid(self.clock())
 
-    def acquire(self, stop: Callable[[], bool] = lambda: False) -> bool:
-        """Block until leader (True) or `stop()` (False)."""
-        while not stop():
+    def in_contact(self, within_s: float) -> bool:
+        """Did a Lease read reach the API server within the last `within_s` seconds."""
+        return bool(self.last_contact) and self.clock() - self.last_contact < within_s
+
+    def acquire(self, stop: threading.Event | None = None) -> bool:
+        """Block until leader (True) or until `stop` is set (False, at once: the wait between tries is on
+        `stop`)."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
             if self.try_once():
                 return True
-            time.sleep(self.retry_s)
+            if stop.wait(self.retry_s):
+                break
         return False
 
     def release(self) -> None:
@@ -174,6 +192,7 @@ class LeaseElector:
                         "metadata": {"resourceVersion": lease.metadata.resource_version},
                         "spec": {"holderIdentity": None, "leaseDurationSeconds": 1},
                     },
+                    _request_timeout=self.request_timeout_s,
                 )
         except Exception as err:  # noqa: BLE001 - best effort: the Lease expires anyway
             log.info("lease release: %s", err)
