@@ -206,3 +206,23 @@ def test_the_node_agents_ignored_xids_are_a_value():
     (one,) = [d for d in helm_template("nodeAgent.ignoreXids=31") if d["kind"] == "DaemonSet"]
     args = one["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--ignore-xids") + 1] == "31"
+
+
+def test_the_controllers_probe_port_is_a_value():
+    """controller.healthPort reaches --liveness-port, the named port and so every probe of the container."""
+    from gpuledger.controller.main import build_parser
+
+    (deployment,) = [
+        d
+        for d in helm_template("controller.healthPort=9091")
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpuledger"
+    ]
+    container = next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "controller"
+    )
+    assert build_parser().parse_args(container["args"][2:]).liveness_port == 9091
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert ports[container[probe]["httpGet"]["port"]] == 9091
+    assert "must differ" in helm_fails("controller.healthPort=8080")
+    assert "/controller/healthPort" in helm_fails("controller.healthPort=0")
