@@ -21,26 +21,34 @@ from dataclasses import dataclass, is_dataclass, replace
 from itertools import islice, repeat
 from typing import Any
 
-from gpuledger.core.adoption import Adoption
-from gpuledger.core.books import GroupState, LedgerConfig, Reservation, slot_hid
-from gpuledger.core.decisions import Decider
-from gpuledger.core.diagnosis import Diagnoser, describe
-from gpuledger.core.filters import Filters, bandwidth_unchecked, with_warning
-from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
-from gpuledger.core.gpu_queues import QueueSet
-from gpuledger.core.held_plans import HeldPlan, HeldPlans
-from gpuledger.core.ledger_view import LedgerView
+from gpuledger.core.books.adoption import Adoption
+from gpuledger.core.books.books import GroupState, LedgerConfig, Reservation, slot_hid
+from gpuledger.core.books.topology import Topology
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
-from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
-from gpuledger.core.queue_book import QueueBook
-from gpuledger.core.queue_gate import QueueGate
-from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
-from gpuledger.core.quotas import Capacity, Usage
-from gpuledger.core.selection import Selector
+from gpuledger.core.passes.held_plans import HeldPlan, HeldPlans
+from gpuledger.core.placing.decisions import Decider
+from gpuledger.core.placing.diagnosis import Diagnoser, describe
+from gpuledger.core.placing.filters import Filters, bandwidth_unchecked, with_warning
+from gpuledger.core.placing.gangs import Gangs, GroupPlan, SlotClaim
+from gpuledger.core.placing.selection import Selector
+from gpuledger.core.queues.gpu_queues import QueueSet
+from gpuledger.core.queues.ledger_view import LedgerView
+from gpuledger.core.queues.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
+from gpuledger.core.queues.queue_book import QueueBook
+from gpuledger.core.queues.queue_gate import QueueGate
+from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
+from gpuledger.core.queues.quotas import Capacity, Usage
+from gpuledger.core.queues.waiting import (
+    LineEntry,
+    Placed,
+    Waiter,
+    Waiting,
+    WaitingLine,
+    rank_of,
+    waiting_answer,
+)
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
 from gpuledger.core.steps import Steps, drain
-from gpuledger.core.topology import Topology
-from gpuledger.core.waiting import LineEntry, Placed, Waiter, Waiting, WaitingLine, rank_of, waiting_answer
 from gpuledger.names import WHEN_FULL, WHEN_FULL_REFUSE
 
 __all__ = [
@@ -203,9 +211,9 @@ class Ledger:
         may_wait: bool = True,
         backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S,
     ) -> Placement | Denial | Waiting:
-        """Admission with the line in mind (gpuledger.core.waiting): a placement when the request fits now
-        and no one waits ahead of it for what it would take; else, when it could fit the cluster were every
-        GPU free, `Waiting` (nothing reserved; `may_wait=False` turns that into a denial); else today's
+        """Admission with the line in mind (gpuledger.core.queues.waiting): a placement when the request fits
+        now and no one waits ahead of it for what it would take; else, when it could fit the cluster were
+        every GPU free, `Waiting` (nothing reserved; `may_wait=False` turns that into a denial); else today's
         denial."""
         existing = self._books.reservations.get(request.id)
         if existing is not None:
@@ -272,8 +280,8 @@ class Ledger:
     def plan_preemptions(self, now: float, most: int = 8) -> list[HeldPlan]:
         """Plan preemptions for waiting workloads that do not fit now (the heads of the line, in the fair
         order; at most `most` tried a pass, and one that found no plan is not tried again until something
-        changed): each plan found is held, its nodes kept for its preemptor (gpuledger.core.held_plans).
-        The new plans; none while no GPUQueue exists."""
+        changed): each plan found is held, its nodes kept for its preemptor
+        (gpuledger.core.passes.held_plans). The new plans; none while no GPUQueue exists."""
         book, plans = self._queues, self._plans
         queues = book.queues
         gate = self._gate()
@@ -413,7 +421,8 @@ class Ledger:
         return min((w.arrival for wid, w in queued.items() if wid not in reserved), default=None)
 
     def could_fit(self, request: Request) -> bool:
-        """Whether the request would fit the cluster were every GPU free (gpuledger.core.ever_fits)."""
+        """Whether the request would fit the cluster were every GPU free
+        (gpuledger.core.placing.ever_fits)."""
         return self._waiting.could_fit(bandwidth_unchecked(request, self._books.index)[0])
 
     def waiting_answer(self, request: Request, now: float, denial: Denial) -> Waiting:
@@ -610,7 +619,7 @@ class Ledger:
 
     def conflicts(self) -> list[list[str]]:
         """[pod, reservation id, why] for every stored pod holding a placement it does not own (a copy, or a
-        second holder of one id): counted as foreign use on its node (gpuledger.core.claims)."""
+        second holder of one id): counted as foreign use on its node (gpuledger.core.books.claims)."""
         return self._adoption.claims.conflicts()
 
     def reservations(self) -> dict[str, Reservation]:
@@ -621,7 +630,7 @@ class Ledger:
 
     def device_corrections(self) -> list[list]:
         """[pod, reservation id, node, devices its placement names, devices its node's kubelet says it holds]
-        for every stored pod the ledger records on the kubelet's devices (gpuledger.core.truth)."""
+        for every stored pod the ledger records on the kubelet's devices (gpuledger.core.books.truth)."""
         return self._adoption.truth.corrections()
 
     def device_conflicts(self) -> list[list[str]]:

@@ -2,7 +2,7 @@
 
 Plain frozen dataclasses so that decisions can be compared, hashed, pickled across Ray and
 rebuilt from the API server; nothing here knows about Kubernetes client objects, Ray or HTTP.
-Kubernetes objects enter as plain dicts and are turned into these by `gpuledger.core.objects`.
+Kubernetes objects enter as plain dicts and are turned into these by `gpuledger.core.pods.objects`.
 """
 
 from __future__ import annotations

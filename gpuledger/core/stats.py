@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuledger.core.books import Books
+from gpuledger.core.books.books import Books
 from gpuledger.core.model import MILLI_PER_GPU
 
 
@@ -50,9 +50,9 @@ class LedgerStats:
     leaves: tuple[DomainStats, ...] = ()
     spines: tuple[DomainStats, ...] = ()
     conflicts: int = 0  # stored pods holding a placement they do not own (Ledger.conflicts)
-    # what the nodes' agents said against the ledger (gpuledger.core.truth): placements holding the kubelet's
-    # devices instead of their own, placements whose devices the kubelet says another pod holds, and pending
-    # reservations moved off such devices (since the ledger started; the others are current)
+    # what the nodes' agents said against the ledger (gpuledger.core.books.truth): placements holding the
+    # kubelet's devices instead of their own, placements whose devices the kubelet says another pod holds, and
+    # pending reservations moved off such devices (since the ledger started; the others are current)
     device_corrections: int = 0
     device_conflicts: int = 0
     devices_moved: int = 0
@@ -74,8 +74,8 @@ class LedgerStats:
 
 
 def ledger_stats(books: Books) -> LedgerStats:
-    """From the totals the index keeps per leaf as nodes and holdings change (gpuledger.core.inventory): a
-    report costs a pass over the leaves, not the nodes (every /metrics scrape asks, and the actor answers
+    """From the totals the index keeps per leaf as nodes and holdings change (gpuledger.core.nodes.inventory):
+    a report costs a pass over the leaves, not the nodes (every /metrics scrape asks, and the actor answers
     nothing else meanwhile: the node walk took ~12 ms at 10,000 nodes)."""
     index = books.index
     leaf_stats = [

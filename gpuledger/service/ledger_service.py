@@ -30,7 +30,7 @@ from gpuledger.core.model import (
     ReservationState,
     Taint,
 )
-from gpuledger.core.objects import (
+from gpuledger.core.pods.objects import (
     Binding,
     binding_mismatch,
     binding_of,
@@ -39,13 +39,7 @@ from gpuledger.core.objects import (
     encode_placement,
     iter_objects,
 )
-from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S
-from gpuledger.core.queue_rule import Entry as QueueEntry
-from gpuledger.core.queue_rule import Plan as QueuePlan
-from gpuledger.core.queue_rule import Verdict as QueueVerdict
-from gpuledger.core.queue_rule import order as queue_order
-from gpuledger.core.queue_rule import plan as queue_plan
-from gpuledger.core.request import (
+from gpuledger.core.pods.request import (
     AnnotationError,
     PodRequestConfig,
     controller_owner,
@@ -54,9 +48,15 @@ from gpuledger.core.request import (
     request_from_pod,
     seed_for,
 )
+from gpuledger.core.pods.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
+from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
+from gpuledger.core.queues.queue_rule import Entry as QueueEntry
+from gpuledger.core.queues.queue_rule import Plan as QueuePlan
+from gpuledger.core.queues.queue_rule import Verdict as QueueVerdict
+from gpuledger.core.queues.queue_rule import order as queue_order
+from gpuledger.core.queues.queue_rule import plan as queue_plan
+from gpuledger.core.queues.waiting import device_annotations, wants
 from gpuledger.core.steps import Steps, drain
-from gpuledger.core.waiting import device_annotations, wants
-from gpuledger.core.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.live_settings import SETTINGS_HISTORY, LiveSettings
 from gpuledger.service.preemption_orders import Eviction, EvictionRefused, PreemptionOrder
@@ -222,8 +222,8 @@ class ServiceStats(LedgerStats):
     settings: Mapping[str, Any] = field(default_factory=dict)
     recoveries: Recoveries | None = None
     served: ServedCalls | None = None
-    # pods waiting in line for GPUs (gpuledger.core.waiting), those placing left out: by priority, and how
-    # long the first to arrive has waited
+    # pods waiting in line for GPUs (gpuledger.core.queues.waiting), those placing left out: by priority, and
+    # how long the first to arrive has waited
     waiting: int = 0
     waiting_by_priority: Mapping[int, int] = field(default_factory=dict)
     waiting_oldest_s: float = 0.0
@@ -268,7 +268,8 @@ class LedgerService(LiveSettings):
         self._claimed: dict[str, str] = {}
         # which cluster sync may write the ledger (one at a time; gpuledger.service.sync_writer)
         self.sync_writer = SyncWriter(incarnation=incarnation)
-        # how long a waiting pod may be passed over by smaller ones behind it (gpuledger.core.queue_rule)
+        # how long a waiting pod may be passed over by smaller ones behind it
+        # (gpuledger.core.queues.queue_rule)
         self.backfill_window_s = DEFAULT_BACKFILL_WINDOW_S
         self.rebuild_from_source(now)
 
@@ -491,9 +492,9 @@ class LedgerService(LiveSettings):
 
     # ---------------------------------------------------------------- the line of waiting pods
     def place_waiting(self, now: float, holder: str | None = None) -> list[PlacedPod]:
-        """Place the waiting pods that fit now, in line order (gpuledger.core.waiting), each reserved at once
-        (RESERVED, and replayed by a resync like an admission's until its pod comes back placed). Only the
-        sync holding the ledger's sync lease asks: its placement adapter writes them, and two writing the
+        """Place the waiting pods that fit now, in line order (gpuledger.core.queues.waiting), each reserved
+        at once (RESERVED, and replayed by a resync like an admission's until its pod comes back placed). Only
+        the sync holding the ledger's sync lease asks: its placement adapter writes them, and two writing the
         same pods would race."""
         if not self.synced:
             return []
@@ -615,7 +616,7 @@ class LedgerService(LiveSettings):
             "external_source": self.external_source,
             "rebuilds": self.rebuilds,
             "pending": len(self._pending),
-            # pods admitted gated, in line for GPUs (gpuledger.core.waiting), by priority
+            # pods admitted gated, in line for GPUs (gpuledger.core.queues.waiting), by priority
             "waiting": self.ledger.waiting_count(),
             "waiting_by_priority": self.ledger.waiting_by_priority(),
             "default_strategy": self.settings.default_strategy,
@@ -623,9 +624,9 @@ class LedgerService(LiveSettings):
             "settings_changed_at": self.changed_at,
             # stored pods holding a placement they do not own: the sync counts new ones and posts an Event
             "conflicts": self.ledger.conflicts()[:MAX_CONFLICTS_REPORTED],
-            # what the nodes' kubelets said against the ledger (gpuledger.core.truth): pods recorded on the
-            # devices the kubelet gave them, and pods whose devices the kubelet says another pod holds; the
-            # sync counts new ones and posts an Event on each pod
+            # what the nodes' kubelets said against the ledger (gpuledger.core.books.truth): pods recorded on
+            # the devices the kubelet gave them, and pods whose devices the kubelet says another pod holds;
+            # the sync counts new ones and posts an Event on each pod
             "device_corrections": self.ledger.device_corrections()[:MAX_CONFLICTS_REPORTED],
             "device_conflicts": self.ledger.device_conflicts()[:MAX_CONFLICTS_REPORTED],
             # the cluster sync writing the ledger now (gpuledger.service.sync_writer); its term ends at

@@ -1,5 +1,5 @@
 """What the ledger asks the cluster sync to carry out for a preemption it planned: the wire format between the
-ledger (gpuledger.core.preemption decides; the service hands out orders) and the eviction adapter
+ledger (gpuledger.core.queues.preemption decides; the service hands out orders) and the eviction adapter
 (gpuledger.sync.evictor acts).
 
 The order of acts is what keeps a crash harmless: the adapter first writes `record` on the preemptor pod as
@@ -21,7 +21,7 @@ class Eviction:
     namespace: str
     name: str
     uid: str  # the pod evicted must still be this one (the Eviction's deleteOptions precondition)
-    rule: str  # gpuledger.core.preemption.Rule's value: "reclaim", "priority" or "critical"
+    rule: str  # gpuledger.core.queues.preemption.Rule's value: "reclaim", "priority" or "critical"
     why: str  # the rule's sentence, for the Events, e.g. "queue team-a borrows 8 GPUs team-b lent"
 
 

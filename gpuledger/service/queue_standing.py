@@ -2,9 +2,9 @@
 
 The operator's read (`gpuledger queues`, `gpuledger status`) may not reach into gpuledger.core, and must not
 count by a rule of its own: this module hands it the core's answers. GPUQueue objects are parsed by
-gpuledger.core.gpu_queues (the same refusals), Nodes by gpuledger.core.objects (their product, CPU and
-memory), use is counted by gpuledger.core.quotas, and the share and the fair order are
-gpuledger.core.fair_share's.
+gpuledger.core.queues.gpu_queues (the same refusals), Nodes by gpuledger.core.pods.objects (their product, CPU
+and memory), use is counted by gpuledger.core.queues.quotas, and the share and the fair order are
+gpuledger.core.queues.fair_share's.
 
 The ledger's own read (`queue_status`: each GPUQueue's `.status`) goes through `standing_of` and
 `status_body` with the ledger's books in place of the API objects, so both say the same.
@@ -18,12 +18,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger.core.fair_share import dominant_share, queue_key, quota_used
-from gpuledger.core.gpu_queues import ANY_PRODUCT, QueueError, QueueSet, queue_from_object
 from gpuledger.core.model import MILLI_PER_GPU
-from gpuledger.core.objects import node_from_object
-from gpuledger.core.queue_book import namespace_queue
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use
+from gpuledger.core.pods.objects import node_from_object
+from gpuledger.core.queues.fair_share import dominant_share, queue_key, quota_used
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, QueueError, QueueSet, queue_from_object
+from gpuledger.core.queues.queue_book import namespace_queue
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Usage, Use
 
 __all__ = [
     "ANY_PRODUCT",
@@ -210,7 +210,7 @@ def status_body(q: QueueStanding, waiting: int) -> dict[str, Any]:
 
 def _capacity(nodes: Iterable[dict], held: list[Held]) -> tuple[Capacity, dict[str, str]]:
     """The cluster's GPU nodes summed by product (healthy GPUs; free only on placeable nodes), as the ledger
-    counts them (gpuledger.core.ledger_view), and each node's product."""
+    counts them (gpuledger.core.queues.ledger_view), and each node's product."""
     held_on: dict[str, int] = {}
     for h in held:
         held_on[h.node] = held_on.get(h.node, 0) + h.milli

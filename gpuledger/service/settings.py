@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpuledger.core.ledger import LedgerConfig
-from gpuledger.core.plugin import DEFAULT_BALANCED_WEIGHTS
-from gpuledger.core.registry import canonical_name, strategy_names
+from gpuledger.core.plugins.plugin import DEFAULT_BALANCED_WEIGHTS
+from gpuledger.core.plugins.registry import canonical_name, strategy_names
 
 __all__ = [
     "DEFAULT_SCORING_WEIGHTS",

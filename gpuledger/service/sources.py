@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpuledger.core.objects import iter_objects, kind_of
+from gpuledger.core.pods.objects import iter_objects, kind_of
 from gpuledger.names import RESERVATION_ID_KEY
 
 

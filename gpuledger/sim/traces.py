@@ -207,7 +207,7 @@ def read_yaml_objects(path: str | Path) -> list[dict]:
 
 def node_from_yaml(obj: dict) -> NodeInfo:
     """A Node object as NodeInfo, through the core's parser so that labels, taints and devices agree."""
-    from gpuledger.core import objects as kube  # the core's one Node parser
+    from gpuledger.core.pods import objects as kube  # the core's one Node parser
 
     return kube.node_from_object(obj)
 
@@ -217,8 +217,8 @@ def request_from_yaml(obj: dict, index: int) -> Request:
 
     A pod that needs no GPU still takes CPU and memory on its node, so it becomes a CPU-only Request.
     """
-    from gpuledger.core import pod_spec
-    from gpuledger.core import request as pod_request  # the webhook's pure pod -> Request parser
+    from gpuledger.core.pods import pod_spec
+    from gpuledger.core.pods import request as pod_request  # the webhook's pure pod -> Request parser
 
     meta = obj.get("metadata") or {}
     request_id = str(meta.get("name") or f"pod-{index}")

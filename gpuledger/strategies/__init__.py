@@ -9,7 +9,7 @@ at the first node that fits instead of scanning every node. See docs/allocator.m
 
 from __future__ import annotations
 
-from gpuledger.core.plugin import (  # noqa: F401  (re-exported: the interface a plug-in strategy implements)
+from gpuledger.core.plugins.plugin import (  # noqa: F401  (re-exported: the interface a plug-in strategy implements)
     DEFAULT_BALANCED_WEIGHTS,
     Fit,
     ScoreContext,
@@ -20,7 +20,7 @@ from gpuledger.core.plugin import (  # noqa: F401  (re-exported: the interface a
     device_ok,
     product_matches,
 )
-from gpuledger.core.registry import (  # noqa: F401  (re-exported)
+from gpuledger.core.plugins.registry import (  # noqa: F401  (re-exported)
     accepted_names,
     canonical_name,
     get_strategy,

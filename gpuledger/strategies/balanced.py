@@ -5,7 +5,7 @@ The weights and the history are inputs (`ctx.balanced_weights`, `ctx.performance
 from __future__ import annotations
 
 from gpuledger.core.model import MILLI_PER_GPU
-from gpuledger.core.plugin import Strategy
+from gpuledger.core.plugins.plugin import Strategy
 
 
 class Balanced(Strategy):

@@ -4,7 +4,7 @@ Its candidate walk must order nodes exactly as `score` does; a subclass that cha
 
 from __future__ import annotations
 
-from gpuledger.core.plugin import Strategy
+from gpuledger.core.plugins.plugin import Strategy
 from gpuledger.strategies.walks import best_fit_cost, best_fit_walk
 
 

@@ -4,7 +4,7 @@ The mirror of `consolidated`; its walk must follow the same (leaf total, node fr
 
 from __future__ import annotations
 
-from gpuledger.core.plugin import Strategy
+from gpuledger.core.plugins.plugin import Strategy
 from gpuledger.strategies.walks import leaf_walk
 
 

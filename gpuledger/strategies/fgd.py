@@ -8,7 +8,7 @@ from __future__ import annotations
 import weakref
 
 from gpuledger.core.model import MILLI_PER_GPU, DeviceShare, Request
-from gpuledger.core.plugin import Fit, ScoreContext, Strategy, choose_whole_devices, device_ok
+from gpuledger.core.plugins.plugin import Fit, ScoreContext, Strategy, choose_whole_devices, device_ok
 from gpuledger.strategies.fgd_classes import StateClasses
 from gpuledger.strategies.fragmentation import (
     WORKLOAD_KEY,

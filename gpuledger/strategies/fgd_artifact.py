@@ -26,7 +26,7 @@ import weakref
 from functools import partial
 
 from gpuledger.core.model import DeviceShare
-from gpuledger.core.plugin import Fit, device_ok
+from gpuledger.core.plugins.plugin import Fit, device_ok
 from gpuledger.strategies.fgd import FragmentationGradientDescent, _free_vector
 
 
@@ -144,7 +144,7 @@ VARIANTS: dict[str, tuple[bool, str, bool]] = {
 
 def register_variants() -> None:
     """Make the variants selectable by name (the simulator does this; the webhook never does)."""
-    from gpuledger.core.registry import register
+    from gpuledger.core.plugins.registry import register
 
     for name in VARIANTS:
         register(name, partial(_named, name))

@@ -7,7 +7,7 @@ cluster terms).
 from __future__ import annotations
 
 from gpuledger.core.model import DeviceShare
-from gpuledger.core.plugin import Fit, Strategy, default_choose_devices, device_ok
+from gpuledger.core.plugins.plugin import Fit, Strategy, default_choose_devices, device_ok
 from gpuledger.strategies.walks import bucket_walk
 
 # a score is -(load %) * LOAD_WEIGHT + free capacity: load decides, free capacity (< LOAD_WEIGHT) breaks ties

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import zlib
 
-from gpuledger.core.plugin import Strategy
+from gpuledger.core.plugins.plugin import Strategy
 
 
 class RandomChoice(Strategy):

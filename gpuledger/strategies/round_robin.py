@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from gpuledger.core.plugin import Strategy
+from gpuledger.core.plugins.plugin import Strategy
 
 
 class RoundRobin(Strategy):

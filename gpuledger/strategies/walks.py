@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from gpuledger.core.model import MILLI_PER_GPU, Request
 
 if TYPE_CHECKING:
-    from gpuledger.core.inventory import ClusterIndex
-    from gpuledger.core.node_state import LeafKey, NodeState
+    from gpuledger.core.nodes.inventory import ClusterIndex
+    from gpuledger.core.nodes.node_state import LeafKey, NodeState
 
 
 def bucket_walk(

@@ -1,6 +1,6 @@
 """What the nodes' kubelets said against the ledger, told to the pods it concerns: the cluster sync reads the
-ledger's device corrections and device conflicts (gpuledger.core.truth, through the service's status), counts
-each new one once and posts an Event on its pod (best effort, like the placement conflicts' Events).
+ledger's device corrections and device conflicts (gpuledger.core.books.truth, through the service's status),
+counts each new one once and posts an Event on its pod (best effort, like the placement conflicts' Events).
 
 GPUDevicesCorrected (Normal): the ledger now records the devices the kubelet gave the pod, not the ones its
 placement named. GPUDeviceConflict (Warning): the kubelet says another pod holds the devices the pod's

@@ -1,7 +1,7 @@
 """The placement adapter: writes what the ledger placed for a waiting pod, then removes its scheduling gate.
 
-A pod that waits was admitted gated (gpuledger.core.waiting). When GPUs free (a pod ends or is deleted, a
-node or device comes back, a reservation expires) the cluster sync's forwarding thread, right after applying
+A pod that waits was admitted gated (gpuledger.core.queues.waiting). When GPUs free (a pod ends or is deleted,
+a node or device comes back, a reservation expires) the cluster sync's forwarding thread, right after applying
 the events that freed them, asks the ledger for the next placements (`place_waiting`, one call; the ledger
 reserves each at once, so nothing is promised twice). This module then writes, in one JSON patch per pod,
 only what the API server lets a gated pod change: annotations (the signed placement, the devices its

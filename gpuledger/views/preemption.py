@@ -1,7 +1,7 @@
 """Reading the ledger's preemption words for display: the victims of a plan and the rule that allows each.
 
-The ledger explains a pod that would wait in one line (gpuledger.core.preemption.describe_plan, after its
-queue's refusal when there is one): `<preemptor> preempts <n> workload(s): <victim>; <victim>...`, each
+The ledger explains a pod that would wait in one line (gpuledger.core.queues.preemption.describe_plan, after
+its queue's refusal when there is one): `<preemptor> preempts <n> workload(s): <victim>; <victim>...`, each
 victim `<workload> (<gpus> GPU(s); <rule>: <why>)`; or `<preemptor> cannot preempt: <reason>`; or
 `<preemptor> fits without preempting anything`. This splits that line into its parts, so `gpuledger
 explain` can show one victim a line, and never raises on words it does not know (they are shown whole).

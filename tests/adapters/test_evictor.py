@@ -380,7 +380,7 @@ def test_the_ledgers_own_plan_is_carried_out_and_the_preemptor_placed_on_the_nod
     the placer writes the preemptor's placement on the node it freed. The queues' status shows it."""
     from devcluster.cluster import WEBHOOK_USER
     from devcluster.nodes import create_nodes, make_node
-    from gpuledger.core.placement_codec import Binding, encode_placement
+    from gpuledger.core.pods.placement_codec import Binding, encode_placement
     from gpuledger.names import (
         GPU_RESOURCE,
         PLACEMENT_ANNOTATION,

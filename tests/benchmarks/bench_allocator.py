@@ -31,9 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from gpuledger.core import objects as kube  # noqa: E402
 from gpuledger.core.ledger import Ledger, LedgerConfig  # noqa: E402
 from gpuledger.core.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
+from gpuledger.core.pods import objects as kube  # noqa: E402
 from gpuledger.service.ledger_service import AdmitCall  # noqa: E402
 from gpuledger.strategies import Strategy  # noqa: E402
 
@@ -102,7 +102,7 @@ def naive_rate(nodes, count, strategy) -> float:
 
 
 def naive_rates(nodes, count, strategy) -> tuple[float, float]:
-    import gpuledger.core.registry as registry
+    import gpuledger.core.plugins.registry as registry
 
     led = fresh(nodes, strategy)
     canonical = registry.canonical_name(strategy)

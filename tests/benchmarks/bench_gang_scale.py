@@ -37,8 +37,8 @@ if str(ROOT) not in sys.path:
 import gpuledger.strategies  # noqa: E402,F401  (the strategies register themselves)
 from gpuledger.core.ledger import LedgerConfig  # noqa: E402
 from gpuledger.core.model import Placement  # noqa: E402
-from gpuledger.core.placement_codec import Binding, decode_placement, encode_placement  # noqa: E402
-from gpuledger.core.request import request_from_pod  # noqa: E402
+from gpuledger.core.pods.placement_codec import Binding, decode_placement, encode_placement  # noqa: E402
+from gpuledger.core.pods.request import request_from_pod  # noqa: E402
 from gpuledger.service.ledger_service import AdmitCall, LedgerService  # noqa: E402
 from tests.benchmarks.bench_cluster import GPUS_PER_NODE, cluster_nodes  # noqa: E402  (the same cluster)
 

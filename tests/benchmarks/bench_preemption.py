@@ -24,11 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, ProductQuota, QueueSet  # noqa: E402
-from gpuledger.core.ledger_view import LedgerView  # noqa: E402
 from gpuledger.core.model import GroupSpec, Placement, Request  # noqa: E402
-from gpuledger.core.preemption import Plan, Planner, Preemptor, Running  # noqa: E402
-from gpuledger.core.quotas import Usage  # noqa: E402
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, GPUQueue, ProductQuota, QueueSet  # noqa: E402
+from gpuledger.core.queues.ledger_view import LedgerView  # noqa: E402
+from gpuledger.core.queues.preemption import Plan, Planner, Preemptor, Running  # noqa: E402
+from gpuledger.core.queues.quotas import Usage  # noqa: E402
 from tests.benchmarks.bench_allocator import cluster, fresh  # noqa: E402
 
 

@@ -3,13 +3,13 @@
     .venv/bin/python tests/benchmarks/bench_waiting.py                 # 65,000 nodes, 10,000 waiting pods
     .venv/bin/python tests/benchmarks/bench_waiting.py --nodes 5000 --waiting 2000 --events 100
 
-A full cluster (every GPU held by a stored pod), then `--waiting` pods admitted gated (gpuledger.core.waiting)
-of mixed shapes: 1, 2, 4 or 8 GPUs, three priorities, four namespaces, and a share of gangs. Each freeing
-event deletes one stored pod (its GPUs free) and runs the pass that places whatever now fits, in line order
-(`Ledger.place_waiting`); the time of that pass is the figure, against the 5 ms target. The baseline is the
-same pass done the naive way, measured in the same run on a few events: every waiting pod asked afresh, in
-line order (gpuledger.core.queue_rule.plan over one dry run each), which is what a line without the index by
-shape costs.
+A full cluster (every GPU held by a stored pod), then `--waiting` pods admitted gated
+(gpuledger.core.queues.waiting) of mixed shapes: 1, 2, 4 or 8 GPUs, three priorities, four namespaces, and a
+share of gangs. Each freeing event deletes one stored pod (its GPUs free) and runs the pass that places
+whatever now fits, in line order (`Ledger.place_waiting`); the time of that pass is the figure, against the 5
+ms target. The baseline is the same pass done the naive way, measured in the same run on a few events: every
+waiting pod asked afresh, in line order (gpuledger.core.queues.queue_rule.plan over one dry run each), which
+is what a line without the index by shape costs.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ if ROOT not in sys.path:
 from gpuledger import strategies  # noqa: E402, F401  (registers the built-in strategies)
 from gpuledger.core.ledger import Ledger, LedgerConfig, Waiting  # noqa: E402
 from gpuledger.core.model import Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
-from gpuledger.core.placement_codec import Binding, encode_placement  # noqa: E402
-from gpuledger.core.queue_rule import Entry, Verdict, plan  # noqa: E402
-from gpuledger.core.waiting_codec import WaitTicket, encode_waiting  # noqa: E402
+from gpuledger.core.pods.placement_codec import Binding, encode_placement  # noqa: E402
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting  # noqa: E402
+from gpuledger.core.queues.queue_rule import Entry, Verdict, plan  # noqa: E402
 from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION  # noqa: E402
 
 KEY = b"bench-waiting"

@@ -485,7 +485,7 @@ def raw_admission_rate(handle, n: int) -> float:
     """One admission per actor call, sequential: the rate of a webhook that did not batch."""
     import ray
 
-    from gpuledger.core.request import request_from_pod
+    from gpuledger.core.pods.request import request_from_pod
     from gpuledger.service.ledger_service import AdmitCall
 
     pod = json.loads(_pod_body(0, "raw"))["request"]["object"]

@@ -1,6 +1,6 @@
 """The operator's view of GPU queues: quota, used, borrowed, lendable, share and the waiting line per queue,
-read from API objects; its figures are the core's own (gpuledger.core.quotas and .fair_share) for the same
-cluster, and `gpuledger status` shows them in a short section."""
+read from API objects; its figures are the core's own (gpuledger.core.queues.quotas and .fair_share) for the
+same cluster, and `gpuledger status` shows them in a short section."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from gpuledger.cli.common import render_text
 from gpuledger.cli.queues import queues_table, quotas_table, summary_table, waiting_table
 from gpuledger.cli.snapshot import Snapshot
 from gpuledger.cli.status import status_data
-from gpuledger.core.fair_share import dominant_share, quota_used
-from gpuledger.core.gpu_queues import queue_set_from_objects
 from gpuledger.core.model import Placement
-from gpuledger.core.placement_codec import encode_placement
-from gpuledger.core.quotas import Capacity, ProductCapacity, Use, usage_by_namespace
+from gpuledger.core.pods.placement_codec import encode_placement
+from gpuledger.core.queues.fair_share import dominant_share, quota_used
+from gpuledger.core.queues.gpu_queues import queue_set_from_objects
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Use, usage_by_namespace
 from gpuledger.names import PLACEMENT_ANNOTATION, PRODUCT_LABEL
 from gpuledger.service.queue_standing import QueueError
 from gpuledger.views.queues import queues_view

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpuledger.controller import crds
-from gpuledger.core.gpu_queues import GPUQueue, ProductQuota, queue_from_object
+from gpuledger.core.queues.gpu_queues import GPUQueue, ProductQuota, queue_from_object
 from gpuledger.names import GPUQUEUE_PLURAL, QUEUE_API_VERSION, QUEUE_GROUP
 from tests.cli.conftest import parse_table
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpuledger.core import objects as kube
 from gpuledger.core.model import Placement
+from gpuledger.core.pods import objects as kube
 
 
 def node(
@@ -109,8 +109,8 @@ def rebuilt_the_long_way(objects: list[dict], config) -> dict:
     property tests compare it with the shortcuts' rebuild and the live one."""
     from unittest import mock
 
-    from gpuledger.core import adoption
-    from gpuledger.core.claims import Claims
+    from gpuledger.core.books import adoption
+    from gpuledger.core.books.claims import Claims
     from gpuledger.core.ledger import Ledger
 
     with (
@@ -126,7 +126,7 @@ def rebuilt_without_adopting_at_once(objects: list[dict], config) -> dict:
     property tests compare it too, so both shortcuts stay tested on their own."""
     from unittest import mock
 
-    from gpuledger.core.adoption import Adoption
+    from gpuledger.core.books.adoption import Adoption
     from gpuledger.core.ledger import Ledger
 
     with mock.patch.object(Adoption, "_adopt_at_once", return_value=False):

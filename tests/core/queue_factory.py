@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import gpuledger.strategies  # noqa: F401 - registers the built-in strategies
 from gpuledger.core.ledger import Ledger, LedgerConfig
-from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import Device, GroupSpec, NodeInfo, Placement, Request
-from gpuledger.core.preemption import Running
+from gpuledger.core.queues.ledger_view import LedgerView
+from gpuledger.core.queues.preemption import Running
 
 
 def gpu_node(

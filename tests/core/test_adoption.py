@@ -109,7 +109,7 @@ _ODD = st.sampled_from([None, "", 0, 7, [], ["x"], {}, {"phase": "Running"}, "te
 def _signed_pod_variants():
     """Stored pods around a validly signed placement: as written, copied elsewhere, terminal, forged, and with
     fields of every odd type the general path meets."""
-    from gpuledger.core.placement_codec import Binding, encode_placement
+    from gpuledger.core.pods.placement_codec import Binding, encode_placement
 
     placement = Placement(id="r1", node="n1", devices=(1,), cpu_milli=500, memory_mib=64, strategy="best_fit")
     annotations = st.sampled_from(
@@ -148,8 +148,8 @@ def test_a_pods_bound_claim_read_directly_is_the_one_its_usage_gives(pod):
     """Where `bound_claim_of_pod` answers, it answers what the general path (`pod_usage`, then `claim_of`)
     does; where it does not (anything but a live pod carrying a placement issued for it), the general path
     reads the pod."""
-    from gpuledger.core import objects as kube
-    from gpuledger.core.claims import bound_claim_of_pod, claim_of
+    from gpuledger.core.books.claims import bound_claim_of_pod, claim_of
+    from gpuledger.core.pods import objects as kube
 
     fast = bound_claim_of_pod(pod, KEY)
     try:
@@ -183,8 +183,8 @@ def _well_typed(pod: dict) -> bool:
 
 
 def test_the_common_stored_pod_is_read_directly():
-    from gpuledger.core.claims import bound_claim_of_pod
-    from gpuledger.core.placement_codec import Binding, encode_placement
+    from gpuledger.core.books.claims import bound_claim_of_pod
+    from gpuledger.core.pods.placement_codec import Binding, encode_placement
 
     p = Placement(id="r1", node="n1", devices=(0,))
     stored = pod(

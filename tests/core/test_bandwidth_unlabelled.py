@@ -9,8 +9,8 @@ import pickle
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, GroupSpec, Placement, Reason, Request
-from gpuledger.core.placement_codec import decode_placement, encode_placement
-from gpuledger.core.request import request_from_pod
+from gpuledger.core.pods.placement_codec import decode_placement, encode_placement
+from gpuledger.core.pods.request import request_from_pod
 from gpuledger.names import AGENT_NETWORK_BANDWIDTH_LABEL, NETWORK_BANDWIDTH_LABEL
 from tests.core.core_factory import node
 

@@ -9,8 +9,8 @@ import json
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Reason, Request
-from gpuledger.core.objects import node_from_object
-from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.core.pods.objects import node_from_object
+from gpuledger.core.pods.placement_codec import Binding, encode_placement
 from gpuledger.names import HOLDERS_ANNOTATION, PLACEMENT_ANNOTATION
 from tests.core.core_factory import node, pod
 

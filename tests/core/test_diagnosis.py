@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import gpuledger.core.node_classes as node_classes
-import gpuledger.core.sorted_names as sorted_names
+import gpuledger.core.nodes.sorted_names as sorted_names
+import gpuledger.core.placing.node_classes as node_classes
 from gpuledger import strategies as registry
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, GroupSpec, Placement, Reason, Request, Toleration

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.core.annotation_values import PRIORITY_WORDS
-from gpuledger.core.fair_share import (
+from gpuledger.core.model import MILLI_PER_GPU, GroupSpec, Request
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS
+from gpuledger.core.queues.fair_share import (
     WaitingWorkload,
     dominant_share,
     line,
@@ -14,9 +15,8 @@ from gpuledger.core.fair_share import (
     queue_key,
     quota_used,
 )
-from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, ProductQuota, QueueSet
-from gpuledger.core.model import MILLI_PER_GPU, GroupSpec, Request
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, GPUQueue, ProductQuota, QueueSet
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Usage, Use
 
 G = MILLI_PER_GPU
 CAP = Capacity({"H100": ProductCapacity(128 * G, 0, 128 * 64_000, 128 * 512_000)})

@@ -21,7 +21,7 @@ import gpuledger.strategies  # noqa: F401  (the strategies register themselves)
 from devcluster.nodes import make_sample_cluster
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Placement
-from gpuledger.core.request import request_from_pod
+from gpuledger.core.pods.request import request_from_pod
 
 TTL = LedgerConfig().reservation_ttl_s
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.core.gpu_queues import (
+from gpuledger.core.model import SelectorRequirement
+from gpuledger.core.queues.gpu_queues import (
     ANY_PRODUCT,
     IMPLICIT_DEFAULT,
     GPUQueue,
@@ -17,7 +18,6 @@ from gpuledger.core.gpu_queues import (
     queue_from_object,
     queue_set_from_objects,
 )
-from gpuledger.core.model import SelectorRequirement
 
 
 def obj(name: str, **spec) -> dict:

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from gpuledger.core.books import GroupState
-from gpuledger.core.group_slots import ClaimTable, SlotTable
+from gpuledger.core.books.books import GroupState
+from gpuledger.core.books.group_slots import ClaimTable, SlotTable
 from gpuledger.core.model import GroupSlot
 
 
@@ -101,7 +101,7 @@ def test_a_large_gangs_unclaimed_slots_go_with_its_last_pod() -> None:
     own release used to sweep again, one call deeper per slot, past Python's recursion limit)."""
     from gpuledger.core.ledger import Ledger, LedgerConfig
     from gpuledger.core.model import Placement
-    from gpuledger.core.request import request_from_pod
+    from gpuledger.core.pods.request import request_from_pod
     from tests.core.test_gang_claims_differential import _nodes, _owner, _pod
 
     nodes = _nodes(160)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Placement, Request
-from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.core.pods.placement_codec import Binding, encode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from tests.core.core_factory import node, rebuilt_the_long_way, rebuilt_without_adopting_at_once
 
@@ -72,7 +72,7 @@ def check(live: Ledger, stored: dict[str, dict], order) -> None:
 
 def verified_devices(stored: dict[str, dict]) -> set[tuple[str, int]]:
     """Devices named by a validly signed placement on any stored pod (copies and foreign holders included)."""
-    from gpuledger.core.placement_codec import decode_placement
+    from gpuledger.core.pods.placement_codec import decode_placement
 
     out = set()
     for pod in stored.values():
@@ -122,7 +122,7 @@ def test_rebuild_equals_live_and_no_device_is_held_twice(data):
             key = data.draw(st.sampled_from(sorted(stored)), label="source")
             source = stored[key]
             annotation = source["metadata"]["annotations"][PLACEMENT_ANNOTATION]
-            from gpuledger.core.placement_codec import decode_placement
+            from gpuledger.core.pods.placement_codec import decode_placement
 
             p = decode_placement(annotation, KEY)
             if p is None:

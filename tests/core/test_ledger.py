@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.core import objects as kube
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Reason, Request, ReservationState
+from gpuledger.core.pods import objects as kube
 from tests.core.core_factory import node, pod
 
 KEY = b"test-key"

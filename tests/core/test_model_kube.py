@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import objects as kube
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import DeviceShare, GroupSlot, Placement, Taint
+from gpuledger.core.pods import objects as kube
 from tests.core.core_factory import node, pod
 
 
@@ -191,7 +191,7 @@ def test_signature_is_hmac_sha256(key):
     rebuild verifies every stored pod's signature, so it is computed without rehashing the key each time)."""
     import hmac
 
-    from gpuledger.core.placement_codec import _sign
+    from gpuledger.core.pods.placement_codec import _sign
 
     raw = key.encode() if isinstance(key, str) else key
     for text in ("", "{}", '{"id":"r","node":"n"}', "é" * 100, "x" * 1000):
@@ -249,7 +249,7 @@ def test_signed_text_decodes_as_json_loads_does(text):
     decodes one per stored pod), and anything else with `json.loads` itself: the same value, or the same
     refusal, for every text. (orjson, ~1.5 us faster a placement, is not used: the core imports only the
     standard library, and orjson reads an integer past 64 bits as a float.)"""
-    from gpuledger.core.placement_codec import _loads
+    from gpuledger.core.pods.placement_codec import _loads
 
     assert _decoded(_loads, text) == _decoded(json.loads, text)
 
@@ -268,7 +268,7 @@ _JSON_VALUES = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(_JSON_VALUES, st.booleans())
 def test_any_json_decodes_as_json_loads_does(value, compact):
-    from gpuledger.core.placement_codec import _loads
+    from gpuledger.core.pods.placement_codec import _loads
 
     text = json.dumps(value, separators=(",", ":") if compact else None, ensure_ascii=compact)
     assert _decoded(_loads, text) == _decoded(json.loads, text)
@@ -510,7 +510,7 @@ def _bindings_and_pods(draw):
 def test_issued_for_reads_the_signed_members_as_binding_mismatch_does(case):
     """`issued_for` (a rebuild's check of every stored pod's binding, no `Binding` built) answers what
     `binding_mismatch(Binding.from_dict(...))` answers, and refuses (raises) what that refuses."""
-    from gpuledger.core.placement_codec import Binding, binding_mismatch, issued_for
+    from gpuledger.core.pods.placement_codec import Binding, binding_mismatch, issued_for
 
     bind, pod = case
     try:
@@ -526,7 +526,7 @@ def test_issued_for_reads_the_signed_members_as_binding_mismatch_does(case):
 
 @pytest.mark.parametrize("binding", [None, ("ns", "p"), ("ns", "q"), ("other", "p"), ("ns", "", "p", "u-1")])
 def test_decode_issued_for_is_decode_bound_then_binding_mismatch(binding):
-    from gpuledger.core.placement_codec import Binding, binding_mismatch, decode_bound, decode_issued_for
+    from gpuledger.core.pods.placement_codec import Binding, binding_mismatch, decode_bound, decode_issued_for
 
     pod = {"metadata": {"name": "p-1" if binding and len(binding) > 2 else "p", "namespace": "ns"}}
     pod["metadata"]["ownerReferences"] = [{"uid": "u-1", "controller": True}]
@@ -542,7 +542,7 @@ def test_issued_for_answers_as_binding_mismatch_on_every_combination():
     """Every combination of a few values per field (a match and a miss of each check, and odd types)."""
     import itertools
 
-    from gpuledger.core.placement_codec import Binding, binding_mismatch, issued_for
+    from gpuledger.core.pods.placement_codec import Binding, binding_mismatch, issued_for
 
     refs_variants = [
         None,

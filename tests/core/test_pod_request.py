@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.core.model import GroupSpec, PinnedDevices
-from gpuledger.core.request import (
+from gpuledger.core.pods.request import (
     AnnotationError,
     parse_quantity,
     parse_scheduling_map,
@@ -360,7 +360,7 @@ def test_unknown_scheduling_strategy_lists_the_registered_ones():
 
 def test_cpu_and_memory_are_counted_as_the_ledger_counts_the_stored_pod():
     """Sidecars, init peaks and overhead: the reservation asks what a rebuild from the pod will hold."""
-    from gpuledger.core.objects import pod_requests
+    from gpuledger.core.pods.objects import pod_requests
 
     p = pod({"topology.scheduler/gpu-count": "1"})
     p["spec"]["initContainers"] = [

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuledger.core.annotation_values import PRIORITY_WORDS
-from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, PreemptionRules, ProductQuota, QueueSet
 from gpuledger.core.model import MILLI_PER_GPU, Placement
-from gpuledger.core.preemption import NoPlan, Plan, Planner, Preemptor, Rule, Running, describe_plan
-from gpuledger.core.quotas import Usage
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, GPUQueue, PreemptionRules, ProductQuota, QueueSet
+from gpuledger.core.queues.preemption import NoPlan, Plan, Planner, Preemptor, Rule, Running, describe_plan
+from gpuledger.core.queues.quotas import Usage
 from tests.core.queue_factory import Cluster, gpu_node, nodes, workload_request
 
 G = MILLI_PER_GPU

@@ -3,8 +3,8 @@ it, not the shortest run of the youngest; of two plans of as many pods, the youn
 
 from __future__ import annotations
 
-from gpuledger.core.gpu_queues import GPUQueue, QueueSet
-from gpuledger.core.preemption import Plan, Rule
+from gpuledger.core.queues.gpu_queues import GPUQueue, QueueSet
+from gpuledger.core.queues.preemption import Plan, Rule
 from tests.core.queue_factory import Cluster, nodes
 from tests.core.test_preemption import CRITICAL, LOW, apply, plan_for, preemptor, quota
 

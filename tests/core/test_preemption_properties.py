@@ -18,12 +18,12 @@ from dataclasses import replace
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.annotation_values import PRIORITY_WORDS
-from gpuledger.core.fair_share import WaitingWorkload, next_waiting
-from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, PreemptionRules, ProductQuota, QueueSet
 from gpuledger.core.model import Placement
-from gpuledger.core.preemption import CRITICAL, NoPlan, Planner, Preemptor, Rule, Running
-from gpuledger.core.quotas import Usage, Use
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS
+from gpuledger.core.queues.fair_share import WaitingWorkload, next_waiting
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, GPUQueue, PreemptionRules, ProductQuota, QueueSet
+from gpuledger.core.queues.preemption import CRITICAL, NoPlan, Planner, Preemptor, Rule, Running
+from gpuledger.core.queues.quotas import Usage, Use
 from tests.core.queue_factory import Cluster, gpu_node, workload_request
 
 PRIORITIES = [PRIORITY_WORDS[w] for w in ("low", "medium", "high", "critical")]

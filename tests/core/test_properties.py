@@ -27,7 +27,7 @@ from gpuledger.core.model import (
     ReservationState,
     Toleration,
 )
-from gpuledger.core.node_state import NodeState
+from gpuledger.core.nodes.node_state import NodeState
 from gpuledger.core.stats import ledger_stats
 from tests.core.core_factory import node, pod
 
@@ -382,7 +382,7 @@ def run(node_specs, ops, checks: bool = True):
 
 
 def _decode(pod_obj):
-    from gpuledger.core import objects as kube
+    from gpuledger.core.pods import objects as kube
 
     return kube.decode_placement(pod_obj["metadata"]["annotations"][kube.PLACEMENT_ANNOTATION], KEY)
 

@@ -7,10 +7,10 @@ from fractions import Fraction
 
 import pytest
 
-from gpuledger.core import objects as kube
-from gpuledger.core import quantity
-from gpuledger.core.request import AnnotationError
-from gpuledger.core.request import parse_quantity as read_quantity
+from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import quantity
+from gpuledger.core.pods.request import AnnotationError
+from gpuledger.core.pods.request import parse_quantity as read_quantity
 from tests.core.core_factory import node
 
 # digits that Python's int(), float(), Decimal() and re's \d all read as numbers

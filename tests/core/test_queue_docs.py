@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from gpuledger.core.gpu_queues import ANY_PRODUCT, QueueSet, queue_from_object
 from gpuledger.core.model import MILLI_PER_GPU
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use, quota_refusal
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, QueueSet, queue_from_object
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Usage, Use, quota_refusal
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "queues.md"
 G = MILLI_PER_GPU

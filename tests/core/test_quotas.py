@@ -3,9 +3,16 @@ and whether a workload may start (its borrowing limit; only what others do not u
 
 from __future__ import annotations
 
-from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, LabelSelector, ProductQuota, QueueSet
 from gpuledger.core.model import MILLI_PER_GPU, GroupSpec, Placement, Request
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use, quota_refusal, usage_by_namespace
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, GPUQueue, LabelSelector, ProductQuota, QueueSet
+from gpuledger.core.queues.quotas import (
+    Capacity,
+    ProductCapacity,
+    Usage,
+    Use,
+    quota_refusal,
+    usage_by_namespace,
+)
 from tests.core.queue_factory import Cluster, gpu_node, nodes
 
 G = MILLI_PER_GPU

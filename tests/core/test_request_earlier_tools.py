@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, GroupSpec, PinnedDevices, Placement, Reason, Request
-from gpuledger.core.request import AnnotationError, request_from_pod
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS, scheduling_map_index
+from gpuledger.core.pods.request import AnnotationError, request_from_pod
 from tests.core.core_factory import node
 
 AKS_MAP = """0=aks-workerpool-25338008-vmss000000:0,1

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import objects as kube
-from gpuledger.core import quantity
-from gpuledger.core.annotation_values import PRIORITY_WORDS, scheduling_map_index
-from gpuledger.core.request import ANNOTATIONS, AnnotationError, request_from_pod
+from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import quantity
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS, scheduling_map_index
+from gpuledger.core.pods.request import ANNOTATIONS, AnnotationError, request_from_pod
 from gpuledger.names import (
     GPU_COUNT,
     GPU_MEMORY,

@@ -1,7 +1,7 @@
-"""Buckets that turn from lists into SortedNames once long (gpuledger.core.sorted_buckets) hold exactly what
-a sorted list would, and a ledger whose buckets cross the thresholds decides exactly what one whose buckets
-stay lists decides. The thresholds and the chunk size are lowered here so that a handful of entries crosses
-them: lists into SortedNames and back, chunks split and emptied."""
+"""Buckets that turn from lists into SortedNames once long (gpuledger.core.nodes.sorted_buckets) hold exactly
+what a sorted list would, and a ledger whose buckets cross the thresholds decides exactly what one whose
+buckets stay lists decides. The thresholds and the chunk size are lowered here so that a handful of entries
+crosses them: lists into SortedNames and back, chunks split and emptied."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import sorted_buckets, sorted_names
-from gpuledger.core.sorted_names import SortedNames
+from gpuledger.core.nodes import sorted_buckets, sorted_names
+from gpuledger.core.nodes.sorted_names import SortedNames
 from tests.core.test_properties import node_spec, op, run
 
 

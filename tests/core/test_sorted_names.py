@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-import gpuledger.core.sorted_names as sorted_names
-from gpuledger.core.sorted_names import SortedNames
+import gpuledger.core.nodes.sorted_names as sorted_names
+from gpuledger.core.nodes.sorted_names import SortedNames
 
 names = st.integers(0, 60).map(lambda i: f"n{i:02d}")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuledger.core.books.topology import Topology, plan_leaves
 from gpuledger.core.ledger import Ledger, LedgerConfig, slot_hid
 from gpuledger.core.model import Denial, GroupSpec, PinnedDevices, Placement, Request
-from gpuledger.core.topology import Topology, plan_leaves
 from tests.core.core_factory import leafy_cluster, node, pod
 
 KEY = b"k"
@@ -337,7 +337,7 @@ def test_claim_of_a_group_restored_without_slots():
     st.booleans(),
 )
 def test_one_leaf_shortcut_picks_what_the_window_search_picks(spine_caps_lists, size, prefer_spare):
-    from gpuledger.core.topology import _best_window
+    from gpuledger.core.books.topology import _best_window
 
     caps = {(f"s{i}", f"l{j}"): c for i, row in enumerate(spine_caps_lists) for j, c in enumerate(row)}
     topo = Topology.build(list(caps), ())
@@ -367,7 +367,7 @@ def test_leaf_bounds_kept_across_changes_equal_a_fresh_count(ops):
     """Bounds and topology kept across placements, releases, gangs and nodes cordoned, removed, added back,
     added new and moved (to and from leaves that have other nodes, new leaves, leaves they empty) equal a
     count and a topology built afresh."""
-    from gpuledger.core.leaf_caps import LeafCaps, upper
+    from gpuledger.core.placing.leaf_caps import LeafCaps, upper
 
     led = Ledger()
     objs = [node(f"n{i}", 1 + i % 4, leaf=f"l{i % 5}", spine=f"s{i % 2}") for i in range(12)]
@@ -427,7 +427,7 @@ def test_the_topology_is_rebuilt_only_when_a_leaf_appears_or_empties():
 
 def test_bounds_refresh_every_leaf_a_node_left_between_two_reads():
     """A node that moves to another leaf and then goes, with no gang in between, changed both leaves."""
-    from gpuledger.core.leaf_caps import LeafCaps, upper
+    from gpuledger.core.placing.leaf_caps import LeafCaps, upper
 
     led = make([node(f"n{i}", 8, leaf=f"l{i % 2}", spine="s") for i in range(6)])
     caps = LeafCaps(led.index)

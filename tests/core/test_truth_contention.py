@@ -9,7 +9,7 @@ import json
 
 from gpuledger.core.ledger import Ledger
 from gpuledger.core.model import Placement, Request
-from gpuledger.core.placement_codec import Binding, encode_placement
+from gpuledger.core.pods.placement_codec import Binding, encode_placement
 from gpuledger.names import HOLDERS_ANNOTATION
 from tests.core.core_factory import node
 from tests.core.test_integrity_properties import KEY, config, stored_pod

@@ -15,8 +15,8 @@ from gpuledger.core.model import (
     SelectorRequirement,
     Toleration,
 )
-from gpuledger.core.placement_codec import Binding
-from gpuledger.core.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
+from gpuledger.core.pods.placement_codec import Binding
+from gpuledger.core.pods.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
 from tests.core.core_factory import node, pod
 from tests.core.waiting_factory import gated_pod, placed_pod
 

@@ -2,7 +2,7 @@
 patches left in flight, time passing the backfill window, and restarts.
 
 Checked after every pass: nothing left waiting could start (the indexed pass agrees with the rule applied to
-every waiting pod, gpuledger.core.queue_rule.plan, with each pod's fit asked of the ledger afresh); the
+every waiting pod, gpuledger.core.queues.queue_rule.plan, with each pod's fit asked of the ledger afresh); the
 ledger's invariants hold (no device held twice). At checkpoints and restarts: a ledger rebuilt from the
 nodes and pods equals the live one, the line included, and the restarted ledger carries on from it.
 """
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gpuledger import strategies  # noqa: F401  (registers the built-in strategies)
 from gpuledger.core.ledger import Ledger, LedgerConfig, Waiting
 from gpuledger.core.model import Denial, GroupSpec, Placement, Request
-from gpuledger.core.queue_rule import Entry, Verdict, plan
+from gpuledger.core.queues.queue_rule import Entry, Verdict, plan
 from tests.core.core_factory import node, pod
 from tests.core.test_properties import check_invariants
 from tests.core.waiting_factory import gated_pod, placed_pod

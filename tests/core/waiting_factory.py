@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 
 from gpuledger.core.model import Placement
-from gpuledger.core.placement_codec import Binding, encode_placement
-from gpuledger.core.waiting import Waiting
-from gpuledger.core.waiting_codec import WaitTicket, encode_waiting
+from gpuledger.core.pods.placement_codec import Binding, encode_placement
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting
+from gpuledger.core.queues.waiting import Waiting
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, SCHEDULING_GATE, WAITING_ANNOTATION
 
 

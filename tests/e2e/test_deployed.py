@@ -31,7 +31,7 @@ from devcluster.device_plugin import FakeGPUPlugin
 from devcluster.kubelet import NODE_IP_NET, RealNode
 from devcluster.nodes import device_uuid
 from devcluster.services import ClusterServices
-from gpuledger.core.placement_codec import decode_placement
+from gpuledger.core.pods.placement_codec import decode_placement
 from gpuledger.names import ADMISSION_LABEL, HOLDERS_ANNOTATION, PLACEMENT_ANNOTATION, WORKLOAD_UID_LABEL
 from tests.conftest import require_binaries, require_real_node
 from tests.deploy.test_helm import helm_binary

@@ -17,7 +17,7 @@ import yaml
 from devcluster.nodes import create_nodes, make_node
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Request, Taint, Toleration
-from gpuledger.core.objects import node_from_object
+from gpuledger.core.pods.objects import node_from_object
 from gpuledger.names import XIDS_ANNOTATION as XIDS
 from gpuledger.node_agent.agent import NodeAgent
 from gpuledger.node_agent.pod_resources import PodResourcesClient

@@ -184,7 +184,7 @@ spec:
 
 
 def test_yaml_cluster_and_pods(tmp_path):
-    pytest.importorskip("gpuledger.core.objects")
+    pytest.importorskip("gpuledger.core.pods.objects")
     nodes, requests = load_yaml(
         write(tmp_path, "cluster.yaml", CLUSTER_YAML), write(tmp_path, "pods.yaml", PODS_YAML)
     )
@@ -201,7 +201,7 @@ def test_yaml_cluster_and_pods(tmp_path):
 
 
 def test_yaml_errors_are_clear(tmp_path):
-    pytest.importorskip("gpuledger.core.objects")
+    pytest.importorskip("gpuledger.core.pods.objects")
     with pytest.raises(TraceError, match="no objects of kind Node"):
         load_yaml(
             write(tmp_path, "c.yaml", "kind: Pod\nmetadata: {name: x}\n"),

@@ -77,7 +77,7 @@ def test_a_gpu_spec_or_list_admits_either_model(strategy):
 
 
 def test_pods_ask_for_them_by_annotation_and_live_admission_learns_the_workload():
-    from gpuledger.core.request import request_from_pod
+    from gpuledger.core.pods.request import request_from_pod
 
     def pod(name: str, strategy: str, gpus: int) -> dict:
         return {

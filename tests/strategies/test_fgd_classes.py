@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuledger.core.model import Device, GroupSpec, NodeInfo, Placement, Request
-from gpuledger.core.plugin import ScoreContext
+from gpuledger.core.plugins.plugin import ScoreContext
 from gpuledger.strategies import register
 from gpuledger.strategies.fgd import FragmentationGradientDescent
 from gpuledger.strategies.fgd_host import HostAwareFGD
@@ -159,7 +159,7 @@ def test_identical_nodes_share_one_class():
 
 
 def led_strategy(name: str):
-    from gpuledger.core import registry
+    from gpuledger.core.plugins import registry
 
     return registry.get_strategy(name)
 
@@ -168,7 +168,7 @@ def led_strategy(name: str):
 def test_fgd_denials_from_the_kept_diagnosis_equal_the_full_walk(seed):
     """fgd refuses a node exactly when the default device choice does, so the ledger answers its denials from
     the per-shape diagnosis (O(changes)); the answer is the full walk's, with the fgd strategy itself."""
-    from gpuledger.core import registry
+    from gpuledger.core.plugins import registry
 
     rng = random.Random(seed)
     nodes = make_nodes(rng, 12)

@@ -36,7 +36,7 @@ def agent_node(name, utilization, stamp="2025-01-01T00:00:00Z", gpus=4):
 
 
 def test_node_parsing_keeps_utilization_and_its_time():
-    from gpuledger.core.objects import node_from_object
+    from gpuledger.core.pods.objects import node_from_object
 
     info = node_from_object(agent_node("a", [5, 90, 0, 100]))
     assert [d.utilization_pct for d in info.devices] == [5, 90, 0, 100]

@@ -19,7 +19,7 @@ def test_round_robin_rotates_deterministically():
 def test_the_ring_starts_after_the_cursor_and_wraps_once_in_every_leaf_set():
     """Candidates are every node by name after the cursor, then from the first, each once (for any cursor,
     with and without a leaf restriction)."""
-    from gpuledger.core.plugin import ScoreContext
+    from gpuledger.core.plugins.plugin import ScoreContext
     from gpuledger.strategies.round_robin import RoundRobin
 
     names = [f"n{i}" for i in range(7)]

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuledger import strategies
-from gpuledger.core import registry as core_registry
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Placement, Request
+from gpuledger.core.plugins import registry as core_registry
 from tests.core.core_factory import node
 from tests.strategies.support import FullScan, make, take
 
@@ -73,7 +73,7 @@ def test_best_fit_walk_picks_what_a_full_scan_picks(layout, ops):
     pods of unknown identity, nodes added later (maxima change) and soft domains: the best-fit walk places
     every request exactly where scoring every node with the same score does."""
     from gpuledger.core.model import Device, NodeInfo
-    from gpuledger.core.node_state import Holding
+    from gpuledger.core.nodes.node_state import Holding
 
     def info(i, cpu, gpus, unhealthy, leaf):
         devices = tuple(Device(index=d, memory_mib=40960, healthy=d >= unhealthy) for d in range(gpus))

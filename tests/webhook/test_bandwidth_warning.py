@@ -11,7 +11,7 @@ import aiohttp
 
 from devcluster.nodes import make_node
 from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
-from gpuledger.core.placement_codec import decode_placement
+from gpuledger.core.pods.placement_codec import decode_placement
 from gpuledger.names import NETWORK_BANDWIDTH_LABEL, PLACEMENT_ANNOTATION
 from gpuledger.webhook.admission.review import decode_patch, make_review
 from gpuledger.webhook.ledger.client import InProcessLedgerClient

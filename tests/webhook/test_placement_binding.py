@@ -8,7 +8,7 @@ import asyncio
 import json
 
 from gpuledger.core.model import Placement
-from gpuledger.core.placement_codec import Binding, binding_mismatch, decode_bound, encode_placement
+from gpuledger.core.pods.placement_codec import Binding, binding_mismatch, decode_bound, encode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from tests.webhook.webhook_support import HMAC_KEY, apply_patch, cluster, gpu_pod, handler, review
 

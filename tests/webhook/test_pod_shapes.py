@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.request import ANNOTATIONS
+from gpuledger.core.pods.request import ANNOTATIONS
 from gpuledger.names import PLACEMENT_ANNOTATION, SCHEDULING_MAP
 from gpuledger.service.ledger_service import (
     AnnotationError,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable
 
-from gpuledger.core import objects as kube
-from gpuledger.core.books import TRUTH, Books, GroupState, LedgerConfig, Reservation, slot_hid
-from gpuledger.core.claims import Claim, Claims, bound_claim_of_pod, claim_of
-from gpuledger.core.leases import Leases
+from gpuledger.core.books.books import TRUTH, Books, GroupState, LedgerConfig, Reservation, slot_hid
+from gpuledger.core.books.claims import Claim, Claims, bound_claim_of_pod, claim_of
+from gpuledger.core.books.leases import Leases
+from gpuledger.core.books.truth import Truth
 from gpuledger.core.model import DeviceTruth, GroupSlot, Placement, ReservationState
-from gpuledger.core.node_state import Holding
+from gpuledger.core.nodes.node_state import Holding
+from gpuledger.core.pods import objects as kube
 from gpuledger.core.steps import Steps, drain
-from gpuledger.core.truth import Truth
 
 
 def _settle_young() -> None:
@@ -191,7 +191,8 @@ class Adoption:
             if prev is not None:
                 self.forget_pod(usage.key)
             return
-        # GPUs the node's kubelet names by identity are held there (gpuledger.core.truth), not counted again
+        # GPUs the node's kubelet names by identity are held there (gpuledger.core.books.truth), not counted
+        # again
         unknown = self.truth.unlisted_gpus(usage.key, usage.node, usage.gpus)
         h = Holding(
             hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=unknown

@@ -11,13 +11,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpuledger.core import objects as kube
-from gpuledger.core.group_slots import ClaimTable, SlotTable
-from gpuledger.core.inventory import ClusterIndex
+from gpuledger.core.books.group_slots import ClaimTable, SlotTable
+from gpuledger.core.books.topology import Topology
 from gpuledger.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Reason, ReservationState, Taint
-from gpuledger.core.node_state import Holding, NodeState
-from gpuledger.core.plugin import DEFAULT_BALANCED_WEIGHTS
-from gpuledger.core.topology import Topology
+from gpuledger.core.nodes.inventory import ClusterIndex
+from gpuledger.core.nodes.node_state import Holding, NodeState
+from gpuledger.core.plugins.plugin import DEFAULT_BALANCED_WEIGHTS
+from gpuledger.core.pods import objects as kube
 
 
 @dataclass
@@ -41,8 +41,8 @@ class Reservation:
     placement: Placement
     state: ReservationState
     created: float
-    # the placement as admission issued it, when the node's truth moved it since (gpuledger.core.truth): the
-    # pod carries this one, so the validating webhook checks the pod against it
+    # the placement as admission issued it, when the node's truth moved it since (gpuledger.core.books.truth):
+    # the pod carries this one, so the validating webhook checks the pod against it
     issued: Placement | None = None
 
 
@@ -94,7 +94,8 @@ StaticVerdicts = dict[str, tuple[Reason | None, tuple[Taint, ...]]]
 
 class BookEvents(Protocol):
     """What the books tell, as each change happens, the parts that keep the claims and the nodes' device truth
-    true (gpuledger.core.claims and gpuledger.core.truth, through gpuledger.core.adoption)."""
+    true (gpuledger.core.books.claims and gpuledger.core.books.truth, through
+    gpuledger.core.books.adoption)."""
 
     def freed(self, node: str, hid: str) -> None:
         """The holding `hid` on `node` went: foreign use counted around it there may take its devices."""

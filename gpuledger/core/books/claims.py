@@ -22,11 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuledger.core import objects as kube
-from gpuledger.core.books import TRUTH, Books
-from gpuledger.core.leases import Leases
+from gpuledger.core.books.books import TRUTH, Books
+from gpuledger.core.books.leases import Leases
 from gpuledger.core.model import DeviceShare, Placement, ReservationState
-from gpuledger.core.node_state import Holding
+from gpuledger.core.nodes.node_state import Holding
+from gpuledger.core.pods import objects as kube
 from gpuledger.core.slots_init import slots_init
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
@@ -44,9 +44,9 @@ class Claim:
     why: str  # why it was not issued for this pod ("" when bound)
     node: str  # where its use counts: spec.nodeName, else the placement's node
     order: tuple[str, str, str]  # (creationTimestamp, uid, key): the smallest bound claim owns the id
-    # set by gpuledger.core.truth from the node's agentaflow.gpu/device-holders: the placement the pod carries
-    # when `placement` is the kubelet's devices instead, and why its devices are another pod's (then counted
-    # as GPUs of unknown identity)
+    # set by gpuledger.core.books.truth from the node's agentaflow.gpu/device-holders: the placement the pod
+    # carries when `placement` is the kubelet's devices instead, and why its devices are another pod's (then
+    # counted as GPUs of unknown identity)
     recorded: Placement | None = None
     displaced: str = ""
 
@@ -119,8 +119,8 @@ def same_place(a: Placement, b: Placement) -> bool:
 
 
 class ClaimEvents(Protocol):
-    """What the claims ask of the parts above them (gpuledger.core.adoption, and through it
-    gpuledger.core.truth) as the claims change."""
+    """What the claims ask of the parts above them (gpuledger.core.books.adoption, and through it
+    gpuledger.core.books.truth) as the claims change."""
 
     def adopt(
         self, key: str, placement: Placement, now: float, displaced: str, recorded: Placement | None

@@ -5,10 +5,10 @@ Time is always an argument; leases never decide where anything goes.
 
 from __future__ import annotations
 
-from gpuledger.core.books import TRUTH, Books, Reservation, slot_hid
-from gpuledger.core.group_slots import ClaimTable
+from gpuledger.core.books.books import TRUTH, Books, Reservation, slot_hid
+from gpuledger.core.books.group_slots import ClaimTable
 from gpuledger.core.model import GroupSlot, Placement, ReservationState
-from gpuledger.core.node_state import Holding
+from gpuledger.core.nodes.node_state import Holding
 
 
 class Leases:

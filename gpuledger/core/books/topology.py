@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuledger.core.objects import natural_key
+from gpuledger.core.pods.objects import natural_key
 
 LeafKey = tuple[str, str]  # (spine, leaf)
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from gpuledger.core.books import TRUTH, Books
-from gpuledger.core.claims import Claim, Claims
-from gpuledger.core.leases import Leases
+from gpuledger.core.books.books import TRUTH, Books
+from gpuledger.core.books.claims import Claim, Claims
+from gpuledger.core.books.leases import Leases
 from gpuledger.core.model import DeviceTruth, Placement, ReservationState
-from gpuledger.core.node_state import Holding, NodeState
+from gpuledger.core.nodes.node_state import Holding, NodeState
 from gpuledger.names import HOLDERS_ANNOTATION
 
 

@@ -13,10 +13,10 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable
 
-from gpuledger.core import sorted_buckets
 from gpuledger.core.model import MILLI_PER_GPU, NodeInfo
-from gpuledger.core.node_state import LeafKey, NodeState
-from gpuledger.core.sorted_buckets import Bucket
+from gpuledger.core.nodes import sorted_buckets
+from gpuledger.core.nodes.node_state import LeafKey, NodeState
+from gpuledger.core.nodes.sorted_buckets import Bucket
 from gpuledger.core.steps import Steps, drain
 from gpuledger.names import AGENT_NETWORK_BANDWIDTH_LABEL, NETWORK_BANDWIDTH_LABEL
 
@@ -31,7 +31,7 @@ def says_bandwidth(info: NodeInfo) -> bool:
 
 class _Buckets:
     """Name-sorted buckets of node names keyed by whole-free GPU count (lists, or SortedNames once long:
-    gpuledger.core.sorted_buckets)."""
+    gpuledger.core.nodes.sorted_buckets)."""
 
     __slots__ = ("by_free", "total_whole", "total_milli", "free_milli", "count")
 
@@ -90,15 +90,16 @@ class ClusterIndex:
         self.max_gpu_milli = MILLI_PER_GPU  # largest node GPU capacity in milli-GPU (at least one GPU)
         self.utilization_nodes = 0  # nodes whose agent published GPU utilization (least_utilized reads it)
         # nodes carrying a bandwidth label (`BANDWIDTH_LABELS`): while none does, a bandwidth request is
-        # admitted unchecked, with a warning (gpuledger.core.filters.bandwidth_unchecked)
+        # admitted unchecked, with a warning (gpuledger.core.placing.filters.bandwidth_unchecked)
         self.bandwidth_nodes = 0
         # every node's devices, and its healthy ones (placeable or not): what stats reports without a walk
         self.gpus_total = 0
         self.gpus_healthy = 0
         self._bulk = False  # a bulk load: nodes added are filed by `end_bulk`
-        # the node classes (gpuledger.core.node_classes) keep up with the index: every node added, removed or
-        # changed goes into `dirty`, and `on_dirty` is called once `dirty_limit` are there (not during a bulk
-        # load, after which `on_bulk_end` is called), so the classes are never more than that behind
+        # the node classes (gpuledger.core.placing.node_classes) keep up with the index: every node added,
+        # removed or changed goes into `dirty`, and `on_dirty` is called once `dirty_limit` are there (not
+        # during a bulk load, after which `on_bulk_end` is called), so the classes are never more than that
+        # behind
         self.dirty: set[str] | None = None
         self.dirty_limit = 256
         self.on_dirty: Callable[[], None] | None = None

@@ -1,5 +1,5 @@
 """Keyed sorted buckets that stay cheap at 65,000 nodes: a bucket is a plain list while it is short and a
-`SortedNames` (gpuledger.core.sorted_names: sorted chunks) once it is long.
+`SortedNames` (gpuledger.core.nodes.sorted_names: sorted chunks) once it is long.
 
 A sorted insert or delete in a list moves every entry after it. Near the front of a 65,000-node bucket (the
 free nodes of a large cluster, in name order: where best fit, the bucket walks and spreading take nodes from)
@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Any, TypeAlias, TypeVar
 
-from gpuledger.core.sorted_names import SortedNames
+from gpuledger.core.nodes.sorted_names import SortedNames
 
 K = TypeVar("K")
 T = TypeVar("T", bound=Any)

@@ -1,7 +1,7 @@
 """A name-sorted list kept in chunks, so adding or removing a name moves at most one chunk: a node class (or
 any group of nodes) can hold all 65,000 nodes of a cluster and still change in O(log n) per node, where a
 plain sorted list moves half of itself on every insert or delete. The entries may be any distinct values that
-sort (the index's best-fit buckets hold (fit key, name) pairs: gpuledger.core.sorted_buckets).
+sort (the index's best-fit buckets hold (fit key, name) pairs: gpuledger.core.nodes.sorted_buckets).
 """
 
 from __future__ import annotations

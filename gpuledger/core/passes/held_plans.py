@@ -1,5 +1,5 @@
-"""Preemptions the ledger holds: a plan made (gpuledger.core.preemption) is kept until its preemptor runs, and
-while it stands nothing else takes the GPUs of its nodes.
+"""Preemptions the ledger holds: a plan made (gpuledger.core.queues.preemption) is kept until its preemptor
+runs, and while it stands nothing else takes the GPUs of its nodes.
 
 A held plan names its preemptor (the waiting pod's ticket id and pod), its victims (whole workloads, each pod
 by namespace, name and uid), and the nodes it keeps: every GPU of those nodes that is free, and every GPU a
@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger.core.books import Books
+from gpuledger.core.books.books import Books
 from gpuledger.core.model import Request
-from gpuledger.core.node_state import Holding
-from gpuledger.core.preemption import Plan, Running
-from gpuledger.core.queue_book import PodFacts, QueueBook
-from gpuledger.core.quotas import gpus_text
+from gpuledger.core.nodes.node_state import Holding
+from gpuledger.core.queues.preemption import Plan, Running
+from gpuledger.core.queues.queue_book import PodFacts, QueueBook
+from gpuledger.core.queues.quotas import gpus_text
 
 KEEP = "keep:"  # holder id prefix of the GPUs a plan keeps on a node: keep:<ticket id>@<node>
 REFUSED_VICTIM_S = 60.0  # a victim whose eviction was refused is left out of plans this long
@@ -42,7 +42,7 @@ class PlannedVictim:
     """A victim workload (a pod, or a gang's pods) and the rule that allows taking it."""
 
     workload: str
-    rule: str  # gpuledger.core.preemption.Rule's value
+    rule: str  # gpuledger.core.queues.preemption.Rule's value
     why: str
     pods: tuple[tuple[str, str, str], ...]  # (namespace, name, uid) of each of its pods
 

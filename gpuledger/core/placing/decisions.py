@@ -4,10 +4,7 @@ denial), and `explain`'s per-node table. Deciding is read-only: it never holds, 
 
 from __future__ import annotations
 
-from gpuledger.core.books import Books
-from gpuledger.core.diagnosis import Diagnoser, describe
-from gpuledger.core.filters import Filters, dynamic, unplaceable_reason
-from gpuledger.core.gangs import Gangs, GroupPlan, SlotClaim
+from gpuledger.core.books.books import Books
 from gpuledger.core.model import (
     MILLI_PER_GPU,
     Denial,
@@ -18,9 +15,12 @@ from gpuledger.core.model import (
     Reason,
     Request,
 )
-from gpuledger.core.plugin import Fit, ScoreContext
-from gpuledger.core.registry import canonical_name, get_strategy
-from gpuledger.core.selection import Choice, Selector, placement
+from gpuledger.core.placing.diagnosis import Diagnoser, describe
+from gpuledger.core.placing.filters import Filters, dynamic, unplaceable_reason
+from gpuledger.core.placing.gangs import Gangs, GroupPlan, SlotClaim
+from gpuledger.core.placing.selection import Choice, Selector, placement
+from gpuledger.core.plugins.plugin import Fit, ScoreContext
+from gpuledger.core.plugins.registry import canonical_name, get_strategy
 
 
 class Decider:

@@ -1,7 +1,7 @@
 """Denials: why no node takes a request, counted per reason over every node with the closest near misses, kept
 current per request shape by re-classifying only the nodes touched since (O(changes), not O(nodes)); a shape
-that reads no labels is counted by node class (gpuledger.core.node_classes), so a new one costs O(classes).
-A diagnosis only explains: it never chooses a node and never changes what is held.
+that reads no labels is counted by node class (gpuledger.core.placing.node_classes), so a new one costs
+O(classes). A diagnosis only explains: it never chooses a node and never changes what is held.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import Counter, OrderedDict
 
-from gpuledger.core.books import Books
-from gpuledger.core.filters import Filters, dynamic, static_signature, unplaceable_reason
+from gpuledger.core.books.books import Books
 from gpuledger.core.model import Denial, NearMiss, Reason, Request
-from gpuledger.core.node_classes import ClassDiagnosis, NodeClasses
-from gpuledger.core.node_state import NodeState
-from gpuledger.core.plugin import ScoreContext, Strategy
+from gpuledger.core.nodes.node_state import NodeState
+from gpuledger.core.placing.filters import Filters, dynamic, static_signature, unplaceable_reason
+from gpuledger.core.placing.node_classes import ClassDiagnosis, NodeClasses
+from gpuledger.core.plugins.plugin import ScoreContext, Strategy
 from gpuledger.names import (
     GPU_COUNT,
     GPU_MEMORY,

@@ -1,10 +1,10 @@
 """Could a request fit the cluster were every GPU free? The line between "wait" and "deny".
 
-A pod that does not fit now waits for GPUs to free (gpuledger.core.waiting) only if it could fit the cluster
-when nothing is held: some node passes its fixed filters (product, GPU memory, selectors, taints, bandwidth)
-and is large enough (devices, cpu, memory), and for a gang the leaves hold every pod within its leaf limits.
-Readiness, cordons and device health are left out: they come back. Anything else (larger than any node or
-than any allowed leaf window, a product the cluster lacks) can never be placed and is denied at once.
+A pod that does not fit now waits for GPUs to free (gpuledger.core.queues.waiting) only if it could fit the
+cluster when nothing is held: some node passes its fixed filters (product, GPU memory, selectors, taints,
+bandwidth) and is large enough (devices, cpu, memory), and for a gang the leaves hold every pod within its
+leaf limits. Readiness, cordons and device health are left out: they come back. Anything else (larger than any
+node or than any allowed leaf window, a product the cluster lacks) can never be placed and is denied at once.
 
 Verdicts are kept per request shape and kept honest by the index's log of touched nodes: a node's fixed
 facts change only when the node is upserted, which touches it.
@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from gpuledger.core.books import Books
-from gpuledger.core.filters import Filters
+from gpuledger.core.books.books import Books
 from gpuledger.core.model import Device, NodeInfo, Request
-from gpuledger.core.node_state import LeafKey
-from gpuledger.core.plugin import product_matches
+from gpuledger.core.nodes.node_state import LeafKey
+from gpuledger.core.placing.filters import Filters
+from gpuledger.core.plugins.plugin import product_matches
 
 SHAPES_KEPT = 256
 
@@ -133,7 +133,7 @@ class EverFits:
 
     def _gang_fits(self, req: Request) -> bool:
         """Whether the gang's pods fit the leaves, each within the gang's leaf limits (nodes and GPUs per
-        leaf), with every node empty (the rule of gpuledger.core.gangs, counted on empty nodes)."""
+        leaf), with every node empty (the rule of gpuledger.core.placing.gangs, counted on empty nodes)."""
         spec = req.group
         assert spec is not None
         node_limit = spec.max_nodes_per_leaf or spec.size

@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypeVar
 
-from gpuledger.core.annotation_values import node_bandwidth_gbps
-from gpuledger.core.books import Books, StaticVerdicts
-from gpuledger.core.inventory import BANDWIDTH_LABELS, ClusterIndex
+from gpuledger.core.books.books import Books, StaticVerdicts
 from gpuledger.core.model import MILLI_PER_GPU, NodeInfo, Placement, Reason, Request, Taint
-from gpuledger.core.node_state import NodeState
-from gpuledger.core.plugin import ScoreContext, Strategy, device_ok, product_matches
+from gpuledger.core.nodes.inventory import BANDWIDTH_LABELS, ClusterIndex
+from gpuledger.core.nodes.node_state import NodeState
+from gpuledger.core.plugins.plugin import ScoreContext, Strategy, device_ok, product_matches
+from gpuledger.core.pods.annotation_values import node_bandwidth_gbps
 from gpuledger.names import (
     ACCELERATOR_LABEL,
     AGENT_NETWORK_BANDWIDTH_LABEL,

@@ -8,11 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpuledger.core.books import Books, GroupState, Reservation, slot_hid
-from gpuledger.core.diagnosis import Diagnoser, describe
-from gpuledger.core.filters import dynamic, tolerated_gpu_taints
-from gpuledger.core.group_slots import ClaimTable
-from gpuledger.core.leaf_caps import LeafCaps
+from gpuledger.core.books.books import Books, GroupState, Reservation, slot_hid
+from gpuledger.core.books.group_slots import ClaimTable
+from gpuledger.core.books.topology import plan_leaves
 from gpuledger.core.model import (
     Denial,
     GroupSlot,
@@ -23,9 +21,11 @@ from gpuledger.core.model import (
     ReservationState,
     Taint,
 )
-from gpuledger.core.node_state import Holding, LeafKey
-from gpuledger.core.selection import Choice, Selector, device_uuids, placement
-from gpuledger.core.topology import plan_leaves
+from gpuledger.core.nodes.node_state import Holding, LeafKey
+from gpuledger.core.placing.diagnosis import Diagnoser, describe
+from gpuledger.core.placing.filters import dynamic, tolerated_gpu_taints
+from gpuledger.core.placing.leaf_caps import LeafCaps
+from gpuledger.core.placing.selection import Choice, Selector, device_uuids, placement
 from gpuledger.names import GPU_COUNT, GPU_MEMORY, GPU_MILLI
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from gpuledger.core.inventory import ClusterIndex, _Buckets
-from gpuledger.core.node_state import LeafKey
-from gpuledger.core.topology import Topology
+from gpuledger.core.books.topology import Topology
+from gpuledger.core.nodes.inventory import ClusterIndex, _Buckets
+from gpuledger.core.nodes.node_state import LeafKey
 
 SHAPES = 8  # gang shapes (GPUs per pod, node and pod limits per leaf) whose bounds are kept current
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 
-from gpuledger.core import sorted_buckets
-from gpuledger.core.inventory import ClusterIndex
-from gpuledger.core.node_state import NodeState
-from gpuledger.core.sorted_names import CHUNK, SortedNames
+from gpuledger.core.nodes import sorted_buckets
+from gpuledger.core.nodes.inventory import ClusterIndex
+from gpuledger.core.nodes.node_state import NodeState
+from gpuledger.core.nodes.sorted_names import CHUNK, SortedNames
 from gpuledger.core.steps import Steps, drain
 from gpuledger.names import ACCELERATOR_LABEL
 
@@ -110,7 +110,7 @@ class NodeClasses:
 
     def _rebuild_in_steps(self, step: int) -> Steps[None]:
         """`_rebuild`, pausing after keying every `step` nodes (0: never); nothing reads the classes until it
-        is done (the end of a bulk load: gpuledger.core.inventory)."""
+        is done (the end of a bulk load: gpuledger.core.nodes.inventory)."""
         self.generation += 1
         self.index.dirty.clear()  # type: ignore[union-attr]
         self.moves, self.moves_base = [], 0

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuledger.core.books import Books, StaticVerdicts
-from gpuledger.core.filters import Filters, dynamic
+from gpuledger.core.books.books import Books, StaticVerdicts
 from gpuledger.core.model import Placement, Request, Taint
-from gpuledger.core.node_state import LeafKey, NodeState
-from gpuledger.core.plugin import Fit, ScoreContext, Strategy
+from gpuledger.core.nodes.node_state import LeafKey, NodeState
+from gpuledger.core.placing.filters import Filters, dynamic
+from gpuledger.core.plugins.plugin import Fit, ScoreContext, Strategy
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The strategy interface the ledger calls: what a strategy sees (ScoreContext), what it returns (Fit), the
 base class, and the device checks every strategy shares. Pure: the strategies themselves live in
-gpuledger.strategies and register with gpuledger.core.registry; nothing here knows any strategy by name.
+gpuledger.strategies and register with gpuledger.core.plugins.registry; nothing here knows any strategy by
+name.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.core.model import MILLI_PER_GPU, DeviceShare, Reason, Request
 
 if TYPE_CHECKING:
-    from gpuledger.core.inventory import ClusterIndex
-    from gpuledger.core.node_state import LeafKey, NodeState
+    from gpuledger.core.nodes.inventory import ClusterIndex
+    from gpuledger.core.nodes.node_state import LeafKey, NodeState
 
 DEFAULT_BALANCED_WEIGHTS = {
     "resourceAvailability": 0.4,

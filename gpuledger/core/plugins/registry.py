@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuledger.core.plugin import Strategy
+from gpuledger.core.plugins.plugin import Strategy
 
 _FACTORIES: dict[str, Callable[[], Strategy]] = {}
 _ALIASES: dict[str, str] = {}  # normalised alias -> canonical name

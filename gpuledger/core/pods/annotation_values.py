@@ -12,8 +12,8 @@ from fractions import Fraction
 from typing import Any
 
 from gpuledger.core.model import PinnedDevices
-from gpuledger.core.quantity import MIB, QuantityError
-from gpuledger.core.quantity import parse_quantity as _quantity
+from gpuledger.core.pods.quantity import MIB, QuantityError
+from gpuledger.core.pods.quantity import parse_quantity as _quantity
 from gpuledger.names import (
     EXCLUSIVE_ACCESS,
     GANG,

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from gpuledger.core.model import DeviceTruth
-from gpuledger.core.quantity import ascii_int
+from gpuledger.core.pods.quantity import ascii_int
 from gpuledger.names import HOLDERS_ANNOTATION
 
 SOURCES = ("podresources", "unavailable")

@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from gpuledger.core.device_truth import parse_device_holders
 from gpuledger.core.model import Device, NodeInfo, Placement, Taint
+from gpuledger.core.pods.device_truth import parse_device_holders
 
 # Moved to their own modules; re-exported because callers import them from here
 # (`from gpuledger.core import objects as kube`; gpuledger.service.ledger_service; gpuledger.service.sources).
-from gpuledger.core.placement_codec import (  # noqa: F401
+from gpuledger.core.pods.placement_codec import (  # noqa: F401
     LEGACY_VERSION,
     PLACEMENT_VERSION,
     Binding,
@@ -33,7 +33,7 @@ from gpuledger.core.placement_codec import (  # noqa: F401
     placement_from_dict,
     placement_to_dict,
 )
-from gpuledger.core.quantity import (  # noqa: F401
+from gpuledger.core.pods.quantity import (  # noqa: F401
     QuantityError,
     ascii_int,
     count,
@@ -41,7 +41,7 @@ from gpuledger.core.quantity import (  # noqa: F401
     memory_mib,
     parse_quantity,
 )
-from gpuledger.core.quantity import parse_or_default as _lenient  # the lenient policy: record, default
+from gpuledger.core.pods.quantity import parse_or_default as _lenient  # the lenient policy: record, default
 from gpuledger.names import (
     ACCELERATOR_LABEL,
     CHEAP_LABEL,
@@ -156,7 +156,8 @@ def node_from_object(obj: dict, config: Any = None, problems: list[str] | None =
     if devices is None:
         devices = _plain_devices(max(0, gpus), product, gpu_mem)
     truth = None
-    if HOLDERS_ANNOTATION in annotations:  # who holds each device, by the node agent (gpuledger.core.truth)
+    # who holds each device, by the node agent (gpuledger.core.books.truth)
+    if HOLDERS_ANNOTATION in annotations:
         truth = parse_device_holders(
             annotations[HOLDERS_ANNOTATION], name, {d.index for d in devices}, problems
         )

@@ -18,7 +18,7 @@ from sys import intern
 from typing import Any
 
 from gpuledger.core.model import DeviceShare, GroupSlot, Placement, Taint
-from gpuledger.core.quantity import ascii_float, ascii_int
+from gpuledger.core.pods.quantity import ascii_float, ascii_int
 from gpuledger.core.slots_init import dict_init
 
 PLACEMENT_VERSION = 2  # signs the placement with its Binding

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger.core import objects as kube
-from gpuledger.core.annotation_values import (
+from gpuledger.core.model import SelectorRequirement, Toleration
+from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods.annotation_values import (
     MAX_GPUS_PER_POD,
     MAX_GROUP_SIZE,
     AnnotationError,
@@ -19,7 +20,6 @@ from gpuledger.core.annotation_values import (
     parse_quantity,
     read_int,
 )
-from gpuledger.core.model import SelectorRequirement, Toleration
 from gpuledger.names import GPU_RESOURCE, HOSTNAME_LABEL
 
 

@@ -12,12 +12,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from gpuledger.core import pod_spec
-from gpuledger.core import registry as strategies
+from gpuledger.core.model import GroupSpec, PinnedDevices, Request
+from gpuledger.core.plugins import registry as strategies
+from gpuledger.core.pods import pod_spec
 
 # The value readers live in annotation_values (the keys in gpuledger.names); each is re-exported here
-# because callers (gpuledger.service.ledger_service, the tests) import them from gpuledger.core.request.
-from gpuledger.core.annotation_values import (  # noqa: F401
+# because callers (gpuledger.service.ledger_service, the tests) import them from gpuledger.core.pods.request.
+from gpuledger.core.pods.annotation_values import (  # noqa: F401
     ANNOTATIONS,
     DNS_LABELISH,
     FALSE_WORDS,
@@ -42,8 +43,7 @@ from gpuledger.core.annotation_values import (  # noqa: F401
     scheduling_map_index,
     string_map,
 )
-from gpuledger.core.model import GroupSpec, PinnedDevices, Request
-from gpuledger.core.pod_spec import GROUP_OWNER_KINDS, PodRequestConfig
+from gpuledger.core.pods.pod_spec import GROUP_OWNER_KINDS, PodRequestConfig
 from gpuledger.names import (
     EXCLUSIVE_ACCESS,
     GANG,

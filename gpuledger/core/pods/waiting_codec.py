@@ -4,7 +4,7 @@ A pod that does not fit now is stored gated and holding nothing; this annotation
 put it back in line after a restart: the request as admission parsed it (its workload's annotations and gang
 included, which the pod alone no longer says), the arrival the ledger stamped (its place in line), and the
 binding (where it was issued, so a copy on another pod is told apart). Signed with the placement key, as the
-placement annotation is (gpuledger.core.placement_codec); decoding never raises.
+placement annotation is (gpuledger.core.pods.placement_codec); decoding never raises.
 """
 
 from __future__ import annotations
@@ -15,8 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuledger.core.model import GroupSpec, PinnedDevices, Request, SelectorRequirement, Toleration
-from gpuledger.core.placement_codec import Binding, _canonical, _sign, _verified_members, binding_mismatch
-from gpuledger.core.quantity import ascii_float
+from gpuledger.core.pods.placement_codec import (
+    Binding,
+    _canonical,
+    _sign,
+    _verified_members,
+    binding_mismatch,
+)
+from gpuledger.core.pods.quantity import ascii_float
 
 WAITING_VERSION = 1
 _SIG_FIELD = ',"sig":"'

@@ -17,16 +17,17 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpuledger.core.gpu_queues import QueueSet
 from gpuledger.core.model import MILLI_PER_GPU, Request
-from gpuledger.core.queue_rule import order_key
-from gpuledger.core.quotas import Capacity, Usage, Use
+from gpuledger.core.queues.gpu_queues import QueueSet
+from gpuledger.core.queues.queue_rule import order_key
+from gpuledger.core.queues.quotas import Capacity, Usage, Use
 
 
 @dataclass(frozen=True)
 class WaitingWorkload:
     """A workload waiting for GPUs, as the fair order sees it (a pod, or a gang as one): one entry of the
-    ledger's line of waiting pods (gpuledger.core.waiting) or of the GPUWorkload queue, with its queue."""
+    ledger's line of waiting pods (gpuledger.core.queues.waiting) or of the GPUWorkload queue, with its
+    queue."""
 
     key: str
     queue: str
@@ -85,7 +86,7 @@ def queue_key(queues: QueueSet, usage: Usage, capacity: Capacity, queue: str) ->
 
 
 def within_queue_key(w: WaitingWorkload) -> tuple[int, float, str]:
-    """The queue rule's order (gpuledger.core.queue_rule): priority, then arrival."""
+    """The queue rule's order (gpuledger.core.queues.queue_rule): priority, then arrival."""
     return order_key(w.priority, w.arrival, w.key)
 
 

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.core.annotation_values import AnnotationError
-from gpuledger.core.filters import requirement_matches
 from gpuledger.core.model import SelectorRequirement
+from gpuledger.core.placing.filters import requirement_matches
+from gpuledger.core.pods.annotation_values import AnnotationError
 
 ANY_PRODUCT = "any"  # a quota entry for GPUs of every product the queue does not name
 IMPLICIT_DEFAULT = "default"  # the queue of unselected namespaces when no GPUQueue is marked default

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from gpuledger.core.books import slot_hid
-from gpuledger.core.inventory import ClusterIndex
+from gpuledger.core.books.books import slot_hid
 from gpuledger.core.model import MILLI_PER_GPU, Denial, Explanation, Placement, Request
-from gpuledger.core.node_state import Holding, NodeState
-from gpuledger.core.quotas import Capacity, ProductCapacity, Use
+from gpuledger.core.nodes.inventory import ClusterIndex
+from gpuledger.core.nodes.node_state import Holding, NodeState
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Use
 
 
 class Ledger(Protocol):

@@ -36,13 +36,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gpuledger.core.annotation_values import PRIORITY_WORDS
-from gpuledger.core.gpu_queues import GPUQueue, QueueSet
-from gpuledger.core.ledger_view import LedgerView
 from gpuledger.core.model import MILLI_PER_GPU, Denial, Placement, Request
-from gpuledger.core.node_state import Holding
-from gpuledger.core.plugin import product_matches
-from gpuledger.core.quotas import Capacity, Usage, Use, gpus_text, quota_refusal
+from gpuledger.core.nodes.node_state import Holding
+from gpuledger.core.plugins.plugin import product_matches
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS
+from gpuledger.core.queues.gpu_queues import GPUQueue, QueueSet
+from gpuledger.core.queues.ledger_view import LedgerView
+from gpuledger.core.queues.quotas import Capacity, Usage, Use, gpus_text, quota_refusal
 
 CRITICAL = PRIORITY_WORDS["critical"]
 PASSED_OVER_SHOWN = 20  # workloads named in a NoPlan's passed_over (the rest are counted)

@@ -9,7 +9,7 @@ slots of gangs), the cluster's capacity by product, the running workloads a pree
 back from, and the PodDisruptionBudgets' allowances.
 
 With no GPUQueue object the book is inactive (`queues` is None): the ledger decides as it did before queues.
-A set of GPUQueues that cannot be honoured as a whole (gpuledger.core.gpu_queues.QueueError: a missing
+A set of GPUQueues that cannot be honoured as a whole (gpuledger.core.queues.gpu_queues.QueueError: a missing
 parent, two default queues, a malformed field) is recorded as a problem, and the last good set stays.
 """
 
@@ -19,15 +19,21 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpuledger.core.annotation_values import AnnotationError, read_priority
-from gpuledger.core.books import Books
-from gpuledger.core.claims import Claims
-from gpuledger.core.gpu_queues import LabelSelector, QueueError, QueueSet, label_selector, queue_from_object
+from gpuledger.core.books.books import Books
+from gpuledger.core.books.claims import Claims
 from gpuledger.core.model import MILLI_PER_GPU, Placement, Request
-from gpuledger.core.node_state import Holding
-from gpuledger.core.objects import TERMINAL_PHASES, iter_objects, kind_of, pod_key_of
-from gpuledger.core.preemption import Running
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use
+from gpuledger.core.nodes.node_state import Holding
+from gpuledger.core.pods.annotation_values import AnnotationError, read_priority
+from gpuledger.core.pods.objects import TERMINAL_PHASES, iter_objects, kind_of, pod_key_of
+from gpuledger.core.queues.gpu_queues import (
+    LabelSelector,
+    QueueError,
+    QueueSet,
+    label_selector,
+    queue_from_object,
+)
+from gpuledger.core.queues.preemption import Running
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Usage, Use
 from gpuledger.names import (
     GPUQUEUE_KIND,
     PLACEMENT_ANNOTATION,
@@ -334,7 +340,7 @@ class QueueBook:
         return usage
 
     def capacity(self) -> Capacity:
-        """Every node with GPUs, summed by product (as gpuledger.core.ledger_view counts it)."""
+        """Every node with GPUs, summed by product (as gpuledger.core.queues.ledger_view counts it)."""
         self._refresh()
         return Capacity({p: ProductCapacity(*v) for p, v in sorted(self._cap_sum.items()) if any(v)})
 
@@ -508,7 +514,7 @@ class QueueBook:
 
 
 def _priority(spec: Mapping, annotations: Mapping) -> int:
-    """The priority annotation, else spec.priority (as gpuledger.core.request reads a pod's), else 0."""
+    """The priority annotation, else spec.priority (as gpuledger.core.pods.request reads a pod's), else 0."""
     text = annotations.get(PRIORITY)
     if text is not None:
         try:

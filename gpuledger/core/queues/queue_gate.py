@@ -1,22 +1,23 @@
 """Quotas and the fair order at the ledger's door: whether a request's queue may take what the ledger would
 give it now, and which queue's waiting work goes first.
 
-A `QueueGate` reads what each queue uses and the cluster's capacity once (gpuledger.core.queue_book) and
-adds each placement as it is made, so one place pass, or admissions in a row, read the books once. Its
-`key` is the fair order's (gpuledger.core.fair_share.queue_key, the top-level queue first, then the leaf):
-smaller goes first; a queue's key only grows as it places, which lets the line's pass re-check a key lazily.
-Its `refusal` is gpuledger.core.quotas.quota_refusal's, in words naming the queue, its use and its quota.
+A `QueueGate` reads what each queue uses and the cluster's capacity once (gpuledger.core.queues.queue_book)
+and adds each placement as it is made, so one place pass, or admissions in a row, read the books once. Its
+`key` is the fair order's (gpuledger.core.queues.fair_share.queue_key, the top-level queue first, then the
+leaf): smaller goes first; a queue's key only grows as it places, which lets the line's pass re-check a key
+lazily. Its `refusal` is gpuledger.core.queues.quotas.quota_refusal's, in words naming the queue, its use and
+its quota.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuledger.core.fair_share import queue_key
-from gpuledger.core.gpu_queues import QueueSet
 from gpuledger.core.model import MILLI_PER_GPU, Denial, Placement, Request
-from gpuledger.core.queue_book import QueueBook
-from gpuledger.core.quotas import Capacity, ProductCapacity, Usage, Use, gpus_text, quota_refusal
+from gpuledger.core.queues.fair_share import queue_key
+from gpuledger.core.queues.gpu_queues import QueueSet
+from gpuledger.core.queues.queue_book import QueueBook
+from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Usage, Use, gpus_text, quota_refusal
 
 
 class QueueGate:

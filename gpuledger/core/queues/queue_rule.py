@@ -1,8 +1,8 @@
 """The queue's rule: priority, then arrival, with a bounded backfill window. Pure.
 
-One rule for everything that waits for GPUs: the ledger's waiting pods (gpuledger.core.waiting, which walks
-it pod shape by pod shape) and the GPUWorkload controller's queue (`plan`, over a whole list). Time is an
-argument; nothing here reads a clock, asks the ledger or talks to the API.
+One rule for everything that waits for GPUs: the ledger's waiting pods (gpuledger.core.queues.waiting, which
+walks it pod shape by pod shape) and the GPUWorkload controller's queue (`plan`, over a whole list). Time is
+an argument; nothing here reads a clock, asks the ledger or talks to the API.
 
 1. Order: higher priority first; equal priority, earlier arrival first; then the key, for a total order.
 2. Walk that order and start the first entry that fits whole.

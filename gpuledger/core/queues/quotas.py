@@ -6,7 +6,8 @@ products it does not name). A parent queue uses what its children use. Borrowing
 may borrow up to its borrowing limit, and only from what others do not use: the GPUs a queue keeps (its quota
 less its lending limit) stay free while it does not use them, so a borrower must leave them free.
 
-Pure: what the ledger holds enters as `Use` values and a `Capacity`, both read by gpuledger.core.ledger_view.
+Pure: what the ledger holds enters as `Use` values and a `Capacity`, both read by
+gpuledger.core.queues.ledger_view.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuledger.core.gpu_queues import ANY_PRODUCT, GPUQueue, QueueError, QueueSet
 from gpuledger.core.model import MILLI_PER_GPU
+from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, GPUQueue, QueueError, QueueSet
 
 UsePart = tuple[str, int, int, int]  # (GPU product, milli-GPUs, CPU milli, memory MiB)
 

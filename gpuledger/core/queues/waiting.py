@@ -2,10 +2,10 @@
 holding nothing, placed in order the moment GPUs free.
 
 The line is a function of the cluster's objects alone: every stored pod that carries gpuledger's scheduling
-gate and a validly signed `gpuledger.io/waiting` ticket issued for it (gpuledger.core.waiting_codec) waits,
-in the order of gpuledger.core.queue_rule (priority, then the arrival the ledger stamped, with the bounded
-backfill window). So a ledger rebuilt from nodes and pods holds the same line as the live one. A gang waits
-whole: its pods form one entry, placed together once every slot of its plan can be placed.
+gate and a validly signed `gpuledger.io/waiting` ticket issued for it (gpuledger.core.pods.waiting_codec)
+waits, in the order of gpuledger.core.queues.queue_rule (priority, then the arrival the ledger stamped, with
+the bounded backfill window). So a ledger rebuilt from nodes and pods holds the same line as the live one. A
+gang waits whole: its pods form one entry, placed together once every slot of its plan can be placed.
 
 Indexed by pod shape: pods of one shape (`Request.shape()`: everything but their identity, priority
 included) get the same answer in the same state, so when the first of a shape does not fit, none of it does,
@@ -25,16 +25,16 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Protocol
 
-from gpuledger.core.books import Books
-from gpuledger.core.ever_fits import EverFits
-from gpuledger.core.filters import Filters
+from gpuledger.core.books.books import Books
 from gpuledger.core.model import Denial, Placement, Reason, Request, ReservationState
-from gpuledger.core.node_state import NodeState
-from gpuledger.core.objects import TERMINAL_PHASES, iter_objects, kind_of, pod_key_of
-from gpuledger.core.queue_rule import DEFAULT_BACKFILL_WINDOW_S, is_barrier, order_key
-from gpuledger.core.registry import canonical_name, get_strategy
-from gpuledger.core.selection import Selector
-from gpuledger.core.waiting_codec import WaitTicket, ticket_for
+from gpuledger.core.nodes.node_state import NodeState
+from gpuledger.core.placing.ever_fits import EverFits
+from gpuledger.core.placing.filters import Filters
+from gpuledger.core.placing.selection import Selector
+from gpuledger.core.plugins.registry import canonical_name, get_strategy
+from gpuledger.core.pods.objects import TERMINAL_PHASES, iter_objects, kind_of, pod_key_of
+from gpuledger.core.pods.waiting_codec import WaitTicket, ticket_for
+from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S, is_barrier, order_key
 from gpuledger.names import (
     DEVICE_INDICES_ANNOTATION,
     SCHEDULING_GATE,
@@ -108,8 +108,8 @@ class LineEntry:
 
 
 class LineGate(Protocol):
-    """The GPU queues' say in a pass (gpuledger.core.queue_gate): the fair order among queues, and quotas.
-    Without one (no GPUQueue exists) the line is in rank order alone and no quota applies."""
+    """The GPU queues' say in a pass (gpuledger.core.queues.queue_gate): the fair order among queues, and
+    quotas. Without one (no GPUQueue exists) the line is in rank order alone and no quota applies."""
 
     def key(self, request: Request) -> tuple:
         """The fair-order key of the request's queue (smaller first); it only grows as the pass places."""
