@@ -8,7 +8,8 @@ The last test runs the real ledger (a `LedgerService` in this process) behind th
 carried out. The others drive the adapter with `OrdersTarget`, a small target that hands out the orders a
 test gives it and records what it is told (`preemptions_due`, `eviction_refused`), to reach what a plan
 rarely makes on purpose: a refusal, a void order, a restart mid-way. What the ledger plans is tested with
-the ledger (tests/core/test_preemption*.py, test_held_plans.py); the webhook's whole path is tests/e2e's.
+the ledger (tests/core/queues/test_preemption*.py, tests/core/passes/test_held_plans.py); the webhook's
+whole path is tests/e2e's.
 """
 
 from __future__ import annotations

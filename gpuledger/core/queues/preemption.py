@@ -26,7 +26,8 @@ the one of lowest rule and priority, then the fewest pods, then the youngest vic
 
 No loop: each plan strictly improves, in this order, (1) the priorities of the running critical work, (2) the
 GPUs leaf queues borrow, (3) the GPUs top-level queues borrow, (4) the priorities of all running work; so no
-set of preemptions can come back to where it started (tests/core/test_preemption_properties.py checks it).
+set of preemptions can come back to where it started (tests/core/queues/test_preemption_properties.py checks
+it).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from gpuledger.core.model import MILLI_PER_GPU
 from gpuledger.core.queues.gpu_queues import ANY_PRODUCT, QueueSet, queue_from_object
 from gpuledger.core.queues.quotas import Capacity, ProductCapacity, Usage, Use, quota_refusal
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "queues.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "queues.md"
 G = MILLI_PER_GPU
 
 

@@ -5,8 +5,8 @@ may (as in Kubernetes)."""
 from __future__ import annotations
 
 from gpuledger import strategies  # noqa: F401  (registers the built-in strategies)
-from tests.core.test_held_plans import NOW, T0, World
-from tests.core.test_queue_book import gpu_queue
+from tests.core.passes.test_held_plans import NOW, T0, World
+from tests.core.queues.test_queue_book import gpu_queue
 
 
 def one_queue_world() -> World:

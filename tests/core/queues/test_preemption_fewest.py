@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpuledger.core.queues.gpu_queues import GPUQueue, QueueSet
 from gpuledger.core.queues.preemption import Plan, Rule
 from tests.core.queue_factory import Cluster, nodes
-from tests.core.test_preemption import CRITICAL, LOW, apply, plan_for, preemptor, quota
+from tests.core.queues.test_preemption import CRITICAL, LOW, apply, plan_for, preemptor, quota
 
 
 def one_team() -> QueueSet:

@@ -102,7 +102,7 @@ def test_a_large_gangs_unclaimed_slots_go_with_its_last_pod() -> None:
     from gpuledger.core.ledger import Ledger, LedgerConfig
     from gpuledger.core.model import Placement
     from gpuledger.core.pods.request import request_from_pod
-    from tests.core.test_gang_claims_differential import _nodes, _owner, _pod
+    from tests.core.books.test_gang_claims_differential import _nodes, _owner, _pod
 
     nodes = _nodes(160)
     led = Ledger.rebuild(nodes, LedgerConfig(placement_key=b"k"), now=0.0)

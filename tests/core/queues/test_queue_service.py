@@ -19,8 +19,8 @@ from gpuledger.service.ledger_service import (
 )
 from gpuledger.sync.targets import LocalLedgerTarget
 from gpuledger.views.queues import queues_view
-from tests.core.test_held_plans import KEY, NOW, T0, World
-from tests.core.test_queue_book import gpu_queue
+from tests.core.passes.test_held_plans import KEY, NOW, T0, World
+from tests.core.queues.test_queue_book import gpu_queue
 
 HOLDER = "sync-1"
 

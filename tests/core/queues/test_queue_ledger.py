@@ -9,7 +9,7 @@ from gpuledger.core.ledger import Ledger, LedgerConfig, Waiting
 from gpuledger.core.model import Denial, Placement, Request
 from gpuledger.names import QUEUE_LABEL
 from tests.core.core_factory import node, pod
-from tests.core.test_queue_book import gpu_queue, namespace
+from tests.core.queues.test_queue_book import gpu_queue, namespace
 from tests.core.waiting_factory import gated_pod, placed_pod
 
 KEY = b"queue-key"

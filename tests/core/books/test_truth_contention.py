@@ -11,8 +11,8 @@ from gpuledger.core.ledger import Ledger
 from gpuledger.core.model import Placement, Request
 from gpuledger.core.pods.placement_codec import Binding, encode_placement
 from gpuledger.names import HOLDERS_ANNOTATION
+from tests.core.books.test_integrity_properties import KEY, config, stored_pod
 from tests.core.core_factory import node
-from tests.core.test_integrity_properties import KEY, config, stored_pod
 
 
 def n1(holders: dict[int, str] | None) -> dict:

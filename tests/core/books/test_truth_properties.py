@@ -14,8 +14,8 @@ from gpuledger.core.ledger import Ledger
 from gpuledger.core.model import Placement, Request
 from gpuledger.core.pods.placement_codec import Binding, encode_placement
 from gpuledger.names import HOLDERS_ANNOTATION, PLACEMENT_ANNOTATION
+from tests.core.books.test_integrity_properties import config, holders_by_device, stored_pod
 from tests.core.core_factory import node, pod, rebuilt_the_long_way, rebuilt_without_adopting_at_once
-from tests.core.test_integrity_properties import config, holders_by_device, stored_pod
 
 NAMES = ("n1", "n2")
 GPUS = 4
@@ -50,7 +50,7 @@ def check(live: Ledger, nodes: dict[str, dict], objects: list[dict]) -> None:
 # Random search once found owners of different ids both placed on one device (the second admitted while the
 # kubelet's truth had moved the first elsewhere) resolved in event order live but list order by a rebuild;
 # gpuledger/core/books/claims.py `contend` now resolves them in claim order
-# (tests/core/test_truth_contention.py).
+# (tests/core/books/test_truth_contention.py).
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_rebuild_equals_live_with_node_truth_mixed_in(data):

@@ -19,8 +19,8 @@ from gpuledger.core.ledger import Ledger, LedgerConfig, Waiting
 from gpuledger.core.model import Placement, Request
 from gpuledger.names import PREEMPTING_ANNOTATION, QUEUE_LABEL
 from tests.core.core_factory import node, pod
+from tests.core.queues.test_queue_book import gpu_queue, namespace
 from tests.core.test_properties import check_invariants
-from tests.core.test_queue_book import gpu_queue, namespace
 from tests.core.waiting_factory import gated_pod, placed_pod
 
 KEY = b"prop-queues"
