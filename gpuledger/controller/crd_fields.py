@@ -289,7 +289,7 @@ def gpunode_status() -> S:
     )
 
 
-# --- GPUQueue (parsed by gpuledger.core.gpu_queues, which names the same fields) ---------------------------
+# --- GPUQueue (parsed by gpuledger.core.queues.gpu_queues, which names the same fields) -----------------
 
 MAX_QUEUE_GPUS = 10_000_000
 MAX_QUEUE_WEIGHT = 1_000_000
