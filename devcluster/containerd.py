@@ -91,8 +91,12 @@ class Containerd:
         return self.folder / "containerd.log"
 
     def config_toml(self, version: int | None = None) -> str:
-        """Version 3 (containerd 2's own, no migration at start) where the cached containerd 2 runs, else
-        version 2 (containerd 1.6)."""
+        """Version 3 where the cached containerd 2 runs, else version 2 (Debian's containerd 1.6).
+
+        containerd 2.4 reads version 4, where [grpc] and [ttrpc] moved to server plugins
+        (io.containerd.server.v1.grpc, ...): a version 4 config with them at the top would serve on the
+        host's /run/containerd/containerd.sock. Version 3, which every containerd 2 reads, it migrates at
+        start (one warning in its log, "Configuration migrated from version 3"; nothing deprecated)."""
         version = version or (3 if runtime_bin_dir() else 2)
         return self._config_v3() if version == 3 else self._config_v2()
 
