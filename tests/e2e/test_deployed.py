@@ -12,8 +12,10 @@ NetworkPolicy, exactly as shipped.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -630,6 +632,62 @@ def test_the_controllers_leader_pod_deleted_while_pods_are_created(deployed):
     (meanwhile_job,) = workload_jobs(cp, namespace, workload(cp, namespace, "meanwhile"))
     assert meanwhile_job["status"].get("succeeded") == 1
     cp.kubectl("delete", "gpuworkloads.agentaflow.io", "before", "-n", namespace, "--wait=false")
+
+
+def controller_pid(pod: dict) -> int:
+    """The host pid of the `gpuledger controller` process of `pod` (the real node runs on this host): the
+    Python process whose command line names the Lease and whose cgroup names the pod's uid (not tini, the
+    image's entrypoint, whose command line is the same after `--`)."""
+    uid = pod["metadata"]["uid"]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cgroup = (proc / "cgroup").read_text()
+            exe = os.readlink(proc / "exe")
+        except OSError:
+            continue
+        ours = uid in cgroup or uid.replace("-", "_") in cgroup
+        if ours and "python" in Path(exe).name and b"controller" in argv and b"--lease-name" in argv:
+            return int(proc.name)
+    raise AssertionError(f"no controller process of pod {pod['metadata']['name']} ({uid}) on this host")
+
+
+def container_status(pod: dict, name: str) -> dict:
+    return next(s for s in pod["status"].get("containerStatuses") or [] if s["name"] == name)
+
+
+def test_a_frozen_controller_is_restarted_by_its_liveness_probe(deployed):
+    """The controller's process stopped (SIGSTOP): its event loop answers nothing, so its liveness probe
+    (`/healthz` on its own loop) fails and the kubelet restarts the container, in the same pod; the
+    restarted controller takes the Lease again and becomes ready. The webhook container is not restarted."""
+    cp = deployed.cp
+    (pod,) = wait_ready_pods(cp, SYSTEM, WEBHOOK_PODS, 1)
+    name = pod["metadata"]["name"]
+    before = container_status(pod, "controller")["restartCount"]
+    webhook_before = container_status(pod, "webhook")["restartCount"]
+    pid = controller_pid(pod)
+    os.kill(pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        restarted = cp.wait_for(
+            lambda: (lambda p: p if container_status(p, "controller")["restartCount"] > before else None)(
+                cp.get_json("pod", name, "-n", SYSTEM)
+            ),
+            timeout=240,
+            interval=1.0,
+            what=f"the kubelet restarting the frozen controller of {name}",
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a stopped process the kubelet could not kill yet
+    print(f"\nfrozen controller restarted by its liveness probe after {time.monotonic() - frozen:.1f}s")
+    assert container_status(restarted, "webhook")["restartCount"] == webhook_before
+    (ready,) = wait_ready_pods(cp, SYSTEM, WEBHOOK_PODS, 1, timeout=240)
+    assert ready["metadata"]["name"] == name  # the same pod: only the container was restarted
+    cp.wait_for(lambda: lease_holder(cp) == name, timeout=60, what=f"the Lease held by {name} again")
+    assert controller_pid(ready) != pid
 
 
 def test_the_node_agent_daemonset_restarted_while_pods_are_created(deployed, node_agent):
