@@ -285,7 +285,8 @@ def _container_requests(container: dict, problems: list[str] | None, where: str)
 
 def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
     """Effective requests: sum of containers (and restartable init sidecars), max with each init container,
-    plus the pod overhead — the rule the scheduler uses."""
+    or the pod-level `spec.resources` for CPU and memory where set, plus the pod overhead — the rule the
+    scheduler uses."""
     spec = pod.get("spec") or {}
     name = (pod.get("metadata") or {}).get("name", "")
     cpu = mem = gpus = 0
@@ -307,6 +308,18 @@ def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
         cpu, mem, gpus = cpu + c_cpu, mem + c_mem, gpus + c_gpu
     cpu, mem, gpus = cpu + sidecar[0], mem + sidecar[1], gpus + sidecar[2]
     cpu, mem, gpus = max(cpu, init_peak[0]), max(mem, init_peak[1]), max(gpus, init_peak[2])
+    # pod-level resources: the pod's own CPU and memory, where set, stand for its containers' (the API server
+    # defaults a pod-level request to its limit); GPUs are never pod-level
+    level = spec.get("resources")
+    if level and isinstance(level, dict):
+        wanted = {}
+        for section in ("limits", "requests"):  # requests win
+            if isinstance(level.get(section), dict):
+                wanted.update(level[section])
+        if wanted.get("cpu") is not None:
+            cpu = _lenient(cpu_milli, wanted["cpu"], cpu, problems, f"pod {name} spec.resources cpu")
+        if wanted.get("memory") is not None:
+            mem = _lenient(memory_mib, wanted["memory"], mem, problems, f"pod {name} spec.resources memory")
     overhead = spec.get("overhead") or {}
     cpu += _lenient(cpu_milli, overhead.get("cpu"), 0, problems, f"pod {name} overhead cpu")
     mem += _lenient(memory_mib, overhead.get("memory"), 0, problems, f"pod {name} overhead memory")

@@ -104,9 +104,9 @@ def container_gpus(pod: Mapping, resource: str) -> tuple[int, list[str]]:
 
 def container_resources(pod: Mapping) -> tuple[int, int]:
     """(cpu milli, memory MiB) the pod requests, counted exactly as the ledger counts the stored pod
-    (`kube.pod_requests`: requests default to limits, restartable init sidecars, init peaks, overhead), so a
-    reservation and a rebuild from the pod agree. Every quantity is checked first: a bad one is a denial
-    naming its field, not a silently ignored value."""
+    (`kube.pod_requests`: requests default to limits, restartable init sidecars, init peaks, pod-level
+    resources, overhead), so a reservation and a rebuild from the pod agree. Every quantity is checked first:
+    a bad one is a denial naming its field, not a silently ignored value."""
     spec = mapping(pod.get("spec"))
     for kind in ("containers", "initContainers"):
         if spec.get(kind) is not None and not isinstance(spec.get(kind), list):
@@ -124,6 +124,10 @@ def container_resources(pod: Mapping) -> tuple[int, int]:
         raw = mapping(spec.get("overhead")).get(resource)
         if raw is not None:
             parse_quantity(f"spec.overhead.{resource}", raw)
+        for section in ("requests", "limits"):  # pod-level resources
+            raw = mapping(mapping(spec.get("resources")).get(section)).get(resource)
+            if raw is not None:
+                parse_quantity(f"spec.resources.{section}.{resource}", raw)
 
     def plain(value: Any) -> bool:  # what pod_requests reads as it stands: a map, or nothing
         return type(value) is dict or not value
@@ -136,6 +140,9 @@ def container_resources(pod: Mapping) -> tuple[int, int]:
                     resources and not (plain(resources.get("requests")) and plain(resources.get("limits")))
                 ):
                     return False
+        level = spec.get("resources")
+        if not plain(level) or (level and not (plain(level.get("requests")) and plain(level.get("limits")))):
+            return False
         return plain(spec.get("overhead"))
 
     if all_plain():  # the common pod: counted where it lies, without the copy below
@@ -160,6 +167,8 @@ def container_resources(pod: Mapping) -> tuple[int, int]:
         kind: [sane(c) for c in as_list(spec.get(kind))] for kind in ("containers", "initContainers")
     }
     shaped["overhead"] = mapping(spec.get("overhead"))
+    level = mapping(spec.get("resources"))
+    shaped["resources"] = {"requests": mapping(level.get("requests")), "limits": mapping(level.get("limits"))}
     problems = []
     counted = kube.pod_requests(
         {"metadata": {"name": str(mapping(pod.get("metadata")).get("name", ""))}, "spec": shaped}, problems
