@@ -191,6 +191,42 @@ def test_the_plan_is_recorded_then_each_victim_evicted_and_its_owner_and_the_pre
     assert len(events(apiserver, ns, PREEMPTING_REASON)) == 1
 
 
+def test_a_large_plan_is_evicted_a_bounded_number_at_a_time_after_its_record(apiserver, core, ns):
+    """A reclaim of many pods is not one round trip after another: the victims are evicted `parallel` at a
+    time, never more, each once and each owner told once, after the record is on the preemptor."""
+    bodies = [create(core, ns, pod(f"v-{i}")) for i in range(24)]
+    preemptor = create(core, ns, pod("big"))
+    plan = order(preemptor, [victim(b) for b in bodies], oid="rid-many")
+    evict = core.create_namespaced_pod_eviction
+    lock, in_flight, most, recorded_first = threading.Lock(), [0], [0], []
+
+    def counted(*args, **kwargs):  # the real call, counted: how many are in flight at once
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        stored = apiserver.get_json("pod", "big", "-n", ns)["metadata"].get("annotations") or {}
+        recorded_first.append(PREEMPTING_ANNOTATION in stored)
+        try:
+            return evict(*args, **kwargs)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    core.create_namespaced_pod_eviction = counted
+    evictor = Evictor(core, clock=lambda: T, parallel=4).start()
+    try:
+        assert evictor.after_apply(OrdersTarget([plan]), "sync-a") == 1 and evictor.drain(timeout=60)
+    finally:
+        evictor.stop()
+        core.create_namespaced_pod_eviction = evict
+    assert evictor.stats.evicted == 24 and all(recorded_first) and len(recorded_first) == 24
+    assert 1 < most[0] <= 4, most
+    for b in bodies:
+        apiserver.wait_for(lambda b=b: gone(apiserver, ns, b["metadata"]["name"], b["metadata"]["uid"]))
+    assert len(events(apiserver, ns, PREEMPTED_REASON)) == 24
+    assert len(events(apiserver, ns, PREEMPTING_REASON)) == 1
+
+
 def test_a_victims_termination_grace_is_honoured_and_a_repeat_is_not_told_twice(apiserver, core, ns):
     apiserver.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{ns}"}})
     held = create(core, ns, pod("graceful", node=f"node-{ns}", grace=120))
@@ -343,9 +379,11 @@ def test_the_sync_asks_for_orders_after_each_batch_and_hands_refusals_back(apise
         apiserver.wait_for(lambda: orders.refused, what="the refusal handed to the ledger")
     finally:
         sync.stop()
-    assert [(r.name, r.status) for r in orders.refused] == [("guarded", 429)]
+    # the order may be handed out again before the test drops it (victims are evicted in parallel, so the
+    # refusal can come back before the doomed pod's deletion is seen): each time the same refusal
+    assert {(r.name, r.status) for r in orders.refused} == {("guarded", 429)}
     assert set(orders.holders) == {sync.identity}
-    assert (sync.evictor.stats.evicted, sync.evictor.stats.refused) == (1, 1)
+    assert sync.evictor.stats.evicted == 1 and sync.evictor.stats.refused >= len(orders.refused) >= 1
     stored = apiserver.get_json("pod", "critical", "-n", ns)
     assert PREEMPTING_ANNOTATION in stored["metadata"]["annotations"]
     assert len(events(apiserver, ns, PREEMPTED_REASON)) == 1  # posted as the product's identity
