@@ -11,7 +11,7 @@ import shutil
 import socket
 from pathlib import Path
 
-K8S_VERSION = os.environ.get("K8S_VERSION", "1.32.4")
+K8S_VERSION = os.environ.get("K8S_VERSION", "1.37.2")
 CACHE = Path(os.environ.get("GPULEDGER_CACHE", Path.home() / ".cache" / "gpuledger"))
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@
 # kube-scheduler (COMPONENTS=kube-scheduler) binds the pods that waited in the ledger's line (devcluster/scheduler.py).
 # Builds run under `nice -n 19`: the machines that run them are shared.
 set -euo pipefail
-K8S_VERSION="${K8S_VERSION:-1.32.4}"
+K8S_VERSION="${K8S_VERSION:-1.37.2}"
 CACHE="${GPULEDGER_CACHE:-$HOME/.cache/gpuledger}"
 COMPONENTS="${COMPONENTS:-kube-apiserver kube-controller-manager}"
 missing=()

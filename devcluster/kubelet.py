@@ -1,6 +1,6 @@
-"""A real node for a running ControlPlane: kubelet v1.32 (built like kube-apiserver) on its own containerd,
-with a client certificate in system:nodes, registering a Node that runs real pods from the locally built
-images.
+"""A real node for a running ControlPlane: kubelet (v1.37 by default, built like kube-apiserver) on its own
+containerd, with a client certificate in system:nodes, registering a Node that runs real pods from the locally
+built images.
 
 Everything lives in one temporary folder, serves on loopback only, and is undone by `stop`. It must never
 touch a pod, process, cgroup or mount it did not create; the three host sysctls the kubelet sets are put back.
