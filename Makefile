@@ -14,7 +14,7 @@ COREDNS := $(GPULEDGER_CACHE)/coredns-v1.12.1
 export HELM_VERSION ?= 3.22.0
 HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
 
-.PHONY: all venv apiserver helm runtime runtime-build image test test-fast lint demo bench bench-cluster simulate clean
+.PHONY: all venv apiserver helm runtime runtime-build image test test-versions test-fast lint demo bench bench-cluster simulate clean
 
 all: test
 
@@ -93,6 +93,35 @@ lint: venv
 TEST_WORKERS ?= 2
 test: venv apiserver helm runtime
 	GPULEDGER_REQUIRE_ALL=1 $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+
+# the end-to-end and real-node modules once per Kubernetes version, each version's binaries built on demand
+# (devcluster/build_kube_components.sh, cached like the default's), then a pass/fail table. A version whose
+# build fails reads "build failed"; each run's output is kept in $(VERSIONS_LOG_DIR)/<version>.log.
+K8S_VERSIONS ?= 1.35.4 1.36.3 1.37.2 1.38.0-beta.0
+VERSION_TESTS ?= tests/e2e tests/devcluster tests/adapters tests/cli
+VERSIONS_LOG_DIR ?= $(GPULEDGER_CACHE)/test-versions
+KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy
+test-versions: venv helm runtime $(COREDNS)
+	@mkdir -p $(VERSIONS_LOG_DIR); rm -f $(VERSIONS_LOG_DIR)/results; \
+	for v in $(K8S_VERSIONS); do \
+	  log=$(VERSIONS_LOG_DIR)/$$v.log; start=$$SECONDS; \
+	  echo "== Kubernetes $$v (output: $$log)"; \
+	  if ! env K8S_VERSION=$$v COMPONENTS="$(KUBE_COMPONENTS)" bash devcluster/build_kube_components.sh >$$log 2>&1; then \
+	    result="build failed"; \
+	  else \
+	    env -u KUBE_APISERVER -u KUBE_CONTROLLER_MANAGER -u KUBELET -u KUBE_SCHEDULER -u KUBE_PROXY K8S_VERSION=$$v \
+	      GPULEDGER_REQUIRE_ALL=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m e2e \
+	      $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
+	      $(VERSION_TESTS) $(PYTEST_ARGS) >>$$log 2>&1; rc=$$?; \
+	    summary="$$(grep -E '[0-9]+ (passed|failed|error)' $$log | grep -E ' in [0-9.]+s' | tail -1 | tr -d '=' | sed 's/^ *//;s/ *$$//')"; \
+	    if [ $$rc -eq 0 ]; then result="pass"; else result="FAIL (exit $$rc)"; fi; \
+	    result="$$result  $$summary"; \
+	  fi; \
+	  printf '%-16s %-6s %s\n' "$$v" "$$((SECONDS - start))s" "$$result" >> $(VERSIONS_LOG_DIR)/results; \
+	  tail -1 $(VERSIONS_LOG_DIR)/results; \
+	done; \
+	echo; printf '%-16s %-6s %s\n' version time result; cat $(VERSIONS_LOG_DIR)/results; \
+	! grep -qv '  *pass ' $(VERSIONS_LOG_DIR)/results
 
 # everything that needs no control plane
 test-fast: venv
