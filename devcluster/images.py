@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 BUSYBOX = Path(os.environ.get("GPULEDGER_BUSYBOX", "/bin/busybox"))
-# kubelet v1.32's default pod infra image; containerd's sandbox_image is set to the same name
+# the kubelet's default pod infra image; containerd's sandbox_image is set to the same name
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 # not `latest`, so a pod's default imagePullPolicy is IfNotPresent and the kubelet never tries to pull
 TEST_IMAGE = "gpuledger.local/busybox:test"

@@ -1,5 +1,6 @@
-"""Real pods on a real node: kubelet v1.32 + containerd + runc from Debian, the fake GPU device plugin
-over the kubelet's device-plugin gRPC API, and PodResources read back over its own gRPC API.
+"""Real pods on a real node: the harness's kubelet (K8S_VERSION) on containerd 2 and runc built from their
+Go modules (Debian's containerd where they are not built), the fake GPU device plugin over the kubelet's
+device-plugin gRPC API, and PodResources read back over its own gRPC API.
 
 Pods are bound by nodeName in a namespace that is not opted in to admission: this module proves the node, not
 gpuledger's placement.

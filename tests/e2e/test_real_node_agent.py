@@ -1,10 +1,11 @@
 """The node agent on a real node: it reads the real kubelet's PodResources socket and publishes
 `agentaflow.gpu/device-holders` naming the pod on exactly the devices the device plugin gave it.
 
-kubelet v1.32 + containerd + runc (devcluster/kubelet.py) with the fake GPU plugin; the agent runs as its own
-process (`python -m gpuledger.node_agent`) with the fake probe reporting the plugin's UUIDs, and GPU processes
-whose pids are real: this test's own (outside Kubernetes) and the pod's (inside it), so the /proc cgroup
-mapping is checked against the cgroups a real kubelet made. The pod's namespace is not opted in to admission.
+The harness's kubelet + containerd + runc (devcluster/kubelet.py) with the fake GPU plugin; the agent runs as
+its own process (`python -m gpuledger.node_agent`) with the fake probe reporting the plugin's UUIDs, and GPU
+processes whose pids are real: this test's own (outside Kubernetes) and the pod's (inside it), so the /proc
+cgroup mapping is checked against the cgroups a real kubelet made. The pod's namespace is not opted in to
+admission.
 """
 
 from __future__ import annotations
