@@ -215,6 +215,8 @@ def test_pod_added_listeners_see_each_new_pod_once_and_a_failing_one_stops_nothi
         lambda: any(t == "MODIFIED" and o["metadata"]["name"] == "added-1" for t, o in list(target.events)),
         what="the patch MODIFIED",
     )
+    # the listeners run on the sync's own thread after the target was handed the event: wait for them too
+    apiserver.wait_for(lambda: "added-2" in seen, what="the listener told of the second pod")
     assert seen == ["added-1", "added-2"]  # ADDED only, each once, past the listener that raised
     assert len(target.resyncs) == 1 and sync.stats.watch_errors == 0  # the watch never broke
 
