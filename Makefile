@@ -12,7 +12,7 @@ export KUBE_SCHEDULER ?= $(GPULEDGER_CACHE)/kube-scheduler-v$(K8S_VERSION)
 export KUBE_PROXY ?= $(GPULEDGER_CACHE)/kube-proxy-v$(K8S_VERSION)
 COREDNS := $(GPULEDGER_CACHE)/coredns-v1.12.1
 export HELM_VERSION ?= 3.22.0
-HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)
+HELM := $(GPULEDGER_CACHE)/helm-v$(HELM_VERSION)-release
 
 .PHONY: all venv apiserver helm runtime runtime-build image test test-versions test-fast lint demo bench bench-cluster simulate clean
 

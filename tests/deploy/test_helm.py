@@ -34,7 +34,7 @@ HASHED = re.compile(r"^(gpuledger-config)-[a-z0-9]{10}$")
 
 
 def helm_binary() -> str | None:
-    cached = CACHE / f"helm-v{HELM_VERSION}"
+    cached = CACHE / f"helm-v{HELM_VERSION}-release"
     return str(cached) if cached.exists() else shutil.which("helm")
 
 
@@ -226,3 +226,32 @@ def test_the_controllers_probe_port_is_a_value():
         assert ports[container[probe]["httpGet"]["port"]] == 9091
     assert "must differ" in helm_fails("controller.healthPort=8080")
     assert "/controller/healthPort" in helm_fails("controller.healthPort=0")
+
+
+@pytest.mark.parametrize("version", ["1.35.0", "1.36.3", "1.37.2", "1.38.0-beta.0"])
+def test_the_chart_installs_on_each_supported_kubernetes(version):
+    proc = subprocess.run(
+        [_require_helm(), "template", "gpuledger", str(CHART), "--kube-version", version],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_chart_refuses_a_kubernetes_older_than_it_supports():
+    """Chart.yaml's kubeVersion: 1.34 and older are end-of-life and untested (docs/deployment.md)."""
+    proc = subprocess.run(
+        [_require_helm(), "template", "gpuledger", str(CHART), "--kube-version", "1.34.9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert ">=1.35.0-0" in proc.stderr, proc.stderr
+
+
+def test_helm_template_assumes_the_kubernetes_of_its_client_go():
+    """Built as helm's release build is (charts/build_helm.sh), `helm template` with no --kube-version renders
+    the chart rather than assuming v1.20.0 and refusing its kubeVersion."""
+    assert helm_template()
