@@ -26,6 +26,25 @@ def binary_path(component: str) -> Path:
     return Path(os.environ.get(env) or CACHE / f"{component}-v{K8S_VERSION}")
 
 
+def version_of(text: str) -> tuple[int, int]:
+    """(major, minor) of "1.38.0-beta.0"."""
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+def workload_api_args(component: str, version: str = K8S_VERSION) -> tuple[str, ...]:
+    """The flags that serve Kubernetes' Workload API (PodGroup gangs), where its scheduling.k8s.io/v1beta1
+    exists (1.37 and later): the GenericWorkload gate is beta and off by default there, and a beta API is
+    served only when asked. kube-scheduler's gang plugin follows the same gate. Older versions run as
+    shipped."""
+    if version_of(version) < (1, 37):
+        return ()
+    flags = ["--feature-gates=GenericWorkload=true"]
+    if component == "kube-apiserver":
+        flags.append("--runtime-config=scheduling.k8s.io/v1beta1=true")
+    return tuple(flags)
+
+
 def etcd_path() -> Path:
     found = shutil.which("etcd")
     venv_etcd = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "etcd"

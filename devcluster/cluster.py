@@ -29,7 +29,15 @@ from pathlib import Path
 import yaml
 
 from devcluster import kubeflow
-from devcluster.binaries import REPO, ControlPlaneError, binary_path, etcd_path, free_port, missing_binaries
+from devcluster.binaries import (
+    REPO,
+    ControlPlaneError,
+    binary_path,
+    etcd_path,
+    free_port,
+    missing_binaries,
+    workload_api_args,
+)
 from devcluster.kubeclient import ExistingCluster, KubeClient, KubectlError
 from devcluster.users import (
     ADMIN,
@@ -277,6 +285,7 @@ class ControlPlane(KubeClient):
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *workload_api_args("kube-apiserver"),
             *self.extra_apiserver_args,
         ]
         self._spawn("kube-apiserver", self._apiserver_argv)
@@ -300,6 +309,7 @@ class ControlPlane(KubeClient):
                 "--leader-elect=false",
                 "--secure-port=0",
                 f"--controllers={','.join(self.controllers)}",
+                *workload_api_args("kube-controller-manager"),
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
                 "--concurrent-job-syncs=10",

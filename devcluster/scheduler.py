@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from devcluster.binaries import ControlPlaneError, binary_path
+from devcluster.binaries import ControlPlaneError, binary_path, workload_api_args
 from devcluster.processes import stop_process
 
 SCHEDULER = "kube-scheduler"
@@ -51,6 +51,7 @@ class KubeScheduler:
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--bind-address=127.0.0.1",
+                *workload_api_args("kube-scheduler"),
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
                 "--v=1",

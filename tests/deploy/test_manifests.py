@@ -655,6 +655,8 @@ def test_rbac_is_least_privilege():
         ("kubeflow.org", "pytorchjobs"): {"get"},
         ("kubeflow.org", "mpijobs"): {"get"},
         ("kubeflow.org", "tfjobs"): {"get"},
+        ("scheduling.k8s.io", "podgroups"): {"get"},
+        ("scheduling.k8s.io", "workloads"): {"get"},
         ("", "events"): {"create"},
         ("events.k8s.io", "events"): {"create"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "update", "patch"},

@@ -29,7 +29,7 @@ class PodRequestConfig:
 
 
 # the owners whose pods may form a gang, and the spec field holding each Kubeflow job's replica specs
-GROUP_OWNER_KINDS = ("Job", "StatefulSet", "PyTorchJob", "MPIJob", "TFJob")
+GROUP_OWNER_KINDS = ("Job", "StatefulSet", "PyTorchJob", "MPIJob", "TFJob", "PodGroup")
 KUBEFLOW_REPLICA_SPECS = {
     "PyTorchJob": "pytorchReplicaSpecs",
     "MPIJob": "mpiReplicaSpecs",
@@ -51,6 +51,13 @@ def group_size(owner: Mapping, resource: str = PodRequestConfig.gpu_resource) ->
         return read_int("StatefulSet spec.replicas", spec.get("replicas", 1), 0, MAX_GROUP_SIZE)
     if kind in KUBEFLOW_REPLICA_SPECS:
         return kubeflow_size(kind, spec, resource)
+    if kind == "PodGroup":  # scheduling.k8s.io: a gang policy's minCount, as kube-scheduler counts the gang
+        gang = mapping(mapping(spec.get("schedulingPolicy")).get("gang"))
+        if not gang:
+            return 1
+        return read_int(
+            "PodGroup spec.schedulingPolicy.gang.minCount", gang.get("minCount"), 1, MAX_GROUP_SIZE
+        )
     return 1
 
 

@@ -169,7 +169,12 @@ def _gang(
 ) -> GroupSpec | None:
     """The owner's pods as one gang, placed all-or-nothing, only when asked: gpu-count on the group owner (the
     group's total), the gang annotation, or a topology placement strategy; `gang: "false"` declines.
-    Otherwise each pod is placed on its own."""
+    Otherwise each pod is placed on its own. A gang PodGroup is asked by its kind: kube-scheduler keeps it
+    whole, so the ledger places it whole too, with `minCount` pods."""
+    if owner is not None and owner.get("kind") == "PodGroup":
+        if group_size <= 1:
+            return None
+        return GroupSpec(key=f"podgroup/{namespace}/{owner_meta.get('name', '')}", size=group_size)
     gang_raw = ann.get(GANG)
     gang = (
         read_bool(GANG, gang_raw)

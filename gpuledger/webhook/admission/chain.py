@@ -18,7 +18,9 @@ from gpuledger.webhook.admission.owners import OWNER_KINDS, WORKLOAD_KINDS, Owne
 GPU_ANNOTATION_KEYS = (SCHEDULING_MAP,)
 # the pod's own controller kinds whose pods may form a gang (request_from_pod sizes each; Kubeflow jobs by
 # the sum of their replica specs), so their own annotations stay theirs: gpu-count there is the group's total
-GROUP_KINDS = (*OWNER_KINDS, "PyTorchJob", "MPIJob", "TFJob")
+GROUP_KINDS = (*OWNER_KINDS, "PyTorchJob", "MPIJob", "TFJob", "PodGroup")
+# kinds found through a pod's spec.schedulingGroup, not its owner references: never walked up from a pod
+SCHEDULING_GROUP_KINDS = ("PodGroup", "Workload")
 MAX_DEPTH = 4  # Pod -> ReplicaSet -> Deployment is 2; a cycle or a runaway chain stops here
 
 
@@ -53,6 +55,34 @@ def controller_ref(obj: dict) -> tuple[str, str] | None:
             continue  # another API's kind of the same name
         return kind, name
     return None
+
+
+class MissingPodGroup(ValueError):
+    """The pod names a PodGroup that does not exist: placing it alone would split the gang kube-scheduler
+    keeps whole, so the admission is denied (a Job's controller creates the pod again once the group
+    exists)."""
+
+
+def pod_group_name(pod: dict) -> str | None:
+    """`spec.schedulingGroup.podGroupName`, or None when the pod belongs to no PodGroup."""
+    spec = pod.get("spec")
+    group = spec.get("schedulingGroup") if isinstance(spec, dict) else None
+    name = group.get("podGroupName") if isinstance(group, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def is_gang_pod_group(group: dict) -> bool:
+    """A PodGroup whose scheduling policy is `gang` (all-or-nothing); a `basic` one groups nothing here."""
+    spec = group.get("spec")
+    policy = spec.get("schedulingPolicy") if isinstance(spec, dict) else None
+    return isinstance(policy, dict) and isinstance(policy.get("gang"), dict)
+
+
+def _workload_name(group: dict) -> str | None:
+    spec = group.get("spec")
+    ref = spec.get("workloadRef") if isinstance(spec, dict) else None
+    name = ref.get("workloadName") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def describe(obj: dict) -> str:
@@ -110,13 +140,15 @@ class OwnerChain:
 
 
 async def walk(pod: dict, namespace: str, lookup: OwnerLookup) -> OwnerChain:
-    """Follow controller references up from the pod while they name a workload kind that exists."""
-    owners: list[dict] = []
+    """The pod's gang PodGroup and its Workload first, when it names one (spec.schedulingGroup), then its
+    controller references followed up while they name a workload kind that exists."""
+    owners: list[dict] = await _scheduling_group(pod, namespace, lookup)
+    groups = len(owners)
     seen: set[tuple[str, str]] = set()
     obj = pod
-    while len(owners) < MAX_DEPTH:
+    while len(owners) - groups < MAX_DEPTH:
         ref = controller_ref(obj)
-        if ref is None or ref in seen:
+        if ref is None or ref in seen or ref[0] in SCHEDULING_GROUP_KINDS:
             break
         seen.add(ref)
         owner = await lookup.get(ref[0], namespace, ref[1])
@@ -127,3 +159,25 @@ async def walk(pod: dict, namespace: str, lookup: OwnerLookup) -> OwnerChain:
         owners.append(owner)
         obj = owner
     return OwnerChain(tuple(owners))
+
+
+async def _scheduling_group(pod: dict, namespace: str, lookup: OwnerLookup) -> list[dict]:
+    """[PodGroup, its Workload if any] for a pod of a gang PodGroup; [] for none or a `basic` one. A named
+    PodGroup that does not exist is `MissingPodGroup`."""
+    name = pod_group_name(pod)
+    if name is None:
+        return []
+    group = await lookup.get("PodGroup", namespace, name)
+    if not isinstance(group, dict):
+        raise MissingPodGroup(
+            f'spec.schedulingGroup.podGroupName "{name}": no PodGroup "{name}" in namespace "{namespace}" '
+            "(scheduling.k8s.io/v1beta1); accepted: the name of an existing PodGroup (create the PodGroup "
+            "before its pods)"
+        )
+    if not is_gang_pod_group(group):
+        return []
+    found = [{**group, "kind": "PodGroup"}]
+    workload = _workload_name(group)
+    if workload is not None and isinstance(obj := await lookup.get("Workload", namespace, workload), dict):
+        found.append({**obj, "kind": "Workload"})
+    return found

@@ -189,7 +189,7 @@ class AdmissionHandler(Validating):
         strategy = "none"
         batch = 0
         try:
-            if chain.controller_ref(pod) is None:
+            if chain.controller_ref(pod) is None and chain.pod_group_name(pod) is None:
                 seen.chain = chain.OwnerChain()
             else:
                 async with asyncio.timeout_at(deadline):
@@ -212,6 +212,9 @@ class AdmissionHandler(Validating):
                 result, batch = taken, 0
             else:
                 result, batch = await self._admit(request, review.dry_run, prior, deadline, may_wait)
+        except chain.MissingPodGroup as exc:
+            self.metrics.decided("none", "invalid")
+            return _invalid(f"{who}: {exc}")
         except TimeoutError:
             return self._unavailable(
                 pod, work, warnings, f"the GPU ledger did not answer within {self.config.deadline_s:g}s"

@@ -39,6 +39,10 @@ WORKLOAD_KINDS: dict[str, WorkloadKind] = {
     "PyTorchJob": WorkloadKind("kubeflow.org", "v1", "pytorchjobs"),
     "MPIJob": WorkloadKind("kubeflow.org", "v1", "mpijobs"),
     "TFJob": WorkloadKind("kubeflow.org", "v1", "tfjobs"),
+    # Kubernetes' own gangs (GenericWorkload, beta in 1.37): a pod names its PodGroup in
+    # spec.schedulingGroup.podGroupName, the PodGroup its Workload; both read, never followed by owner refs
+    "PodGroup": WorkloadKind("scheduling.k8s.io", "v1beta1", "podgroups"),
+    "Workload": WorkloadKind("scheduling.k8s.io", "v1beta1", "workloads"),
 }
 
 
