@@ -164,3 +164,21 @@ def test_docs_error_examples_match_the_messages(tmp_path, capsys):
     # the core words the no-fit reason; the docs show a recent wording of it
     assert not results[-1]["allowed"]
     assert results[-1]["reason"].split(" with strategy")[0] in text
+
+
+def test_pods_of_a_pod_group_in_the_file_are_explained_as_its_gang(tmp_path, capsys):
+    group = {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "pg", "namespace": "ml", "annotations": {"topology.scheduler/gpu-count": "8"}},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+    }
+    pods = []
+    for i in range(2):
+        p = pod(f"pg-{i}")
+        p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+        pods.append(p)
+    results = run_explain(capsys, write(tmp_path, [group, *pods]))
+    assert [r["pod"] for r in results] == ["ml/pg-0", "ml/pg-1"]
+    assert all(r["allowed"] and len(r["devices"]) == 4 for r in results), results
+    assert "group podgroup/ml/pg" in results[0]["reason"]
