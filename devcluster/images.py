@@ -114,10 +114,14 @@ def build_images(out_dir: Path, busybox: Path = BUSYBOX) -> list[Path]:
 
 def import_images(containerd_socket: Path, tarballs: list[Path], timeout: float = 120) -> None:
     """`ctr -n k8s.io images import` of docker or OCI archives: the CRI plugin serves what the k8s.io
-    namespace holds, unpacked."""
+    namespace holds, unpacked. `ctr` is the cached containerd 2 build's (devcluster/build_runtime.sh), else
+    the one on PATH."""
+    from devcluster.containerd import runtime_binary  # here: devcluster.containerd imports this module
+
+    ctr = runtime_binary("ctr") or "ctr"
     for tarball in tarballs:
         subprocess.run(
-            ["ctr", "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(tarball)],
+            [ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(tarball)],
             capture_output=True,
             text=True,
             check=True,

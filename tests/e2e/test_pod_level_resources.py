@@ -22,7 +22,11 @@ NODE = "pod-level-node"
 def own_node(apiserver, stack):
     """A node of its own with 16 CPUs (in a leaf no other test selects), removed afterwards."""
     create_nodes(apiserver.api_client(), [make_node(NODE, "spine-9", "leaf-pod-level", gpus=2, cpu=16)])
-    apiserver.wait_for(lambda: NODE in stack.call("snapshot")["nodes"], what="node in the ledger")
+    # the Node is created, then its status patched (create_nodes): wait for the status, not the name
+    apiserver.wait_for(
+        lambda: stack.call("snapshot")["nodes"].get(NODE, {}).get("cpu_free", 0) > 0,
+        what="the node's CPUs in the ledger",
+    )
     yield NODE
     apiserver.kubectl("delete", "node", NODE, "--ignore-not-found")
 
