@@ -65,10 +65,7 @@ class MissingPodGroup(ValueError):
 
 def pod_group_name(pod: dict) -> str | None:
     """`spec.schedulingGroup.podGroupName`, or None when the pod belongs to no PodGroup."""
-    spec = pod.get("spec")
-    group = spec.get("schedulingGroup") if isinstance(spec, dict) else None
-    name = group.get("podGroupName") if isinstance(group, dict) else None
-    return name if isinstance(name, str) and name else None
+    return _name_at(pod, "spec", "schedulingGroup", "podGroupName")
 
 
 def is_gang_pod_group(group: dict) -> bool:
@@ -78,11 +75,12 @@ def is_gang_pod_group(group: dict) -> bool:
     return isinstance(policy, dict) and isinstance(policy.get("gang"), dict)
 
 
-def _workload_name(group: dict) -> str | None:
-    spec = group.get("spec")
-    ref = spec.get("workloadRef") if isinstance(spec, dict) else None
-    name = ref.get("workloadName") if isinstance(ref, dict) else None
-    return name if isinstance(name, str) and name else None
+def _name_at(obj: dict, *path: str) -> str | None:
+    """The non-empty string at `path` in `obj`, or None where any step is missing or of another type."""
+    value: object = obj
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def describe(obj: dict) -> str:
@@ -177,7 +175,7 @@ async def _scheduling_group(pod: dict, namespace: str, lookup: OwnerLookup) -> l
     if not is_gang_pod_group(group):
         return []
     found = [{**group, "kind": "PodGroup"}]
-    workload = _workload_name(group)
+    workload = _name_at(group, "spec", "workloadRef", "workloadName")
     if workload is not None and isinstance(obj := await lookup.get("Workload", namespace, workload), dict):
         found.append({**obj, "kind": "Workload"})
     return found
