@@ -133,9 +133,9 @@ def make_node(
             "nodeInfo": {
                 "architecture": "amd64",
                 "operatingSystem": "linux",
-                "kubeletVersion": "v1.32.4",
+                "kubeletVersion": "v1.37.2",
                 "kubeProxyVersion": "",
-                "containerRuntimeVersion": "containerd://1.7.24",
+                "containerRuntimeVersion": "containerd://2.4.2",
                 "kernelVersion": "6.8.0",
                 "osImage": "Ubuntu 24.04 LTS",
                 "bootID": "",
