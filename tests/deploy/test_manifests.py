@@ -24,7 +24,9 @@ from gpuledger.certs import pki
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "manifests"
 OVERLAYS = {name: REPO / "kustomize" / "overlays" / name for name in ("dev", "prod", "cert-manager")}
-K8S_SCHEMA_VERSION = "1.32.0"
+# the supported releases whose schemas kubernetes-validate ships (1.38 is checked against the API server's
+# discovery in tests/e2e/test_api_versions.py)
+K8S_SCHEMA_VERSIONS = ("1.35.0", "1.36.0", "1.37.0")
 NAMESPACE = "gpuledger-system"
 AGENT_NAMESPACE = "gpuledger-node-agent"  # the node agent alone, Pod Security privileged (hostPath, hostPID)
 SERVICE_ACCOUNT = "gpuledger"
@@ -277,10 +279,11 @@ def check_structure(value, spec, path: str = "") -> list[str]:
             "metadata": {"name": "template", **value.get("metadata", {})},
             "spec": value["spec"],
         }
-        try:
-            kubernetes_validate.validate(pod, K8S_SCHEMA_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            return [f"{path}: pod template: {exc.message} at {list(exc.path)}"]
+        for version in K8S_SCHEMA_VERSIONS:
+            try:
+                kubernetes_validate.validate(pod, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                return [f"{path}: pod template ({version}): {exc.message} at {list(exc.path)}"]
         return []
     if isinstance(spec, type):
         ok = isinstance(value, spec) and not (spec is int and isinstance(value, bool))
@@ -318,10 +321,11 @@ def validate(doc: dict) -> list[str]:
         if spec is None:
             return [f"{doc['kind']}: no hand-checked schema for apiVersion {doc['apiVersion']}"]
         return check_structure(doc, spec, doc["kind"])
-    try:
-        kubernetes_validate.validate(doc, K8S_SCHEMA_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        return [f"{doc['kind']}/{doc['metadata'].get('name')}: {exc.message} at {list(exc.path)}"]
+    for version in K8S_SCHEMA_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            return [f"{doc['kind']}/{doc['metadata'].get('name')} ({version}): {exc.message} at {list(exc.path)}"]
     return []
 
 
