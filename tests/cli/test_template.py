@@ -15,7 +15,7 @@ from tests.cli.conftest import run_cli
 def test_pod_and_job_templates_pass_the_schema(kind):
     doc = yaml.safe_load(render(kind, "ml"))
     assert doc["metadata"]["namespace"] == "ml"
-    for version in ("1.35.0", "1.36.0", "1.37.0"):  # the supported releases kubernetes-validate has schemas of
+    for version in ("1.35.0", "1.36.0", "1.37.0"):  # the supported releases kubernetes-validate knows
         kubernetes_validate.validate(doc, version, strict=True)
 
 

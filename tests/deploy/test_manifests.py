@@ -325,7 +325,8 @@ def validate(doc: dict) -> list[str]:
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            return [f"{doc['kind']}/{doc['metadata'].get('name')} ({version}): {exc.message} at {list(exc.path)}"]
+            where = f"{doc['kind']}/{doc['metadata'].get('name')} ({version})"
+            return [f"{where}: {exc.message} at {list(exc.path)}"]
     return []
 
 
