@@ -96,6 +96,13 @@ QUEUE_API_VERSION = f"{QUEUE_GROUP}/{QUEUE_VERSION}"
 GPUQUEUE_KIND, GPUQUEUE_PLURAL = "GPUQueue", "gpuqueues"
 # the topology scheduler's SchedulerConfig, accepted as a webhook config file
 SCHEDULER_CONFIG_API_GROUP = "topology.scheduler"
+# Dynamic Resource Allocation (GA in 1.34): the ResourceSlices in which a DRA driver publishes devices
+RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
+RESOURCE_API_VERSION = f"{RESOURCE_GROUP}/{RESOURCE_VERSION}"
+RESOURCE_SLICE_KIND, RESOURCE_SLICE_PLURAL = "ResourceSlice", "resourceslices"
+# the DRA drivers whose devices are GPUs: NVIDIA's (kubernetes-sigs/dra-driver-nvidia-gpu)
+NVIDIA_GPU_DRIVER = "gpu.nvidia.com"
+GPU_DRA_DRIVERS = (NVIDIA_GPU_DRIVER,)
 
 # --- waiting pods (docs/queues.md) -----------------------------------------------------------------------
 # the scheduling gate a GPU pod that does not fit now is admitted with; removed once the ledger has placed it

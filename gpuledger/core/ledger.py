@@ -25,6 +25,7 @@ from gpuledger.core.books.adoption import Adoption
 from gpuledger.core.books.books import GroupState, LedgerConfig, Reservation, slot_hid
 from gpuledger.core.books.topology import Topology
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
+from gpuledger.core.nodes.published_gpus import PublishedGpus
 from gpuledger.core.passes.held_plans import HeldPlan, HeldPlans
 from gpuledger.core.placing.decisions import Decider
 from gpuledger.core.placing.diagnosis import Diagnoser, describe
@@ -124,7 +125,7 @@ class Ledger:
         self._leases = adoption.leases
         filters = self._filters = Filters(books)
         selector = self._selector = Selector(books, filters)
-        diagnoser = self._diagnoser = Diagnoser(books, filters)
+        diagnoser = self._diagnoser = Diagnoser(books, filters, adoption.published)
         gangs = self._gangs = Gangs(books, selector, diagnoser)
         self._decider = Decider(books, filters, selector, diagnoser, gangs)
         self._waiting = WaitingLine(books, filters, selector, self.reserve, self._leases.release)
@@ -615,7 +616,14 @@ class Ledger:
         snap["waiting"] = self._waiting.snapshot()
         if self._plans.plans:
             snap["preemptions"] = self._plans.snapshot()
+        if self._adoption.published:
+            snap["resource_slices"] = self._adoption.published.snapshot()
         return snap
+
+    def dra_nodes(self) -> list[PublishedGpus]:
+        """The nodes whose GPUs a DRA driver publishes in ResourceSlices and that have none gpuledger places
+        (no nvidia.com/gpu in status.allocatable): GPUs this ledger knows of and does not place on."""
+        return self._diagnoser.dra_nodes()
 
     def conflicts(self) -> list[list[str]]:
         """[pod, reservation id, why] for every stored pod holding a placement it does not own (a copy, or a

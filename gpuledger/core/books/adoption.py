@@ -18,8 +18,11 @@ from gpuledger.core.books.leases import Leases
 from gpuledger.core.books.truth import Truth
 from gpuledger.core.model import DeviceTruth, GroupSlot, Placement, ReservationState
 from gpuledger.core.nodes.node_state import Holding
+from gpuledger.core.nodes.published_gpus import PublishedSlices
 from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods.resource_slices import read_slice
 from gpuledger.core.steps import Steps, drain
+from gpuledger.names import RESOURCE_SLICE_KIND
 
 
 def _settle_young() -> None:
@@ -44,6 +47,8 @@ class Adoption:
         self.leases = Leases(self.books)
         self.claims = Claims(self.books, self.leases, self)
         self.truth = Truth(self.books, self.leases, self.claims)
+        # the GPUs DRA drivers publish in ResourceSlices (gpuledger.core.nodes.published_gpus): not placed on
+        self.published = PublishedSlices()
 
     # ----------------------------------------------------------------------------- what the books report
     def freed(self, node: str, hid: str) -> None:
@@ -131,6 +136,10 @@ class Adoption:
                     raise ValueError("metadata.name is missing")
                 books.upsert_node(info)
                 books.problems.extend(problems)
+            elif kind == RESOURCE_SLICE_KIND:
+                read = read_slice(item)
+                self.published.apply(read)
+                books.problems.extend(read.problems)
         except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
             # one malformed object must not stop the ledger from following the cluster
             books.problems.append(
@@ -146,6 +155,8 @@ class Adoption:
                     books.remove_node(str((item.get("metadata") or {}).get("name", "")))
                 elif kind == "Pod":
                     self.forget_pod(kube.pod_key(item))
+                elif kind == RESOURCE_SLICE_KIND:
+                    self.published.delete(str((item.get("metadata") or {}).get("name", "")))
             except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
                 books.problems.append(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
 

@@ -12,6 +12,7 @@ from collections import Counter, OrderedDict
 from gpuledger.core.books.books import Books
 from gpuledger.core.model import Denial, NearMiss, Reason, Request
 from gpuledger.core.nodes.node_state import NodeState
+from gpuledger.core.nodes.published_gpus import PublishedGpus, PublishedSlices
 from gpuledger.core.placing.filters import Filters, dynamic, static_signature, unplaceable_reason
 from gpuledger.core.placing.node_classes import ClassDiagnosis, NodeClasses
 from gpuledger.core.plugins.plugin import ScoreContext, Strategy
@@ -20,6 +21,7 @@ from gpuledger.names import (
     GPU_MEMORY,
     GPU_MILLI,
     GPU_PRODUCT,
+    GPU_RESOURCE,
     HOLDERS_ANNOTATION,
     PREFERRED_DOMAIN,
     PRIORITY,
@@ -136,9 +138,10 @@ class _Diagnosis:
 class Diagnoser:
     """Per-reason counts and near misses for a request no node takes, and the denial that says so."""
 
-    def __init__(self, books: Books, filters: Filters):
+    def __init__(self, books: Books, filters: Filters, published: PublishedSlices | None = None):
         self.books = books
         self.filters = filters
+        self.published = published if published is not None else PublishedSlices()
         self.diagnoses: OrderedDict[tuple, _Diagnosis | ClassDiagnosis] = OrderedDict()  # shape -> it, LRU
         self.classes = NodeClasses(books.index)
 
@@ -300,6 +303,8 @@ class Diagnoser:
             parts.append(text)
         if not self.books.index.nodes:
             parts.append("the ledger knows no nodes")
+        if req.gpus > 0 or req.is_shared:
+            parts.extend(dra_words(self.dra_nodes()))
         message = prefix or f"no node fits {describe(req)} with strategy {strategy_name}"
         return Denial(
             id=req.id,
@@ -308,6 +313,35 @@ class Diagnoser:
             near_misses=near,
             strategy=strategy_name,
         )
+
+    def dra_nodes(self) -> list[PublishedGpus]:
+        """The known nodes whose GPUs a DRA driver publishes in ResourceSlices and that have none gpuledger
+        places (no nvidia.com/gpu in status.allocatable, no devices in the node agent's annotation)."""
+        if not self.published:
+            return []
+        nodes = self.books.index.nodes
+        return [
+            gpus
+            for name, gpus in self.published.by_node().items()
+            if name in nodes and not nodes[name].info.devices
+        ]
+
+
+def dra_words(nodes: list[PublishedGpus]) -> list[str]:
+    """What a denial says of the nodes whose GPUs are published through DRA: which, by which driver, and
+    what the user can do (gpuledger places device-plugin GPUs only, until its DRA mode)."""
+    if not nodes:
+        return []
+    drivers = sorted({d for n in nodes for d in n.drivers})
+    named = "; ".join(f"{n.node}: {n.describe()}" for n in nodes[:NAMED])
+    more = f"; and {len(nodes) - NAMED} more" if len(nodes) > NAMED else ""
+    return [
+        f"{len(nodes)} node(s) have GPUs published through DRA ({named}{more}), not as {GPU_RESOURCE} in "
+        f"status.allocatable: gpuledger places device-plugin GPUs ({GPU_RESOURCE}) until its DRA mode; "
+        f"to use these, ask for the GPUs with a ResourceClaim (spec.resourceClaims, a DeviceClass of driver "
+        f"{', '.join(drivers)}) instead of {GPU_RESOURCE} and gpuledger's GPU annotations: gpuledger then "
+        f"leaves the pod to kube-scheduler and the DRA driver"
+    ]
 
 
 def describe(req: Request) -> str:
