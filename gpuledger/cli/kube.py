@@ -263,6 +263,15 @@ class Kube:
     def namespaces(self) -> list[dict]:
         return self._items(self.core.list_namespace)
 
+    def resource_slices(self) -> list[dict]:
+        """ResourceSlice objects (resource.k8s.io/v1; [] on a Kubernetes that does not serve it)."""
+        return self._items(
+            self.custom.list_cluster_custom_object,
+            names.RESOURCE_GROUP,
+            names.RESOURCE_VERSION,
+            names.RESOURCE_SLICE_PLURAL,
+        )
+
     def namespace_opted_in(self, namespace: str) -> bool | None:
         """True/False by the admission label; None when the namespace does not exist."""
         try:

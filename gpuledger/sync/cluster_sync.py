@@ -1,5 +1,6 @@
 """Keeps the GPU ledger true to the cluster: watches Nodes and Pods (and what queues and preemption read:
-Namespaces, GPUQueues, PodDisruptionBudgets) and forwards what changed, in batches.
+Namespaces, GPUQueues, PodDisruptionBudgets; and the ResourceSlices in which DRA drivers publish GPUs) and
+forwards what changed, in batches.
 
 The API server is the durable truth and the ledger a cache of it, so this adapter decides nothing: it relays
 watch events (the ledger confirms, counts and releases), rebuilds the ledger from a full list whenever the
@@ -33,9 +34,27 @@ from typing import Any
 
 import orjson
 
-from gpuledger.names import GPUQUEUE_PLURAL, QUEUE_GROUP, QUEUE_VERSION
+from gpuledger.names import (
+    GPUQUEUE_PLURAL,
+    QUEUE_GROUP,
+    QUEUE_VERSION,
+    RESOURCE_GROUP,
+    RESOURCE_SLICE_PLURAL,
+    RESOURCE_VERSION,
+)
 from gpuledger.service.sync_writer import is_fenced
-from gpuledger.sync.config import API_VERSIONS, KINDS, NAMESPACE, NODE, PDB, POD, QUEUE, SyncConfig, SyncStats
+from gpuledger.sync.config import (
+    API_VERSIONS,
+    KINDS,
+    NAMESPACE,
+    NODE,
+    PDB,
+    POD,
+    QUEUE,
+    SLICE,
+    SyncConfig,
+    SyncStats,
+)
 from gpuledger.sync.conflicts import ConflictReports, conflict_event
 from gpuledger.sync.device_events import DeviceTruthReports
 from gpuledger.sync.evictor import Evictor
@@ -61,12 +80,13 @@ __all__ = [
 
 log = logging.getLogger("gpuledger.sync")
 
-# the resume point of a kind whose API is not served (the GPUQueue CRD not installed): none of it exists
+# the resume point of a kind whose API is not served (the GPUQueue CRD not installed, resource.k8s.io/v1 on a
+# Kubernetes before 1.34): none of it exists
 ABSENT = "<absent>"
 
 
 # kinds slimmed to a few fields: a change to any other is not forwarded
-SLIMMED = (NAMESPACE, QUEUE, PDB)
+SLIMMED = (NAMESPACE, QUEUE, PDB, SLICE)
 
 
 def _key(obj: dict) -> tuple[str, str, str]:
@@ -86,7 +106,8 @@ def _pick(mapping: Any, keys: tuple[str, ...]) -> dict:
 def slim(obj: dict, kind: str | None = None) -> dict:
     """Drop what the ledger never reads (managedFields are most of a pod's bytes) and fill in kind/apiVersion,
     which list responses omit on their items. A Namespace keeps only its name and labels, a
-    PodDisruptionBudget its selector and how many disruptions it allows, a GPUQueue its spec."""
+    PodDisruptionBudget its selector and how many disruptions it allows, a GPUQueue its spec, a ResourceSlice
+    its name and spec (what its driver publishes)."""
     kind = kind or obj.get("kind")
     meta = obj.get("metadata") or {}
     if kind == NAMESPACE:
@@ -106,6 +127,13 @@ def slim(obj: dict, kind: str | None = None) -> dict:
             "metadata": _pick(meta, ("name", "uid", "labels", "creationTimestamp")),
             "spec": obj.get("spec") or {},
         }
+    if kind == SLICE:
+        return {
+            "kind": kind,
+            "apiVersion": API_VERSIONS[SLICE],
+            "metadata": _pick(meta, ("name", "uid")),
+            "spec": obj.get("spec") or {},
+        }
     if "managedFields" in meta:
         obj = dict(obj, metadata={k: v for k, v in meta.items() if k != "managedFields"})
     if kind and "kind" not in obj:
@@ -114,8 +142,8 @@ def slim(obj: dict, kind: str | None = None) -> dict:
 
 
 class ClusterSync(ExpiryChecks, ConflictReports):
-    """Watch Nodes, Pods of every namespace, Namespaces, GPUQueues and PodDisruptionBudgets into a
-    `LedgerTarget`. `start()` runs it; `stop()` ends it."""
+    """Watch Nodes, ResourceSlices, Pods of every namespace, Namespaces, GPUQueues and PodDisruptionBudgets
+    into a `LedgerTarget`. `start()` runs it; `stop()` ends it."""
 
     def __init__(
         self,
@@ -247,6 +275,10 @@ class ClusterSync(ExpiryChecks, ConflictReports):
             return lambda **kw: self.custom.list_cluster_custom_object(
                 QUEUE_GROUP, QUEUE_VERSION, GPUQUEUE_PLURAL, **kw
             )
+        if kind == SLICE:  # a built-in group, read as plain dicts through the same generic path
+            return lambda **kw: self.custom.list_cluster_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, RESOURCE_SLICE_PLURAL, **kw
+            )
         calls: dict[str, Callable[..., Any]] = {
             NODE: self.core.list_node,
             POD: self.core.list_pod_for_all_namespaces,
@@ -256,13 +288,14 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         return calls[kind]
 
     def _absent(self, kind: str, exc: BaseException) -> bool:
-        """The GPUQueue API is not served (its CRD not installed): no queue exists, which is not an error. A
-        kind only queues read that this sync may not list (an install whose RBAC predates them) is treated
-        alike, with a warning: placement goes on without queues."""
+        """The GPUQueue API is not served (its CRD not installed), or resource.k8s.io/v1 is not (a Kubernetes
+        before 1.34): none of the kind exists, which is not an error. A kind only queues or the DRA
+        recognition read that this sync may not list (an install whose RBAC predates them) is treated alike,
+        with a warning: placement goes on without them."""
         status = getattr(exc, "status", None)
-        if kind == QUEUE and status == 404:
+        if kind in (QUEUE, SLICE) and status == 404:
             return True
-        if kind in (QUEUE, NAMESPACE, PDB) and status == 403:
+        if kind in (QUEUE, NAMESPACE, PDB, SLICE) and status == 403:
             reason = getattr(exc, "reason", "")
             log.warning("sync: may not list %ss (%s): treated as none; grant list and watch", kind, reason)
             return True
@@ -599,7 +632,7 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         raise _Gone(obj.get("message", ""))
-                    if kind == QUEUE and obj.get("code") == 404:  # the CRD deleted: its queues with it
+                    if kind in (QUEUE, SLICE) and obj.get("code") == 404:  # the API gone: its objects too
                         raise _Gone(obj.get("message", ""))
                     raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
                 new_version = (obj.get("metadata") or {}).get("resourceVersion")

@@ -9,17 +9,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuledger.names import GPUQUEUE_KIND, HOSTNAME_LABEL, QUEUE_API_VERSION, RESERVATION_ID_KEY
+from gpuledger.names import (
+    GPUQUEUE_KIND,
+    HOSTNAME_LABEL,
+    QUEUE_API_VERSION,
+    RESERVATION_ID_KEY,
+    RESOURCE_API_VERSION,
+    RESOURCE_SLICE_KIND,
+)
 
 if TYPE_CHECKING:
     from gpuledger.sync.evictor import EvictorStats
 
 NODE, POD = "Node", "Pod"
 NAMESPACE, PDB, QUEUE = "Namespace", "PodDisruptionBudget", GPUQUEUE_KIND
+SLICE = (
+    RESOURCE_SLICE_KIND  # the GPUs a DRA driver publishes for a node (gpuledger.core.nodes.published_gpus)
+)
 # what the sync lists and watches, in the order a full list hands them to the ledger: what a pod is judged by
-# (its node, its namespace's queue, the budgets over it) before the pods
-KINDS = (NODE, NAMESPACE, QUEUE, PDB, POD)
-API_VERSIONS = {NODE: "v1", POD: "v1", NAMESPACE: "v1", PDB: "policy/v1", QUEUE: QUEUE_API_VERSION}
+# (its node and the node's DRA slices, its namespace's queue, the budgets over it) before the pods
+KINDS = (NODE, SLICE, NAMESPACE, QUEUE, PDB, POD)
+API_VERSIONS = {
+    NODE: "v1",
+    POD: "v1",
+    NAMESPACE: "v1",
+    PDB: "policy/v1",
+    QUEUE: QUEUE_API_VERSION,
+    SLICE: RESOURCE_API_VERSION,
+}
 
 
 @dataclass

@@ -17,6 +17,7 @@ import yaml
 
 from devcluster.nodes import create_nodes, device_entries, make_node
 from gpuledger import client
+from tests.cli.conftest import parse_table
 
 pytestmark = pytest.mark.e2e
 
@@ -83,6 +84,42 @@ def test_nodes_shows_who_holds_each_device(apiserver, stack, namespace, cli):
     for row, device in zip(rows, node["devices"], strict=True):
         assert row["NODE"] == placement.node and row["PRODUCT"] == device["product"]
         assert (holder in row["HELD-BY"]) == (device["index"] in held)
+
+
+def test_nodes_shows_the_nodes_whose_gpus_are_published_through_dra(apiserver, cli):
+    from tests.adapters.test_sync_resource_slices import dra_only_node
+    from tests.core.nodes.test_resource_slices import gpu_slice
+
+    name = f"dra-cli-{uuid.uuid4().hex[:5]}"
+    create_nodes(apiserver.api_client(), [dra_only_node(name, "leaf-dra-cli")])
+    apiserver.apply(gpu_slice(f"{name}-gpus", node_name=name, gpus=8))
+    try:
+        result = cli("nodes", name, "--source", "nodes", "-o", "json")
+        assert result.code == 0, result.err
+        data = result.json()
+        assert data["items"] == []  # no device gpuledger places
+        assert data["publishedThroughDRA"] == [
+            {
+                "name": name,
+                "gpus": 8,
+                "drivers": ["gpu.nvidia.com"],
+                "products": {"NVIDIA H100 80GB HBM3": 8},
+                "incompletePools": [],
+            }
+        ]
+        text = cli("nodes", name, "--source", "nodes").out
+        section = text.split("GPUs published through DRA\n", 1)[1].splitlines()
+        (row,) = parse_table(section)
+        assert row == {
+            "NODE": name,
+            "GPUS": "8",
+            "PUBLISHED": "8x NVIDIA H100 80GB HBM3 (driver gpu.nvidia.com)",
+        }
+        everything = cli("nodes", "--source", "nodes", "-o", "json").json()
+        assert name in {n["name"] for n in everything["publishedThroughDRA"]}
+    finally:
+        apiserver.kubectl("delete", "resourceslices", f"{name}-gpus", "--ignore-not-found", check=False)
+        apiserver.kubectl("delete", "node", name, "--ignore-not-found", check=False)
 
 
 def test_nodes_unknown_node_exits_4(cli, stack):

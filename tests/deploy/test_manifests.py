@@ -651,6 +651,7 @@ def test_rbac_is_least_privilege():
         ("", "namespaces"): {"list", "watch"},
         ("policy", "poddisruptionbudgets"): {"list", "watch"},
         ("gpuledger.io", "gpuqueues"): {"list", "watch"},
+        ("resource.k8s.io", "resourceslices"): {"list", "watch"},  # GPUs published through DRA
         ("gpuledger.io", "gpuqueues/status"): {"patch"},
         ("", "pods/eviction"): {"create"},  # through the Eviction API: budgets and grace honoured
         ("batch", "jobs"): read,

@@ -157,6 +157,8 @@ def _merged(rows: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, st
         ("watch", "namespaces", False, True),
         ("list", "poddisruptionbudgets.policy", True, True),
         ("watch", "gpuqueues.gpuledger.io", False, True),
+        ("watch", "resourceslices.resource.k8s.io", False, True),
+        ("create", "resourceslices.resource.k8s.io", False, False),
         ("patch", "gpuqueues.gpuledger.io:status", False, True),
         ("update", "gpuqueues.gpuledger.io:status", False, False),
         ("update", "gpuqueues.gpuledger.io", False, False),
