@@ -28,10 +28,11 @@ from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Reque
 from gpuledger.core.nodes.published_gpus import PublishedGpus
 from gpuledger.core.passes.held_plans import HeldPlan, HeldPlans
 from gpuledger.core.placing.decisions import Decider
-from gpuledger.core.placing.diagnosis import Diagnoser, describe
+from gpuledger.core.placing.diagnosis import Diagnoser
 from gpuledger.core.placing.filters import Filters, bandwidth_unchecked, with_warning
 from gpuledger.core.placing.gangs import Gangs, GroupPlan, SlotClaim
 from gpuledger.core.placing.selection import Selector
+from gpuledger.core.queues.admission_rule import AdmissionRule
 from gpuledger.core.queues.gpu_queues import QueueSet
 from gpuledger.core.queues.ledger_view import LedgerView
 from gpuledger.core.queues.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
@@ -50,7 +51,6 @@ from gpuledger.core.queues.waiting import (
 )
 from gpuledger.core.stats import DomainStats, LedgerStats, ledger_stats
 from gpuledger.core.steps import Steps, drain
-from gpuledger.names import WHEN_FULL, WHEN_FULL_REFUSE
 
 __all__ = [
     "DomainStats",
@@ -136,6 +136,10 @@ class Ledger:
         self._gate_cache: QueueGate | None = None
         # the preemptions it holds: their nodes kept for their preemptors (held_plans.py)
         self._plans = HeldPlans(books, self._queues, lambda: books.config.placement_key)
+        # reserve, or take a place in the line, with the queues' quotas (admission_rule.py)
+        self._admission = AdmissionRule(
+            books, self._waiting, self._decider, self._reserve, self._gate, self._gate_kept
+        )
         self._changes = 0  # moves with every change the cluster or a caller makes (a plan's memo reads it)
         # ticket id -> (`_changes`, time) when it last found no plan: tried again once something changed
         # and `replan_s` passed (a pass reads every running workload: not on every event)
@@ -212,52 +216,11 @@ class Ledger:
         may_wait: bool = True,
         backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S,
     ) -> Placement | Denial | Waiting:
-        """Admission with the line in mind (gpuledger.core.queues.waiting): a placement when the request fits
-        now and no one waits ahead of it for what it would take; else, when it could fit the cluster were
-        every GPU free, `Waiting` (nothing reserved; `may_wait=False` turns that into a denial); else today's
-        denial."""
-        existing = self._books.reservations.get(request.id)
-        if existing is not None:
-            return existing.placement
-        request, warning = bandwidth_unchecked(request, self._books.index)
-        line = self._waiting
-        gate = self._gate()
-        behind = line.must_wait(request, now, backfill_window_s, gate)
-        if not behind:
-            refusal = gate.refusal(request) if gate is not None else None
-            if refusal is not None:
-                if not may_wait:
-                    return Denial(
-                        id=request.id,
-                        message=f"{describe(request)} fits now, but {refusal}",
-                        strategy=request.strategy or "",
-                    )
-                answer = waiting_answer(request, now, line.position(rank_of(request, now)), None, "")
-                return replace(answer, message=f"{answer.message}; {refusal}", reason=refusal)
-            result = self._reserve(request, now)
-            if isinstance(result, Placement):
-                if gate is not None:
-                    gate.placed(request, result)
-                    self._gate_kept(gate)
-                return with_warning(result, warning)
-            # a denial naming no reason is about the request itself (a bad strategy, a gang of another shape)
-            if not result.by_reason or not line.could_fit(request):
-                return result
-            if not may_wait:
-                return result
-            line.failed_at_admission(request)
-            return waiting_answer(request, now, line.position(rank_of(request, now)), result, "")
-        dry = self._decider.explain(request, with_scores=False).result
-        if isinstance(dry, Denial) and (not dry.by_reason or not line.could_fit(request)):
-            return dry  # it could not wait for anything: denied as it would be with no one in line
-        if not may_wait:
-            return Denial(
-                id=request.id,
-                message=f"{describe(request)} fits now, but {behind}; it would wait in line "
-                f"(annotation {WHEN_FULL}={WHEN_FULL_REFUSE} refuses instead)",
-                strategy=request.strategy or "",
-            )
-        return waiting_answer(request, now, line.position(rank_of(request, now)), None, behind)
+        """Admission with the line in mind (gpuledger.core.queues.admission_rule): a placement when the
+        request fits now and no one waits ahead of it for what it would take; else, when it could fit the
+        cluster were every GPU free, `Waiting` (nothing reserved; `may_wait=False` turns that into a denial);
+        else today's denial."""
+        return self._admission.reserve_or_wait(request, now, may_wait, backfill_window_s)
 
     def place_waiting(self, now: float, backfill_window_s: float = DEFAULT_BACKFILL_WINDOW_S) -> list[Placed]:
         """Place the waiting pods that fit now, in line order (each reserved, RESERVED, under its ticket
