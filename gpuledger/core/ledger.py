@@ -9,16 +9,16 @@ This module is the facade only: it wires the parts over one set of books and kee
 The books (`books`), per-node filters (`filters`), candidate selection (`selection`), denials (`diagnosis`),
 decisions (`decisions`), gangs (`gangs`), leases (`leases`), following the cluster (`adoption`) and
 totals (`stats`) each live in their own module; so do the GPU queues: what the ledger knows of them
-(`queue_book`), their quotas and fair order at admission and in the line's passes (`queue_gate`), and the
-preemptions it holds (`held_plans`, planned by `preemption`). With no GPUQueue object the queues' parts
-stand aside and the ledger decides as it did without them.
+(`queue_book`), their quotas and fair order at admission and in the line's passes (`queue_gate`), the
+admission rule that reserves or gives a place in the line (`admission_rule`), and the preemptions it holds
+(`held_plans`, planned by `preemption` in the preemption pass, `preemption_pass`). With no GPUQueue object
+the queues' parts stand aside and the ledger decides as it did without them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, is_dataclass, replace
-from itertools import islice, repeat
 from typing import Any
 
 from gpuledger.core.books.adoption import Adoption
@@ -27,6 +27,7 @@ from gpuledger.core.books.topology import Topology
 from gpuledger.core.model import Denial, Explanation, NodeInfo, Placement, Request, ReservationState
 from gpuledger.core.nodes.published_gpus import PublishedGpus
 from gpuledger.core.passes.held_plans import HeldPlan, HeldPlans
+from gpuledger.core.passes.preemption_pass import PreemptionPass
 from gpuledger.core.placing.decisions import Decider
 from gpuledger.core.placing.diagnosis import Diagnoser
 from gpuledger.core.placing.filters import Filters, bandwidth_unchecked, with_warning
@@ -35,7 +36,6 @@ from gpuledger.core.placing.selection import Selector
 from gpuledger.core.queues.admission_rule import AdmissionRule
 from gpuledger.core.queues.gpu_queues import QueueSet
 from gpuledger.core.queues.ledger_view import LedgerView
-from gpuledger.core.queues.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
 from gpuledger.core.queues.queue_book import QueueBook
 from gpuledger.core.queues.queue_gate import QueueGate
 from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
@@ -43,7 +43,6 @@ from gpuledger.core.queues.quotas import Capacity, Usage
 from gpuledger.core.queues.waiting import (
     LineEntry,
     Placed,
-    Waiter,
     Waiting,
     WaitingLine,
     rank_of,
@@ -75,10 +74,6 @@ class QueueAccounts:
     usage: Usage
     capacity: Capacity
     waiting: dict[str, int]  # leaf queue -> pods waiting in it
-
-
-REPLAN_S = 5.0  # a waiting workload that found no preemption plan is tried again after this long at the least
-PLAN_LOOK_AHEAD = 16  # waiters of one line looked at for the first that may preempt, at most
 
 
 def _shared(name: str, doc: str) -> property:
@@ -140,11 +135,10 @@ class Ledger:
         self._admission = AdmissionRule(
             books, self._waiting, self._decider, self._reserve, self._gate, self._gate_kept
         )
-        self._changes = 0  # moves with every change the cluster or a caller makes (a plan's memo reads it)
-        # ticket id -> (`_changes`, time) when it last found no plan: tried again once something changed
-        # and `replan_s` passed (a pass reads every running workload: not on every event)
-        self._no_plan: dict[str, tuple[int, float]] = {}
-        self.replan_s = REPLAN_S
+        # plans preemptions for the heads of the line and holds them (preemption_pass.py)
+        self._preemption = PreemptionPass(
+            books, adoption.claims, self._queues, self._plans, self._waiting, LedgerView(self), self._gate
+        )
 
     # ------------------------------------------------------------------------------------------ inventory
     def upsert_node(self, node: NodeInfo) -> None:
@@ -245,93 +239,8 @@ class Ledger:
         """Plan preemptions for waiting workloads that do not fit now (the heads of the line, in the fair
         order; at most `most` tried a pass, and one that found no plan is not tried again until something
         changed): each plan found is held, its nodes kept for its preemptor
-        (gpuledger.core.passes.held_plans). The new plans; none while no GPUQueue exists."""
-        book, plans = self._queues, self._plans
-        queues = book.queues
-        gate = self._gate()
-        if queues is None or gate is None:
-            return []
-        heads = [h for h in map(self._plan_head, self._waiting.undecided_by_line(), repeat(now)) if h]
-        if not heads:
-            return []
-        heads.sort(key=lambda h: (gate.key(h.request), h.rank))
-        excluded = plans.excluded(now)
-        running = book.running(excluded)
-        excluded |= self._on_kept_nodes()
-        by_key = {r.key: r for r in running}
-        allowances = self._allowances_left()
-        usage, capacity = book.usage(), book.capacity()
-        made: list[HeldPlan] = []
-        for head in heads[:most]:
-            facts = book.pods[head.key]
-            preemptor = self._preemptor(head, facts.never)
-            planner = Planner(queues, usage, capacity, LedgerView(self))
-            found = planner.plan(preemptor, [r for r in running if r.key not in excluded], allowances, now)
-            if isinstance(found, Plan) and found.victims:
-                held = plans.hold(found, facts, head.id, by_key)
-                made.append(held)
-                excluded |= {v.workload.key for v in found.victims} | self._on_kept_nodes()
-                for v in found.victims:
-                    for budget, n in v.workload.budgets:
-                        allowances[budget] = allowances.get(budget, 0) - n
-            else:
-                self._no_plan[head.id] = (self._changes, now)
-        while len(self._no_plan) > 4096:
-            del self._no_plan[next(iter(self._no_plan))]
-        return made
-
-    def _plan_head(self, line: Iterator[Waiter], now: float) -> Waiter | None:
-        """The first waiter of a line to plan a preemption for, looking at most PLAN_LOOK_AHEAD deep past
-        `preemptionPolicy: Never` pods (as in Kubernetes, a pod that may preempt goes before a Never pod
-        ahead of it). None while one of the line holds a plan (the line is served), or once one that may
-        preempt found no plan and nothing changed since: a line's pods share shape, namespace and so queue,
-        the same answer for all."""
-        plans, pods = self._plans.plans, self._queues.pods
-        for w in islice(line, PLAN_LOOK_AHEAD):
-            if w.id in plans:
-                return None
-            facts = pods.get(w.key)
-            if facts is None or facts.never:
-                continue
-            return w if self._may_plan(w.id, now) else None
-        return None
-
-    def _may_plan(self, wid: str, now: float) -> bool:
-        last = self._no_plan.get(wid)
-        return last is None or (last[0] != self._changes and now - last[1] >= self.replan_s)
-
-    def _on_kept_nodes(self) -> set[str]:
-        """The workloads holding GPUs on a node a plan keeps (a gang by its key, a pod by its own): they are
-        no victims of another plan (one plan a node, so its victims' GPUs go to its preemptor alone)."""
-        books, claims = self._books, self._adoption.claims
-        out: set[str] = set()
-        for node in self._plans.kept_nodes():
-            for hid in books.node_holders.get(node, ()):
-                res = books.reservations.get(hid)
-                if res is not None:
-                    owner = claims.owner_of(hid)
-                    group = res.placement.group
-                    out.add(group if group is not None else owner.key if owner is not None else hid)
-                elif hid in books.slot_of:
-                    out.add(books.slot_of[hid][0])
-        return out
-
-    def _preemptor(self, head: Waiter, never: bool) -> Preemptor:
-        req = head.request
-        key = req.group.key if req.group is not None and req.group.size > 1 else head.key
-        return Preemptor(key, self._queues.queue_of(head.namespace) or "", req, never)
-
-    def _allowances_left(self) -> dict[str, int]:
-        """Each PodDisruptionBudget's allowance less the victims the held plans still have to evict."""
-        book = self._queues
-        allowances = book.allowances()
-        for plan in self._plans.plans.values():
-            for _, pod in plan.present(book.pods):
-                facts = book.pods.get(f"{pod[0]}/{pod[1]}")
-                for budget in book.budgets.values():
-                    if facts is not None and budget.covers(facts):
-                        allowances[budget.key] = allowances.get(budget.key, 0) - 1
-        return allowances
+        (gpuledger.core.passes.preemption_pass). The new plans; none while no GPUQueue exists."""
+        return self._preemption.plan(now, most)
 
     def preemptions(self) -> list[HeldPlan]:
         """Every preemption held, by its preemptor's ticket id."""
@@ -344,9 +253,7 @@ class Ledger:
     def eviction_refused(self, plan_id: str, namespace: str, name: str, now: float) -> None:
         """The API server refused to evict a victim of plan `plan_id`: the plan is dropped (its nodes free),
         and the victim's workload is left out of plans for `refused_victim_s`; the next pass plans again."""
-        self._plans.refused_eviction(plan_id, namespace, name, now)
-        self._changes += 1
-        self._no_plan.clear()  # plan again at the next pass
+        self._preemption.eviction_refused(plan_id, namespace, name, now)
 
     @property
     def refused_victim_s(self) -> float:
@@ -357,8 +264,18 @@ class Ledger:
     def refused_victim_s(self, seconds: float) -> None:
         self._plans.refused_victim_s = seconds
 
+    @property
+    def replan_s(self) -> float:
+        """How long a waiting workload that found no preemption plan waits at the least before it is tried
+        again (seconds)."""
+        return self._preemption.replan_s
+
+    @replan_s.setter
+    def replan_s(self, seconds: float) -> None:
+        self._preemption.replan_s = seconds
+
     def _settle_plans(self, adopt: Iterable[str] = ()) -> None:
-        self._changes += 1
+        self._preemption.changed()
         plans = self._plans
         if plans.plans or adopt:
             plans.settle(self._waiting.key_of, adopt, self._waiting.request_of)
@@ -403,37 +320,10 @@ class Ledger:
         if warning:
             explanation = replace(explanation, result=with_warning(explanation.result, warning))
         if now is not None and self._queues.active:
-            words = self._preemption_words(request, explanation.result, now)
+            words = self._preemption.words(request, explanation.result, now)
             if words:
                 explanation = replace(explanation, preemption=words)
         return explanation
-
-    def _preemption_words(self, request: Request, result: Placement | Denial, now: float) -> str:
-        book, gate = self._queues, self._gate()
-        if gate is None or book.queues is None:
-            return ""
-        refusal = gate.refusal(request) if isinstance(result, Placement) else None
-        if isinstance(result, Placement) and refusal is None:
-            return ""
-        if isinstance(result, Denial) and (not result.by_reason or not self._waiting.could_fit(request)):
-            return ""  # it would not wait: denied for what it asks
-        key = f"{request.namespace or 'default'}/{request.name}" if request.name else request.id
-        facts = book.pods.get(key)
-        group = request.group
-        who = Preemptor(
-            group.key if group is not None and group.size > 1 else key,
-            book.queue_of(request.namespace) or book.queues.default,
-            request,
-            facts is not None and facts.never,
-        )
-        excluded = self._plans.excluded(now)
-        running = book.running(excluded)
-        excluded |= self._on_kept_nodes()
-        planner = Planner(book.queues, book.usage(), book.capacity(), LedgerView(self))
-        candidates = [r for r in running if r.key not in excluded]
-        found: Plan | NoPlan = planner.plan(who, candidates, self._allowances_left(), now)
-        words = describe_plan(found)
-        return f"{refusal}; {words}" if refusal else words
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def get(self, id: str) -> Placement | None:
