@@ -182,3 +182,43 @@ def test_pods_of_a_pod_group_in_the_file_are_explained_as_its_gang(tmp_path, cap
     assert [r["pod"] for r in results] == ["ml/pg-0", "ml/pg-1"]
     assert all(r["allowed"] and len(r["devices"]) == 4 for r in results), results
     assert "group podgroup/ml/pg" in results[0]["reason"]
+
+
+def test_a_pod_resized_in_place_in_the_cluster_file_holds_its_new_size(tmp_path, capsys):
+    from tests.core.core_factory import node
+
+    running = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "ml", "generation": 1},
+        "spec": {
+            "nodeName": "n",
+            "containers": [{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}],
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "c", "allocatedResources": {"cpu": "1"}, "resources": {"requests": {"cpu": "1"}}}
+            ],
+        },
+    }
+    resized = json.loads(json.dumps(running))
+    resized["metadata"]["generation"] = 2
+    resized["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "7"
+    resized["status"]["containerStatuses"][0] = {
+        "name": "c",
+        "allocatedResources": {"cpu": "7"},
+        "resources": {"requests": {"cpu": "7"}},
+    }
+    asking = pod("train", limits={"nvidia.com/gpu": "1", "cpu": "2"})
+    asking["metadata"]["annotations"] = {"topology.scheduler/when-full": "refuse"}
+    answers = {}
+    for label, web in (("as created", running), ("resized", resized)):
+        cluster = tmp_path / f"{label}.yaml"
+        cluster.write_text(yaml.safe_dump_all([node("n", 8, cpu="8"), web]))
+        pods = write(tmp_path, [asking])
+        assert cli.main(["explain", "--cluster", str(cluster), str(pods), "-o", "json"]) == 0
+        (answers[label],) = json.loads(capsys.readouterr().out)
+    assert answers["as created"]["allowed"] and answers["as created"]["node"] == "n"
+    assert not answers["resized"]["allowed"] and "cpu" in answers["resized"]["reason"].lower()
+    print(answers["resized"]["reason"])

@@ -27,6 +27,7 @@ from gpuledger.core.books.leases import Leases
 from gpuledger.core.model import DeviceShare, Placement, ReservationState
 from gpuledger.core.nodes.node_state import Holding
 from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods.allocated import resized
 from gpuledger.core.slots_init import slots_init
 
 FOREIGN = "foreign:"  # holder id prefix of a foreign holder's use: "foreign:<namespace>/<name>"
@@ -81,8 +82,8 @@ def claim_of(
 def bound_claim_of_pod(pod: dict, key: bytes | str) -> Claim | None:
     """The claim of a stored pod that is not terminal and carries a placement validly signed with `key` and
     issued for it, read straight from the object: `claim_of` of its `kube.pod_usage`, without the usage (a
-    rebuild's pods are nearly all such). None for every other pod, a malformed one included: the general
-    path reads those (the integrity property tests compare both)."""
+    rebuild's pods are nearly all such). None for every other pod, a malformed one or one resized in place
+    included: the general path reads those (the integrity property tests compare both)."""
     meta = pod.get("metadata")
     if type(meta) is not dict:
         return None
@@ -94,6 +95,8 @@ def bound_claim_of_pod(pod: dict, key: bytes | str) -> Claim | None:
         return None
     status = pod.get("status")
     if status and (type(status) is not dict or status.get("phase") in kube.TERMINAL_PHASES):
+        return None
+    if resized(pod):  # resized in place: the general path reads its kubelet's size
         return None
     spec = pod.get("spec")
     if spec:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 from gpuledger.core.model import Device, NodeInfo, Placement, Taint
+from gpuledger.core.pods.allocated import allocated_sizes, resized
 from gpuledger.core.pods.device_truth import parse_device_holders
 
 # Moved to their own modules; re-exported because callers import them from here
@@ -283,17 +284,41 @@ def _container_requests(container: dict, problems: list[str] | None, where: str)
     return cpu, mem, gpus
 
 
+def _as_held(held: dict[str, dict[str, int]], container: dict, cpu: int, mem: int) -> tuple[int, int]:
+    """A container's CPU and memory as its kubelet reports holding them, where it does."""
+    sizes = held.get(container.get("name"))  # type: ignore[arg-type]
+    if not sizes:
+        return cpu, mem
+    return sizes.get("cpu", cpu), sizes.get("memory", mem)
+
+
+def as_resized(placement: Placement, pod: dict, problems: list[str] | None = None) -> Placement:
+    """The placement a pod carries, holding the CPU and memory its kubelet reports the pod has where it was
+    resized in place (gpuledger.core.pods.allocated); its devices and shares are the placement's, as GPUs
+    cannot be resized."""
+    if not resized(pod):
+        return placement
+    req = pod_requests(pod, problems)
+    if (req.cpu_milli, req.memory_mib) == (placement.cpu_milli, placement.memory_mib):
+        return placement
+    return replace(placement, cpu_milli=req.cpu_milli, memory_mib=req.memory_mib)
+
+
 def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
     """Effective requests: sum of containers (and restartable init sidecars), max with each init container,
     or the pod-level `spec.resources` for CPU and memory where set, plus the pod overhead — the rule the
-    scheduler uses."""
+    scheduler uses. A container of a running pod holds the CPU and memory its kubelet reports it has
+    (gpuledger.core.pods.allocated: a pod resized in place)."""
     spec = pod.get("spec") or {}
     name = (pod.get("metadata") or {}).get("name", "")
+    held = allocated_sizes(pod, problems) if resized(pod) else {}
     cpu = mem = gpus = 0
     sidecar = [0, 0, 0]
     init_peak = [0, 0, 0]
     for c in spec.get("initContainers") or []:
         c_cpu, c_mem, c_gpu = _container_requests(c, problems, f"pod {name} init container {c.get('name')}")
+        if held:
+            c_cpu, c_mem = _as_held(held, c, c_cpu, c_mem)
         if c.get("restartPolicy") == "Always":
             sidecar = [sidecar[0] + c_cpu, sidecar[1] + c_mem, sidecar[2] + c_gpu]
         else:
@@ -305,6 +330,8 @@ def pod_requests(pod: dict, problems: list[str] | None = None) -> PodRequests:
             ]
     for c in spec.get("containers") or []:
         c_cpu, c_mem, c_gpu = _container_requests(c, problems, f"pod {name} container {c.get('name')}")
+        if held:
+            c_cpu, c_mem = _as_held(held, c, c_cpu, c_mem)
         cpu, mem, gpus = cpu + c_cpu, mem + c_mem, gpus + c_gpu
     cpu, mem, gpus = cpu + sidecar[0], mem + sidecar[1], gpus + sidecar[2]
     cpu, mem, gpus = max(cpu, init_peak[0]), max(mem, init_peak[1]), max(gpus, init_peak[2])
@@ -377,6 +404,8 @@ def pod_usage(
             problem = f"annotation {PLACEMENT_ANNOTATION} ignored: bad signature or malformed"
         else:
             placement, binding = decoded
+            if not terminal:
+                placement = as_resized(placement, pod, problems)
             mismatch = binding_mismatch(binding, pod) if binding is not None else ""
             if mismatch:
                 unbound, placement = placement, None
