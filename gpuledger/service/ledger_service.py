@@ -237,6 +237,27 @@ class ServiceStats(LedgerStats):
 
 
 class LedgerService(LiveSettings):
+    """The ledger behind the service's batched calls, and the two tables the service keeps beside it.
+
+    Of what concerns reservations it keeps only these two, and reads the rest from the ledger; they hold what
+    the ledger's books do not:
+
+    - `_pending`: reservation id -> the `Request` this service reserved it for (an admission, or a pod placed
+      from the line) until a stored pod is seen carrying it. The books keep each reservation's placement and
+      whether a pod confirmed it, not the request; a resync rebuilds the ledger from API objects, where a
+      pod not stored yet is absent, so the request is replayed onto the rebuilt ledger, pinned to the same
+      devices. Its members are the service's own, not the books' unconfirmed reservations: what this service
+      handed out and has not seen settled (a re-admission answered with a reservation a pod already
+      confirmed is entered again; an entry leaves when this service confirms, releases or expires it, or
+      applies an event of a pod labelled with its id that settles it, whatever the books did meanwhile),
+      and `status()["pending"]` counts them.
+    - `_claimed`: reservation id -> who claimed it at validation (the admission request's uid; "" when the
+      caller named none). The validating webhook claims a reservation before its pod is stored, while the
+      books' claims (gpuledger.core.books.claims) are those of stored pods; the claimer is what gives a
+      retried validation its first answer instead of "already admitted". Kept until this service confirms,
+      releases or expires the reservation, and across a resync only for those replayed (in `_pending`).
+    """
+
     def __init__(
         self,
         config: LedgerConfig,
@@ -262,9 +283,11 @@ class LedgerService(LiveSettings):
         self.changed_by, self.changed_at = "config (ledger start)", now
         self._history: deque[dict] = deque([self._record(now, self.changed_by, {})], maxlen=SETTINGS_HISTORY)
         # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
+        # (the service's own: the books keep no request; the class's docstring says why)
         self._pending: dict[str, Request] = {}
         # reservations whose pod passed validation (at most one pod may: later ones carry a copy)
-        # reservation id -> who claimed it (the admission request's uid; "" when the caller named none)
+        # reservation id -> who claimed it (the admission request's uid; "" when the caller named none;
+        # the service's own: the books' claims are of stored pods)
         self._claimed: dict[str, str] = {}
         # which cluster sync may write the ledger (one at a time; gpuledger.service.sync_writer)
         self.sync_writer = SyncWriter(incarnation=incarnation)
