@@ -27,6 +27,7 @@ REAL_NODE_MODULES = frozenset(
         "test_real_node",
         "test_real_node_agent",
         "test_real_node_placement",
+        "test_real_node_resize",
         "test_real_node_visibility",
         "test_real_node_waiting",
     )
