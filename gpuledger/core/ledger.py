@@ -9,10 +9,11 @@ This module is the facade only: it wires the parts over one set of books and kee
 The books (`books`), per-node filters (`filters`), candidate selection (`selection`), denials (`diagnosis`),
 decisions (`decisions`), gangs (`gangs`), leases (`leases`), following the cluster (`adoption`) and
 totals (`stats`) each live in their own module; so do the GPU queues: what the ledger knows of them
-(`queue_book`), their quotas and fair order at admission and in the line's passes (`queue_gate`), the
-admission rule that reserves or gives a place in the line (`admission_rule`), and the preemptions it holds
-(`held_plans`, planned by `preemption` in the preemption pass, `preemption_pass`). With no GPUQueue object
-the queues' parts stand aside and the ledger decides as it did without them.
+(`queue_book`), their quotas and fair order at admission and in the line's passes (`queue_gate`, kept
+across decisions by `current_gate`), the admission rule that reserves or gives a place in the line
+(`admission_rule`), and the preemptions it holds (`held_plans`, planned by `preemption` in the preemption
+pass, `preemption_pass`). With no GPUQueue object the queues' parts stand aside and the ledger decides as it
+did without them.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from gpuledger.core.placing.filters import Filters, bandwidth_unchecked, with_wa
 from gpuledger.core.placing.gangs import Gangs, GroupPlan, SlotClaim
 from gpuledger.core.placing.selection import Selector
 from gpuledger.core.queues.admission_rule import AdmissionRule
+from gpuledger.core.queues.current_gate import CurrentGate
 from gpuledger.core.queues.gpu_queues import QueueSet
 from gpuledger.core.queues.ledger_view import LedgerView
 from gpuledger.core.queues.queue_book import QueueBook
-from gpuledger.core.queues.queue_gate import QueueGate
 from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
 from gpuledger.core.queues.quotas import Capacity, Usage
 from gpuledger.core.queues.waiting import (
@@ -127,17 +128,17 @@ class Ledger:
         # GPU queues, namespaces, PodDisruptionBudgets and what queue decisions read of pods (queue_book.py)
         self._queues = QueueBook(books, adoption.claims)
         # the queues' quotas and fair order over the decisions since the books last changed otherwise
-        self._gate_at: tuple[int, int, int] | None = None
-        self._gate_cache: QueueGate | None = None
+        # (current_gate.py)
+        gate = self._gate = CurrentGate(
+            books, self._queues, lambda r: self.explain(r, with_scores=False).result
+        )
         # the preemptions it holds: their nodes kept for their preemptors (held_plans.py)
         self._plans = HeldPlans(books, self._queues, lambda: books.config.placement_key)
         # reserve, or take a place in the line, with the queues' quotas (admission_rule.py)
-        self._admission = AdmissionRule(
-            books, self._waiting, self._decider, self._reserve, self._gate, self._gate_kept
-        )
+        self._admission = AdmissionRule(books, self._waiting, self._decider, self._reserve, gate)
         # plans preemptions for the heads of the line and holds them (preemption_pass.py)
         self._preemption = PreemptionPass(
-            books, adoption.claims, self._queues, self._plans, self._waiting, LedgerView(self), self._gate
+            books, adoption.claims, self._queues, self._plans, self._waiting, LedgerView(self), gate
         )
 
     # ------------------------------------------------------------------------------------------ inventory
@@ -179,30 +180,6 @@ class Ledger:
             self._queues.reserved(request, placed)
         return placed
 
-    # ------------------------------------------------------------------------------------------ queues' gate
-    def _gate(self) -> QueueGate | None:
-        """The queues' gate (quotas, fair order), None while no GPUQueue exists; read from the books again
-        only when they changed other than by the gate's own placements."""
-        book = self._queues
-        if book.queues is None:
-            return None
-        at = self._gate_stamp()
-        if self._gate_cache is None or self._gate_at != at:
-            self._gate_cache = QueueGate(
-                book, lambda r: self.explain(r, with_scores=False).result, self._books.groups.__contains__
-            )
-            self._gate_at = at
-        return self._gate_cache
-
-    def _gate_stamp(self) -> tuple[int, int, int]:
-        index = self._books.index
-        return (index.touched_base + len(index.touched), self._queues.version, len(self._books.reservations))
-
-    def _gate_kept(self, gate: QueueGate | None) -> None:
-        """The gate counted every change made since it was read: it stays good."""
-        if gate is not None and gate is self._gate_cache:
-            self._gate_at = self._gate_stamp()
-
     def reserve_or_wait(
         self,
         request: Request,
@@ -226,9 +203,9 @@ class Ledger:
         for wid in self._plans.ready():  # every victim gone: the preemptor takes the nodes kept for it
             self._plans.drop(wid, void=False)
             placed += self._waiting.place_now(wid, now)
-        gate = self._gate()
+        gate = self._gate.get()
         placed += self._waiting.place(now, backfill_window_s, gate)
-        self._gate_kept(gate)
+        self._gate.kept(gate)
         if gate is not None:
             self.plan_preemptions(now)
         self._settle_plans()
@@ -436,7 +413,7 @@ class Ledger:
     def quota_refusal(self, request: Request) -> str | None:
         """Why the request's GPU queue may not take what the ledger would give it now (None: it may, or no
         GPUQueue exists): what `reserve_or_wait` makes it wait for."""
-        gate = self._gate()
+        gate = self._gate.get()
         if gate is None:
             return None
         return gate.refusal(bandwidth_unchecked(request, self._books.index)[0])

@@ -13,17 +13,17 @@ question of what a request that would wait could preempt (`words`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import islice, repeat
 
 from gpuledger.core.books.books import Books
 from gpuledger.core.books.claims import Claims
 from gpuledger.core.model import Denial, Placement, Request
 from gpuledger.core.passes.held_plans import HeldPlan, HeldPlans
+from gpuledger.core.queues.current_gate import CurrentGate
 from gpuledger.core.queues.ledger_view import LedgerView
 from gpuledger.core.queues.preemption import NoPlan, Plan, Planner, Preemptor, describe_plan
 from gpuledger.core.queues.queue_book import QueueBook
-from gpuledger.core.queues.queue_gate import QueueGate
 from gpuledger.core.queues.waiting import Waiter, WaitingLine
 
 REPLAN_S = 5.0  # a waiting workload that found no preemption plan is tried again after this long at the least
@@ -42,7 +42,7 @@ class PreemptionPass:
         plans: HeldPlans,
         line: WaitingLine,
         view: LedgerView,
-        gate: Callable[[], QueueGate | None],
+        gate: CurrentGate,
     ):
         self._books = books
         self._claims = claims
@@ -50,7 +50,7 @@ class PreemptionPass:
         self._plans = plans
         self._line = line
         self._view = view  # what the planner reads of the ledger
-        self._gate = gate  # the queues' gate now, None while no GPUQueue exists
+        self._gate = gate  # the queues' gate as of the books' latest change
         self._changes = 0  # moves with every change the cluster or a caller makes (the memo below reads it)
         # ticket id -> (`_changes`, time) when it last found no plan: tried again once something changed
         # and `replan_s` passed (a pass reads every running workload: not on every event)
@@ -73,7 +73,7 @@ class PreemptionPass:
         tried a pass); hold each plan found. The new plans; none while no GPUQueue exists."""
         book, plans = self._queues, self._plans
         queues = book.queues
-        gate = self._gate()
+        gate = self._gate.get()
         if queues is None or gate is None:
             return []
         heads = [h for h in map(self._plan_head, self._line.undecided_by_line(), repeat(now)) if h]
@@ -108,7 +108,7 @@ class PreemptionPass:
     def words(self, request: Request, result: Placement | Denial, now: float) -> str:
         """For a request that would wait (its queue's refusal, or a denial for now), the preemption it could
         make or why none, in words; "" for one that would be placed or denied for what it asks."""
-        book, gate = self._queues, self._gate()
+        book, gate = self._queues, self._gate.get()
         if gate is None or book.queues is None:
             return ""
         refusal = gate.refusal(request) if isinstance(result, Placement) else None

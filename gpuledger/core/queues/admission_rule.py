@@ -6,8 +6,8 @@ gpuledger.core.queues.queue_gate). Otherwise, when it could fit the cluster were
 to wait (`Waiting`: nothing reserved), or denied where the caller may not wait; a request that could never
 fit gets the denial it would get with no one in line. A known id returns its placement.
 
-The rule decides only: reserving is the ledger's (`reserve`), and so is the gate, read as of the books'
-latest change (`gate`) and told when the rule's own placement kept it good (`gate_kept`).
+The rule decides only: reserving is the ledger's (`reserve`); the gate is read as of the books' latest
+change (gpuledger.core.queues.current_gate) and told when the rule's own placement kept it good.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gpuledger.core.model import Denial, Placement, Request
 from gpuledger.core.placing.decisions import Decider
 from gpuledger.core.placing.diagnosis import describe
 from gpuledger.core.placing.filters import bandwidth_unchecked, with_warning
-from gpuledger.core.queues.queue_gate import QueueGate
+from gpuledger.core.queues.current_gate import CurrentGate
 from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
 from gpuledger.core.queues.waiting import Waiting, WaitingLine, rank_of, waiting_answer
 from gpuledger.names import WHEN_FULL, WHEN_FULL_REFUSE
@@ -35,15 +35,13 @@ class AdmissionRule:
         line: WaitingLine,
         decider: Decider,
         reserve: Callable[[Request, float], Placement | Denial],
-        gate: Callable[[], QueueGate | None],
-        gate_kept: Callable[[QueueGate | None], None],
+        gate: CurrentGate,
     ):
         self._books = books
         self._line = line
         self._decider = decider
         self._reserve = reserve  # reserve a request whose bandwidth was checked against the index
-        self._gate = gate  # the queues' gate now, None while no GPUQueue exists
-        self._gate_kept = gate_kept  # the gate counted every change made since it was read
+        self._gate = gate  # the queues' gate as of the books' latest change
 
     def reserve_or_wait(
         self,
@@ -60,7 +58,7 @@ class AdmissionRule:
             return existing.placement
         request, warning = bandwidth_unchecked(request, self._books.index)
         line = self._line
-        gate = self._gate()
+        gate = self._gate.get()
         behind = line.must_wait(request, now, backfill_window_s, gate)
         if not behind:
             refusal = gate.refusal(request) if gate is not None else None
@@ -77,7 +75,7 @@ class AdmissionRule:
             if isinstance(result, Placement):
                 if gate is not None:
                     gate.placed(request, result)
-                    self._gate_kept(gate)
+                    self._gate.kept(gate)
                 return with_warning(result, warning)
             # a denial naming no reason is about the request itself (a bad strategy, a gang of another shape)
             if not result.by_reason or not line.could_fit(request):
