@@ -125,3 +125,7 @@ PREEMPTED_REASON, PREEMPTING_REASON = "Preempted", "Preempting"
 # its workload, else the webhook's `when_full` (wait by default)
 WHEN_FULL = "topology.scheduler/when-full"
 WHEN_FULL_WAIT, WHEN_FULL_REFUSE = "wait", "refuse"
+# the gang key of a Kubernetes PodGroup's pods: "podgroup/<namespace>/<name>". Its pods beyond `minCount` are
+# placed one by one near the gang once it is placed, as kube-scheduler schedules them
+# (gpuledger.core.placing.gangs)
+PODGROUP_GANG_PREFIX = "podgroup/"

@@ -93,3 +93,34 @@ def test_a_jobs_pod_group_is_placed_whole_on_one_leaf_and_bound_by_kube_schedule
         by_name = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in bound_pods}
         chosen = {p["metadata"]["name"]: workloads.placement(p).node for p in bound_pods}
         assert by_name == chosen  # kube-scheduler bound each pod where the ledger placed it
+
+
+@pytest.mark.skipif(
+    version_of(K8S_VERSION) < (1, 37),
+    reason=f"scheduling.k8s.io/v1beta1 PodGroups exist from 1.37 ({K8S_VERSION})",
+)
+def test_a_jobs_pods_beyond_min_count_are_placed_near_the_gang_and_bound(
+    apiserver, stack, workloads, namespace
+):
+    """A Job of 3 whose PodGroup's minCount is 2: the gang of 2 is placed whole, the third pod takes a slot
+    near it, and kube-scheduler binds all three where the ledger placed them (none waits for a slot)."""
+    group = pod_group("extra-pg", 2, {"topology.scheduler/placement-strategy": "consolidated"})
+    apiserver.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(group))
+    with KubeScheduler(apiserver):
+        workloads.apply(yaml.safe_dump(group_job("extra", "extra-pg", 3, 4)))
+        pods = workloads.wait_pods(3, "job=extra")
+        placements = [workloads.placement(p) for p in pods]
+        assert all(p is not None for p in placements), [p["metadata"]["name"] for p in pods]
+        assert {p.group for p in placements} == {f"podgroup/{namespace}/extra-pg"}
+        assert sorted(p.slot for p in placements) == [0, 1, 2]
+        held = [(p.node, d) for p in placements for d in p.devices]
+        assert len(held) == len(set(held)) == 12
+
+        def bound():
+            now = workloads.pods("job=extra")
+            return now if len(now) == 3 and all(p["spec"].get("nodeName") for p in now) else None
+
+        bound_pods = apiserver.wait_for(bound, timeout=90, what="kube-scheduler binding all three pods")
+        assert {p["metadata"]["name"]: p["spec"]["nodeName"] for p in bound_pods} == {
+            p["metadata"]["name"]: workloads.placement(p).node for p in bound_pods
+        }

@@ -26,7 +26,7 @@ from gpuledger.core.placing.diagnosis import Diagnoser, describe
 from gpuledger.core.placing.filters import dynamic, tolerated_gpu_taints
 from gpuledger.core.placing.leaf_caps import LeafCaps
 from gpuledger.core.placing.selection import Choice, Selector, device_uuids, placement
-from gpuledger.names import GPU_COUNT, GPU_MEMORY, GPU_MILLI
+from gpuledger.names import GPU_COUNT, GPU_MEMORY, GPU_MILLI, PODGROUP_GANG_PREFIX
 
 
 @dataclass
@@ -186,7 +186,9 @@ class Gangs:
             return SlotClaim(group.key, free, None)
         size = len(group.slots) if group.slots else req.group.size
         live = claims.claimed()
-        if live >= max(size, req.group.size):
+        # a PodGroup's pods beyond minCount are kube-scheduler's to schedule once the gang is: each takes a
+        # new slot near the gang; any other gang is as big as its owner says
+        if live >= max(size, req.group.size) and not group.key.startswith(PODGROUP_GANG_PREFIX):
             return Denial(
                 id=req.id,
                 message=(

@@ -55,6 +55,7 @@ from gpuledger.names import (
     LATENCY_SENSITIVE,
     NETWORK_BANDWIDTH,
     PLACEMENT_STRATEGY,
+    PODGROUP_GANG_PREFIX,
     PREFERRED_DOMAIN,
     PRIORITY,
     SCHEDULING_MAP,
@@ -174,7 +175,8 @@ def _gang(
     if owner is not None and owner.get("kind") == "PodGroup":
         if group_size <= 1:
             return None
-        return GroupSpec(key=f"podgroup/{namespace}/{owner_meta.get('name', '')}", size=group_size)
+        name = owner_meta.get("name", "")
+        return GroupSpec(key=f"{PODGROUP_GANG_PREFIX}{namespace}/{name}", size=group_size)
     gang_raw = ann.get(GANG)
     gang = (
         read_bool(GANG, gang_raw)
