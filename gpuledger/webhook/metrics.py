@@ -6,44 +6,11 @@ ledger's own numbers arrive through `update_from_stats` (the service's stats, fe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-# every metric this webhook exports, by the name a dashboard queries (counters gain `_total` on the wire as
-# written here; histograms add `_bucket`/`_sum`/`_count`)
-METRIC_NAMES: tuple[str, ...] = (
-    "agentaflow_gpu_total",
-    "agentaflow_gpu_available",
-    "agentaflow_gpu_utilization",
-    "agentaflow_workloads_pending",
-    "agentaflow_workloads_running",
-    "agentaflow_scheduling_duration",
-    "gpuledger_ledger_claim_duration_seconds",
-    "gpuledger_ledger_actor_calls_total",
-    "gpuledger_ledger_actor_call_seconds_total",
-    "topology_scheduler_latency_seconds",
-    "topology_scheduler_placement_duration_seconds",
-    "topology_scheduler_recovery_duration_seconds",
-    "topology_placement_decisions_total",
-    "topology_domain_utilization_ratio",
-    "topology_domain_fragmentation_ratio",
-    "topology_scheduler_domain_fragmentation_ratio",
-    "topology_gpu_allocation_ratio",
-    "gpuledger_admission_duration_seconds",
-    "gpuledger_admission_in_flight",
-    "gpuledger_handler_failures_total",
-    "gpuledger_placement_conflicts",
-    "gpuledger_device_disagreements",
-    "gpuledger_ledger_calls",
-    "gpuledger_prefetch_total",
-    "gpuledger_prefetch_held",
-    "gpuledger_pod_shapes_total",
-    "gpuledger_pods_waiting",
-    "gpuledger_pod_oldest_wait_seconds",
-    "gpuledger_pod_wait_seconds",
-)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # a rebuild reads every node and pod: milliseconds for a small cluster, seconds for a large one
@@ -52,183 +19,298 @@ _WAIT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0
 _RECOVERY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class WebhookMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.gpu_total = Gauge("agentaflow_gpu_total", "GPUs known to the ledger", registry=r)
-        self.gpu_available = Gauge(
-            "agentaflow_gpu_available", "GPUs with no allocation (whole, healthy)", registry=r
-        )
-        self.gpu_utilization = Gauge(
-            "agentaflow_gpu_utilization",
-            "allocated share of all GPUs (milli-GPU allocated / total), 0..1",
-            registry=r,
-        )
-        self.workloads_pending = Gauge(
-            "agentaflow_workloads_pending",
+@dataclass(frozen=True)
+class _Metric:
+    """One exported metric: the attribute that holds it, its kind, the name a dashboard queries, its help,
+    its labels and (a histogram's) buckets."""
+
+    attr: str
+    kind: type
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+
+# every metric WebhookMetrics holds, in the order it registers them (the collectors _LedgerCalls and
+# _SyncLease add gpuledger_ledger_calls and the sync lease's figures)
+_METRICS: tuple[_Metric, ...] = (
+    _Metric(
+        "gpu_total",
+        Gauge,
+        "agentaflow_gpu_total",
+        "GPUs known to the ledger",
+    ),
+    _Metric(
+        "gpu_available",
+        Gauge,
+        "agentaflow_gpu_available",
+        "GPUs with no allocation (whole, healthy)",
+    ),
+    _Metric(
+        "gpu_utilization",
+        Gauge,
+        "agentaflow_gpu_utilization",
+        "allocated share of all GPUs (milli-GPU allocated / total), 0..1",
+    ),
+    _Metric(
+        "workloads_pending",
+        Gauge,
+        "agentaflow_workloads_pending",
+        (
             "GPU pods not running yet: reservations made at admission whose pod is not yet seen stored, and "
-            "pods waiting in line for GPUs (admitted gated)",
-            registry=r,
-        )
-        self.pods_waiting = Gauge(
-            "gpuledger_pods_waiting",
-            "pods waiting in the ledger's line for GPUs (admitted gated, holding nothing), by priority",
-            ["priority"],
-            registry=r,
-        )
-        self.oldest_wait = Gauge(
-            "gpuledger_pod_oldest_wait_seconds",
-            "how long the first pod to arrive of those still waiting for GPUs has waited",
-            registry=r,
-        )
-        self._waiting_priorities: set[str] = set()  # the priority labels exported so far
-        self.pod_wait = Histogram(
-            "gpuledger_pod_wait_seconds",
+            "pods waiting in line for GPUs (admitted gated)"
+        ),
+    ),
+    _Metric(
+        "pods_waiting",
+        Gauge,
+        "gpuledger_pods_waiting",
+        "pods waiting in the ledger's line for GPUs (admitted gated, holding nothing), by priority",
+        labels=("priority",),
+    ),
+    _Metric(
+        "oldest_wait",
+        Gauge,
+        "gpuledger_pod_oldest_wait_seconds",
+        "how long the first pod to arrive of those still waiting for GPUs has waited",
+    ),
+    _Metric(
+        "pod_wait",
+        Histogram,
+        "gpuledger_pod_wait_seconds",
+        (
             "seconds a pod waited in line before the ledger placed it (observed by the replica whose "
-            "placement adapter wrote the placement)",
-            buckets=_WAIT_BUCKETS,
-            registry=r,
-        )
-        self.workloads_running = Gauge(
-            "agentaflow_workloads_running", "confirmed placements (pods stored with a placement)", registry=r
-        )
-        self.scheduling_duration = Histogram(
-            "agentaflow_scheduling_duration",
-            "seconds one admission waited for the ledger's answer (batching included)",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        # the validating side's one ledger round trip, on every placed pod's path
-        # (docs/design/validation-asks-the-ledger.md): its own figure, so a slow claim is told from a slow
-        # handler
-        self.claim_duration = Histogram(
-            "gpuledger_ledger_claim_duration_seconds",
-            "seconds one validation waited for the ledger's claim of its placement (batching included)",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        # the ledger's own side of those round trips, as the actor counts it (ServiceStats.served): a slow
-        # claim with a quick actor is the way there and back (the network, a busy core), not the ledger
-        self.actor_calls = Counter(
-            "gpuledger_ledger_actor_calls",
+            "placement adapter wrote the placement)"
+        ),
+        buckets=_WAIT_BUCKETS,
+    ),
+    _Metric(
+        "workloads_running",
+        Gauge,
+        "agentaflow_workloads_running",
+        "confirmed placements (pods stored with a placement)",
+    ),
+    _Metric(
+        "scheduling_duration",
+        Histogram,
+        "agentaflow_scheduling_duration",
+        "seconds one admission waited for the ledger's answer (batching included)",
+        buckets=_LATENCY_BUCKETS,
+    ),
+    # the validating side's one ledger round trip, on every placed pod's path
+    # (docs/design/validation-asks-the-ledger.md): its own figure, so a slow claim is told from a slow
+    # handler
+    _Metric(
+        "claim_duration",
+        Histogram,
+        "gpuledger_ledger_claim_duration_seconds",
+        "seconds one validation waited for the ledger's claim of its placement (batching included)",
+        buckets=_LATENCY_BUCKETS,
+    ),
+    # the ledger's own side of those round trips, as the actor counts it (ServiceStats.served): a slow
+    # claim with a quick actor is the way there and back (the network, a busy core), not the ledger
+    _Metric(
+        "actor_calls",
+        Counter,
+        "gpuledger_ledger_actor_calls",
+        (
             "calls the ledger actor served over the ledger channel, by method (the same figures on every "
-            "replica: take the max over instances)",
-            ["method"],
-            registry=r,
-        )
-        self.actor_call_seconds = Counter(
-            "gpuledger_ledger_actor_call_seconds",
+            "replica: take the max over instances)"
+        ),
+        labels=("method",),
+    ),
+    _Metric(
+        "actor_call_seconds",
+        Counter,
+        "gpuledger_ledger_actor_call_seconds",
+        (
             "seconds the ledger actor spent on the calls it served over the ledger channel, by method, each "
             "from its frame read to its answer encoded (decoding, the ledger's work, encoding); its rate is "
             "the share of the actor's loop those calls keep busy (a cluster write waiting behind a rebuild "
-            "counts its wait too)",
-            ["method"],
-            registry=r,
-        )
-        self._served_seen: tuple[str, dict[str, tuple[int, float]]] | None = None  # (incarnation, totals)
-        self.scheduler_latency = Histogram(
-            "topology_scheduler_latency_seconds",
-            "seconds from a decoded AdmissionReview to a placement decision (parsing, owner lookup, ledger)",
-            ["strategy"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.placement_duration = Histogram(
-            "topology_scheduler_placement_duration_seconds",
-            "seconds to decide one GPU pod's placement, from a decoded AdmissionReview to placement or "
-            "denial",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.recovery_duration = Histogram(
-            "topology_scheduler_recovery_duration_seconds",
-            "seconds one ledger rebuild took (a resync, or the rebuild from its source after a restart)",
-            buckets=_RECOVERY_BUCKETS,
-            registry=r,
-        )
-        self._recoveries_seen: tuple[str, int] | None = None  # (ledger incarnation, rebuilds observed)
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # (metric, labels) -> its child
-        self.placement_decisions = Counter(
-            "topology_placement_decisions",
-            "placement decisions by strategy and result",
-            ["strategy", "result"],
-            registry=r,
-        )
-        self.domain_utilization = Gauge(
-            "topology_domain_utilization_ratio",
-            "allocated share of a leaf's or spine's GPUs",
-            ["level", "domain"],
-            registry=r,
-        )
-        self.domain_fragmentation = Gauge(
-            "topology_domain_fragmentation_ratio",
-            "share of a domain's free milli-GPU outside whole free GPUs (usable by GPU shares only)",
-            ["level", "domain"],
-            registry=r,
-        )
-        self.scheduler_domain_fragmentation = Gauge(
-            "topology_scheduler_domain_fragmentation_ratio",
-            "the topology scheduler's name for topology_domain_fragmentation_ratio (same values)",
-            ["level", "domain"],
-            registry=r,
-        )
-        self.gpu_allocation_ratio = Gauge(
-            "topology_gpu_allocation_ratio",
-            "allocated milli-GPU / total milli-GPU across the cluster",
-            registry=r,
-        )
-        self.admission_duration = Histogram(
-            "gpuledger_admission_duration_seconds",
-            "seconds to answer one HTTP admission request",
-            ["route", "outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "gpuledger_admission_in_flight", "admission requests being handled", registry=r
-        )
-        self.handler_failures = Counter(
-            "gpuledger_handler_failures",
-            "admission requests answered with an internal error (code 500)",
-            ["route"],
-            registry=r,
-        )
-        self.placement_conflicts = Gauge(
-            "gpuledger_placement_conflicts",
+            "counts its wait too)"
+        ),
+        labels=("method",),
+    ),
+    _Metric(
+        "scheduler_latency",
+        Histogram,
+        "topology_scheduler_latency_seconds",
+        "seconds from a decoded AdmissionReview to a placement decision (parsing, owner lookup, ledger)",
+        labels=("strategy",),
+        buckets=_LATENCY_BUCKETS,
+    ),
+    _Metric(
+        "placement_duration",
+        Histogram,
+        "topology_scheduler_placement_duration_seconds",
+        ("seconds to decide one GPU pod's placement, from a decoded AdmissionReview to placement or denial"),
+        buckets=_LATENCY_BUCKETS,
+    ),
+    _Metric(
+        "recovery_duration",
+        Histogram,
+        "topology_scheduler_recovery_duration_seconds",
+        "seconds one ledger rebuild took (a resync, or the rebuild from its source after a restart)",
+        buckets=_RECOVERY_BUCKETS,
+    ),
+    _Metric(
+        "placement_decisions",
+        Counter,
+        "topology_placement_decisions",
+        "placement decisions by strategy and result",
+        labels=("strategy", "result"),
+    ),
+    _Metric(
+        "domain_utilization",
+        Gauge,
+        "topology_domain_utilization_ratio",
+        "allocated share of a leaf's or spine's GPUs",
+        labels=("level", "domain"),
+    ),
+    _Metric(
+        "domain_fragmentation",
+        Gauge,
+        "topology_domain_fragmentation_ratio",
+        "share of a domain's free milli-GPU outside whole free GPUs (usable by GPU shares only)",
+        labels=("level", "domain"),
+    ),
+    _Metric(
+        "scheduler_domain_fragmentation",
+        Gauge,
+        "topology_scheduler_domain_fragmentation_ratio",
+        "the topology scheduler's name for topology_domain_fragmentation_ratio (same values)",
+        labels=("level", "domain"),
+    ),
+    _Metric(
+        "gpu_allocation_ratio",
+        Gauge,
+        "topology_gpu_allocation_ratio",
+        "allocated milli-GPU / total milli-GPU across the cluster",
+    ),
+    _Metric(
+        "admission_duration",
+        Histogram,
+        "gpuledger_admission_duration_seconds",
+        "seconds to answer one HTTP admission request",
+        labels=("route", "outcome"),
+        buckets=_LATENCY_BUCKETS,
+    ),
+    _Metric(
+        "in_flight",
+        Gauge,
+        "gpuledger_admission_in_flight",
+        "admission requests being handled",
+    ),
+    _Metric(
+        "handler_failures",
+        Counter,
+        "gpuledger_handler_failures",
+        "admission requests answered with an internal error (code 500)",
+        labels=("route",),
+    ),
+    _Metric(
+        "placement_conflicts",
+        Gauge,
+        "gpuledger_placement_conflicts",
+        (
             "stored pods holding a placement they do not own (a copy, or a second holder of one reservation "
-            "id), counted as foreign use on their node",
-            registry=r,
-        )
-        self.device_disagreements = Gauge(
-            "gpuledger_device_disagreements",
+            "id), counted as foreign use on their node"
+        ),
+    ),
+    _Metric(
+        "device_disagreements",
+        Gauge,
+        "gpuledger_device_disagreements",
+        (
             "what the nodes' agents (annotation agentaflow.gpu/device-holders) said against the ledger: "
             "kind=corrected: pods recorded on the devices their kubelet gave them, not their placement's; "
             "kind=conflict: pods whose devices the kubelet says another pod holds; kind=pending_moved: "
-            "pending reservations moved off such devices since the ledger started",
-            ["kind"],
-            registry=r,
-        )
-        self.prefetch = Counter(
-            "gpuledger_prefetch",
+            "pending reservations moved off such devices since the ledger started"
+        ),
+        labels=("kind",),
+    ),
+    _Metric(
+        "prefetch",
+        Counter,
+        "gpuledger_prefetch",
+        (
             "placements admitted ahead for a pod shape (prefetch_depth): outcome=hit (a pod took one, no "
             "ledger round trip), miss (none was ready), released (not taken within prefetch_max_age_s, or "
-            "given back after a denial), denied (the ledger had no room for one: that shape pauses)",
-            ["outcome"],
-            registry=r,
-        )
-        self.pod_shapes = Counter(
-            "gpuledger_pod_shapes",
+            "given back after a denial), denied (the ledger had no room for one: that shape pauses)"
+        ),
+        labels=("outcome",),
+    ),
+    _Metric(
+        "pod_shapes",
+        Counter,
+        "gpuledger_pod_shapes",
+        (
             "mutating admissions by how their request was read: outcome=hit (a pod of the same shape was "
-            "parsed before: its request reused), miss (parsed; kept for the shape's next pod unless "
-            "denied or pinned by gpu-scheduling-map), apart (parsed, never kept: the pod carries "
-            "gpuledger.io keys or its own placement, or does not encode as JSON)",
-            ["outcome"],
-            registry=r,
-        )
-        self.prefetch_held = Gauge(
-            "gpuledger_prefetch_held", "placements admitted ahead and not taken yet", registry=r
-        )
+            "parsed before: its request reused), miss (parsed; kept for the shape's next pod unless denied "
+            "or pinned by gpu-scheduling-map), apart (parsed, never kept: the pod carries gpuledger.io keys "
+            "or its own placement, or does not encode as JSON)"
+        ),
+        labels=("outcome",),
+    ),
+    _Metric(
+        "prefetch_held",
+        Gauge,
+        "gpuledger_prefetch_held",
+        "placements admitted ahead and not taken yet",
+    ),
+)
+
+# every metric this webhook exports, by the name a dashboard queries (counters with the `_total` they gain on
+# the wire; histograms add `_bucket`/`_sum`/`_count`), gpuledger_ledger_calls (_LedgerCalls) included
+METRIC_NAMES: tuple[str, ...] = (
+    *(m.name + ("_total" if m.kind is Counter else "") for m in _METRICS),
+    "gpuledger_ledger_calls",
+)
+
+
+class WebhookMetrics:
+    """The webhook's metrics (`_METRICS`, made at construction) and what feeds them."""
+
+    gpu_total: Gauge
+    gpu_available: Gauge
+    gpu_utilization: Gauge
+    workloads_pending: Gauge
+    pods_waiting: Gauge
+    oldest_wait: Gauge
+    pod_wait: Histogram
+    workloads_running: Gauge
+    scheduling_duration: Histogram
+    claim_duration: Histogram
+    actor_calls: Counter
+    actor_call_seconds: Counter
+    scheduler_latency: Histogram
+    placement_duration: Histogram
+    recovery_duration: Histogram
+    placement_decisions: Counter
+    domain_utilization: Gauge
+    domain_fragmentation: Gauge
+    scheduler_domain_fragmentation: Gauge
+    gpu_allocation_ratio: Gauge
+    admission_duration: Histogram
+    in_flight: Gauge
+    handler_failures: Counter
+    placement_conflicts: Gauge
+    device_disagreements: Gauge
+    prefetch: Counter
+    pod_shapes: Counter
+    prefetch_held: Gauge
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        for m in _METRICS:
+            extra: dict[str, Any] = {"buckets": m.buckets} if m.buckets is not None else {}
+            setattr(self, m.attr, m.kind(m.name, m.help, list(m.labels), registry=r, **extra))
+        self._waiting_priorities: set[str] = set()  # the priority labels exported so far
+        self._served_seen: tuple[str, dict[str, tuple[int, float]]] | None = None  # (incarnation, totals)
+        self._recoveries_seen: tuple[str, int] | None = None  # (ledger incarnation, rebuilds observed)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # (metric, labels) -> its child
         self.ledger_transport: dict[str, int] | None = None
         r.register(_LedgerCalls(self))
         self.sync_stats: Any = None  # this replica's cluster sync's counters (a sync_config.SyncStats)
