@@ -297,17 +297,25 @@ MAX_MIN_RUN_SECONDS = 31_536_000
 QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
-def queue_spec() -> S:
-    lending_rule: S = {
-        "x-kubernetes-validations": [
-            {
-                "rule": "!has(self.lendingLimit) || self.lendingLimit <= self.gpus",
-                "fieldPath": ".lendingLimit",
-                "message": "lendingLimit must not exceed gpus",
-            }
-        ]
-    }
-    quota = obj_field(
+def bool_field(default: bool, description: str) -> S:
+    return {"type": "boolean", "default": default, "description": description}
+
+
+# a quota entry lends no more than it has
+_LENDING_RULE: S = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "!has(self.lendingLimit) || self.lendingLimit <= self.gpus",
+            "fieldPath": ".lendingLimit",
+            "message": "lendingLimit must not exceed gpus",
+        }
+    ]
+}
+
+
+def queue_quota() -> S:
+    """One entry of `spec.quotas`: a product's guaranteed GPUs, and how far it borrows and lends."""
+    return obj_field(
         {
             "product": str_field(
                 "A GPU product as the nodes' nvidia.com/gpu.product label names it (any case), or `any` for "
@@ -329,8 +337,12 @@ def queue_spec() -> S:
             ),
         },
         required=["gpus"],
-        **lending_rule,
+        **_LENDING_RULE,
     )
+
+
+def namespace_selector() -> S:
+    """`spec.namespaceSelector`: a label selector over namespaces, as Kubernetes writes one."""
     expression = obj_field(
         {
             "key": str_field(minLength=1),
@@ -341,13 +353,47 @@ def queue_spec() -> S:
     )
     return obj_field(
         {
+            "matchLabels": {"type": "object", "additionalProperties": str_field()},
+            "matchExpressions": {"type": "array", "items": expression},
+        },
+        "The namespaces whose GPU workloads belong to this queue; {} selects every namespace.",
+        **{"x-kubernetes-map-type": "atomic"},
+    )
+
+
+def queue_preemption() -> S:
+    """`spec.preemption`: what the queue's waiting workloads may take back, and when its running ones are
+    safe."""
+    return obj_field(
+        {
+            "reclaim": bool_field(
+                True, "Take back GPUs it lent from queues above their quota. Default true."
+            ),
+            "withinQueue": bool_field(True, "Preempt lower-priority workloads of this queue. Default true."),
+            "criticalAcrossQueues": bool_field(
+                False, "Let its critical workloads preempt lower priority in other queues. Default false."
+            ),
+            "minRunSeconds": int_field(
+                0,
+                MAX_MIN_RUN_SECONDS,
+                "A workload of this queue that has run for less is never preempted. Default 0.",
+                default=0,
+            ),
+        },
+        "What its waiting workloads may take back, and how long its running ones are safe.",
+    )
+
+
+def queue_spec() -> S:
+    return obj_field(
+        {
             "quotas": {
                 "type": "array",
                 "maxItems": 64,
                 "description": "GPU quota per product; a GPU counts against its product's entry, else `any`.",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["product"],
-                "items": quota,
+                "items": queue_quota(),
             },
             "weight": {
                 "type": "number",
@@ -363,46 +409,11 @@ def queue_spec() -> S:
                 maxLength=253,
                 pattern=QUEUE_NAME_PATTERN,
             ),
-            "default": {
-                "type": "boolean",
-                "default": False,
-                "description": "The queue of namespaces no queue's namespaceSelector selects (one at most).",
-            },
-            "namespaceSelector": obj_field(
-                {
-                    "matchLabels": {"type": "object", "additionalProperties": str_field()},
-                    "matchExpressions": {"type": "array", "items": expression},
-                },
-                "The namespaces whose GPU workloads belong to this queue; {} selects every namespace.",
-                **{"x-kubernetes-map-type": "atomic"},
+            "default": bool_field(
+                False, "The queue of namespaces no queue's namespaceSelector selects (one at most)."
             ),
-            "preemption": obj_field(
-                {
-                    "reclaim": {
-                        "type": "boolean",
-                        "default": True,
-                        "description": "Take back GPUs it lent from queues above their quota. Default true.",
-                    },
-                    "withinQueue": {
-                        "type": "boolean",
-                        "default": True,
-                        "description": "Preempt lower-priority workloads of this queue. Default true.",
-                    },
-                    "criticalAcrossQueues": {
-                        "type": "boolean",
-                        "default": False,
-                        "description": "Let its critical workloads preempt lower priority in other queues. "
-                        "Default false.",
-                    },
-                    "minRunSeconds": int_field(
-                        0,
-                        MAX_MIN_RUN_SECONDS,
-                        "A workload of this queue that has run for less is never preempted. Default 0.",
-                        default=0,
-                    ),
-                },
-                "What its waiting workloads may take back, and how long its running ones are safe.",
-            ),
+            "namespaceSelector": namespace_selector(),
+            "preemption": queue_preemption(),
         },
         "A GPU queue: quota, borrowing and lending, fair-share weight, namespaces.",
     )
