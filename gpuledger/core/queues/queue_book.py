@@ -424,8 +424,18 @@ class QueueBook:
         """Every workload running on GPUs the ledger placed whose pods are stored: a pod, or a gang's pods
         together (one victim), with its queue, priority (the highest of its pods), start (the latest),
         PodDisruptionBudgets and termination grace. Workloads named in `exclude` are left out."""
-        queues = self.queues
-        assert queues is not None
+        budgets = [b for b in self.budgets.values() if b.selector is not None]
+        out: list[Running] = []
+        for workload, members in self._running_members(exclude).items():
+            if len(members) == 1 and workload == members[0][0].key:  # one pod, not a gang's: the short way
+                out.append(self._running_pod(workload, *members[0], budgets))
+            else:
+                out.append(self._running_gang(workload, members, budgets))
+        return out
+
+    def _running_members(self, exclude: set[str]) -> dict[str, list[tuple[PodFacts, str]]]:
+        """Workload (a gang's key, else the pod's) -> its stored pods that own their placement's reservation,
+        with the reservation id."""
         books = self.books
         claims = self.claims
         by_workload: dict[str, list[tuple[PodFacts, str]]] = {}
@@ -442,65 +452,62 @@ class QueueBook:
             if workload in exclude:
                 continue
             by_workload.setdefault(workload, []).append((facts, rid))
-        budgets = [b for b in self.budgets.values() if b.selector is not None]
-        out: list[Running] = []
-        holdings_of = books.holdings
-        for workload, members in by_workload.items():
-            if len(members) == 1 and workload == members[0][0].key:  # one pod, not a gang's: the short way
-                facts, rid = members[0]
-                h = holdings_of.get(rid)
-                covered_by = tuple((b.key, 1) for b in budgets if b.covers(facts)) if budgets else ()
-                out.append(
-                    Running(
-                        workload,
-                        self.queue_of(facts.namespace) or queues.default,
-                        facts.priority,
-                        facts.started_at,
-                        (rid,),
-                        Use(((self.product(h.node), holding_milli(h), h.cpu_milli, h.memory_mib),))
-                        if h is not None
-                        else Use(),
-                        1,
-                        covered_by,
-                        facts.grace_s,
-                    )
-                )
-                continue
-            rids = tuple(sorted(rid for _, rid in members))
-            holdings: dict[str, Holding] = {}
-            for rid in rids:
-                h = books.holdings.get(rid)
-                if h is not None:
-                    holdings[rid] = h
-                placement = books.reservations[rid].placement
-                if placement.group is not None:
-                    gang = books.groups.get(placement.group)
-                    if gang is not None:
-                        for slot, who in gang.claims.items():
-                            if who is None:
-                                hid = f"{placement.group}#slot{slot}"
-                                if hid in books.holdings:
-                                    holdings[hid] = books.holdings[hid]
-            covered: dict[str, int] = {}
-            for facts, _ in members:
-                for b in budgets:
-                    if b.covers(facts):
-                        covered[b.key] = covered.get(b.key, 0) + 1
-            first = members[0][0]
-            out.append(
-                Running(
-                    key=workload,
-                    queue=self.queue_of(first.namespace) or queues.default,
-                    priority=max(f.priority for f, _ in members),
-                    started=max(f.started_at for f, _ in members),
-                    holders=rids,
-                    use=self.use_of(holdings[k] for k in sorted(holdings)),
-                    pods=len(members),
-                    budgets=tuple(sorted(covered.items())),
-                    grace_s=max(f.grace_s for f, _ in members),
-                )
-            )
-        return out
+        return by_workload
+
+    def _running_pod(self, workload: str, facts: PodFacts, rid: str, budgets: list) -> Running:
+        queues = self.queues
+        assert queues is not None
+        h = self.books.holdings.get(rid)
+        covered_by = tuple((b.key, 1) for b in budgets if b.covers(facts)) if budgets else ()
+        return Running(
+            workload,
+            self.queue_of(facts.namespace) or queues.default,
+            facts.priority,
+            facts.started_at,
+            (rid,),
+            Use(((self.product(h.node), holding_milli(h), h.cpu_milli, h.memory_mib),))
+            if h is not None
+            else Use(),
+            1,
+            covered_by,
+            facts.grace_s,
+        )
+
+    def _running_gang(self, workload: str, members: list[tuple[PodFacts, str]], budgets: list) -> Running:
+        """A gang's stored pods as one workload: what its pods hold and its unclaimed slots keep."""
+        queues = self.queues
+        assert queues is not None
+        books = self.books
+        rids = tuple(sorted(rid for _, rid in members))
+        holdings: dict[str, Holding] = {}
+        for rid in rids:
+            h = books.holdings.get(rid)
+            if h is not None:
+                holdings[rid] = h
+            placement = books.reservations[rid].placement
+            gang = books.groups.get(placement.group) if placement.group is not None else None
+            if gang is not None:
+                for slot, who in gang.claims.items():
+                    hid = f"{placement.group}#slot{slot}"
+                    if who is None and hid in books.holdings:
+                        holdings[hid] = books.holdings[hid]
+        covered: dict[str, int] = {}
+        for facts, _ in members:
+            for b in budgets:
+                if b.covers(facts):
+                    covered[b.key] = covered.get(b.key, 0) + 1
+        first = members[0][0]
+        return Running(
+            key=workload,
+            queue=self.queue_of(first.namespace) or queues.default,
+            priority=max(f.priority for f, _ in members),
+            started=max(f.started_at for f, _ in members),
+            holders=rids,
+            use=self.use_of(holdings[k] for k in sorted(holdings)),
+            pods=len(members),
+            budgets=tuple(sorted(covered.items())),
+            grace_s=max(f.grace_s for f, _ in members),
+        )
 
     def pods_of(self, workload: Running) -> list[PodFacts]:
         """The stored pods of a running workload (its holders' owners)."""
