@@ -468,10 +468,33 @@ class Planner:
         largest = heapq.nlargest(best_cost[2] - 1, (c.run.use.milli_of(product) for c in eligible))
         if have + sum(largest) < need:
             return best
-        view, whole = self.view, req.gpus > 0
-        room: dict[str, int] = {}  # node -> milli-GPUs free there (-1: another product)
+        room, window_nodes, window_items = self._windows(eligible, product, req.gpus > 0, gang)
+        bounds = _window_bounds(room, window_nodes, window_items, need, best_cost[2])
+        for k, window in bounds[:WINDOWS_TRIED]:
+            if k >= best_cost[2]:
+                break
+            frees = {id(c): m for m, c in window_items[window]}
+
+            def biggest_first(c: _Candidate, frees: dict[int, int] = frees) -> tuple:
+                return (c.rank[0], c.rank[1], -frees[id(c)], c.rank[2], c.rank[3])
+
+            line = _Line(
+                self, preemptor, [c for _, c in window_items[window]], product, budgets, {}, biggest_first
+            )
+            found = self._search(preemptor, line, now, product)
+            if isinstance(found, Plan) and _cost(found) < best_cost:
+                best, best_cost = found, _cost(found)
+        return best
+
+    def _windows(
+        self, eligible: list[_Candidate], product: str, whole: bool, gang: bool
+    ) -> tuple[dict[str, int], dict[str, set[str]], dict[str, list[tuple[int, _Candidate]]]]:
+        """Where the candidates free GPUs of `product`: node -> milli-GPUs free there (-1: another product),
+        window (a leaf for a gang, else a node) -> its nodes, and window -> (milli freed there, candidate)."""
+        view = self.view
+        room: dict[str, int] = {}
         window_nodes: dict[str, set[str]] = {}
-        window_items: dict[str, list[tuple[int, _Candidate]]] = {}  # window -> (milli freed there, candidate)
+        window_items: dict[str, list[tuple[int, _Candidate]]] = {}
         for c in eligible:
             freed: dict[str, int] = {}
             for node, milli in c.nodes.items():
@@ -488,32 +511,7 @@ class Planner:
                 freed[window] = freed.get(window, 0) + milli
             for window, milli in freed.items():
                 window_items.setdefault(window, []).append((milli, c))
-        bounds: list[tuple[int, str]] = []
-        for window, items in window_items.items():
-            have = sum(room[n] for n in window_nodes[window])
-            k = 0
-            for milli in sorted((m for m, _ in items), reverse=True):
-                if have >= need:
-                    break
-                have, k = have + milli, k + 1
-            if have >= need and k < best_cost[2]:
-                bounds.append((k, window))
-        bounds.sort()
-        for k, window in bounds[:WINDOWS_TRIED]:
-            if k >= best_cost[2]:
-                break
-            frees = {id(c): m for m, c in window_items[window]}
-
-            def biggest_first(c: _Candidate, frees: dict[int, int] = frees) -> tuple:
-                return (c.rank[0], c.rank[1], -frees[id(c)], c.rank[2], c.rank[3])
-
-            line = _Line(
-                self, preemptor, [c for _, c in window_items[window]], product, budgets, {}, biggest_first
-            )
-            found = self._search(preemptor, line, now, product)
-            if isinstance(found, Plan) and _cost(found) < best_cost:
-                best, best_cost = found, _cost(found)
-        return best
+        return room, window_nodes, window_items
 
     def _check(
         self, preemptor: Preemptor, chosen: list[tuple[_Candidate, Rule]]
@@ -584,6 +582,29 @@ class Planner:
                 if then > max(q.quota(bucket).gpus * MILLI_PER_GPU, now_used):
                     return name
         return None
+
+
+def _window_bounds(
+    room: dict[str, int],
+    window_nodes: dict[str, set[str]],
+    window_items: dict[str, list[tuple[int, _Candidate]]],
+    need: int,
+    most: int,
+) -> list[tuple[int, str]]:
+    """(the fewest victims a window could need, window), fewest first, for the windows that could hold the
+    preemptor with fewer than `most` victims: counted from the GPUs free there and freed, largest first."""
+    bounds: list[tuple[int, str]] = []
+    for window, items in window_items.items():
+        have = sum(room[n] for n in window_nodes[window])
+        k = 0
+        for milli in sorted((m for m, _ in items), reverse=True):
+            if have >= need:
+                break
+            have, k = have + milli, k + 1
+        if have >= need and k < most:
+            bounds.append((k, window))
+    bounds.sort()
+    return bounds
 
 
 def _cost(plan: Plan) -> tuple:
