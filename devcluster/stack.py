@@ -23,7 +23,9 @@ from devcluster.kubeclient import KubeClient
 from devcluster.users import WEBHOOK_USER
 from gpuledger.certs import pki
 from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
-from gpuledger.sync.cluster_sync import ClusterSync, RayLedgerTarget, SyncConfig
+from gpuledger.sync.cluster_sync import ClusterSync
+from gpuledger.sync.config import SyncConfig
+from gpuledger.sync.targets import RayLedgerTarget
 from gpuledger.webhook.config import WebhookConfig
 
 if TYPE_CHECKING:

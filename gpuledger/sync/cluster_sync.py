@@ -14,8 +14,9 @@ Every webhook replica runs a sync, but only the one holding the ledger's sync le
 renews
 it, the others stand by, watching (the webhook's Events read the pod stream) and dropping what they see, and
 a sync that takes the lease starts with a full list.
-Moved out, each its own idea: the targets (gpuledger.sync.targets), config and counters (sync_config), the
-expiry check (sync_expiry) and the conflict Events (sync_conflicts); every old name still imports from here.
+Its collaborators, each its own idea: the targets (gpuledger.sync.targets), config and counters
+(gpuledger.sync.config), the expiry check (gpuledger.sync.expiry) and the conflict Events
+(gpuledger.sync.conflicts).
 """
 
 from __future__ import annotations
@@ -55,28 +56,15 @@ from gpuledger.sync.config import (
     SyncConfig,
     SyncStats,
 )
-from gpuledger.sync.conflicts import ConflictReports, conflict_event
+from gpuledger.sync.conflicts import ConflictReports
 from gpuledger.sync.device_events import DeviceTruthReports
 from gpuledger.sync.evictor import Evictor
-from gpuledger.sync.expiry import ExpiryChecks, batches
+from gpuledger.sync.expiry import ExpiryChecks
 from gpuledger.sync.placer import WaitingPlacer
 from gpuledger.sync.queue_status import QueueStatusWriter
-from gpuledger.sync.targets import LedgerTarget, LocalLedgerTarget, RayLedgerTarget
+from gpuledger.sync.targets import LedgerTarget
 
-# names importable from here as before the split (tests, devcluster and the webhook's serve import them)
-__all__ = [
-    "NODE",
-    "POD",
-    "ClusterSync",
-    "LedgerTarget",
-    "LocalLedgerTarget",
-    "RayLedgerTarget",
-    "SyncConfig",
-    "SyncStats",
-    "batches",
-    "conflict_event",
-    "slim",
-]
+__all__ = ["ClusterSync", "slim"]
 
 log = logging.getLogger("gpuledger.sync")
 
@@ -141,7 +129,7 @@ def slim(obj: dict, kind: str | None = None) -> dict:
     return obj
 
 
-class ClusterSync(ExpiryChecks, ConflictReports):
+class ClusterSync:
     """Watch Nodes, ResourceSlices, Pods of every namespace, Namespaces, GPUQueues and PodDisruptionBudgets
     into a `LedgerTarget`. `start()` runs it; `stop()` ends it."""
 
@@ -172,7 +160,6 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         self._stop = threading.Event()
         self._synced = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._conflicts_seen: set[tuple[str, str]] = set()
         # the slimmed Namespaces, GPUQueues and budgets last sent, by (kind, namespace, name): most of their
         # changes are of fields the ledger does not read, and are not sent again (their watch threads write)
         self._forwarded: dict[tuple[str, str, str], dict] = {}
@@ -185,6 +172,13 @@ class ClusterSync(ExpiryChecks, ConflictReports):
         # the kubelets' word against the ledger's: counted, and an Event on each pod
         # (gpuledger.sync.device_events)
         self.device_reports = DeviceTruthReports(lambda: self.core, clock)
+        # the placement conflicts the ledger lists, counted and told to their pods (gpuledger.sync.conflicts)
+        self.conflicts = ConflictReports(lambda: self.core, clock, self.stats)
+        # before the ledger drops an expired reservation, the API is asked whether a stored pod carries it
+        # (gpuledger.sync.expiry)
+        self.expiry = ExpiryChecks(
+            self.config, self.stats, target, self.identity, self._raw_list, self.list_objects
+        )
         # called on the pod watch's thread with each pod it sees added (slimmed); they must be quick and not
         # raise (an exception is logged and the watch goes on): the webhook's Events find placed pods here
         self.on_pod_added: list[Callable[[dict], None]] = []
@@ -452,13 +446,13 @@ class ClusterSync(ExpiryChecks, ConflictReports):
                     status = self.target.status() or {}
                     if status.get("synced") is False:
                         self.request_resync("ledger restarted empty")
-                    self.report_conflicts(status.get("conflicts") or [])
+                    self.conflicts.report(status.get("conflicts") or [])
                     self.device_reports.report(status)
                     if status.get("waiting"):  # a safety net: placements no event prompted
                         self._after_apply()
                 if time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + self.config.expiry_interval_s
-                    self.check_expiry(self.clock())
+                    self.expiry.check_expiry(self.clock())
                     self._after_apply()  # what expired, given to the line
                 failures = 0
             # everything, on purpose: the ledger (actor restarting) or the API is unavailable, and this

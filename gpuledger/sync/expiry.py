@@ -1,9 +1,8 @@
 """Expiry, asked of the API: before the ledger drops a reservation whose TTL passed, the cluster sync asks the
 API itself (not the watch) whether a stored pod carries it, and confirms those instead.
 
-A mixin of gpuledger.sync.cluster_sync.ClusterSync (moved out of it verbatim); it never releases a
-reservation a
-stored pod carries.
+The sync holds one `ExpiryChecks`, made with its config, counters, target and the ways it lists pods; it
+never releases a reservation a stored pod carries.
 """
 
 from __future__ import annotations
@@ -28,14 +27,25 @@ def batches(items: list, size: int) -> Iterable[list]:
 
 
 class ExpiryChecks:
-    """The expiry half of `ClusterSync`: the attributes below are the sync's (set in its __init__)."""
+    """Asks the API which expiring reservations a stored pod carries, and tells the ledger: confirmed or
+    released, as the sync `identity` that holds the lease. `raw_list(kind)` is the sync's raw list call of a
+    kind, `list_objects(kind)` its full list (objects, resourceVersion)."""
 
-    config: SyncConfig
-    stats: SyncStats
-    target: LedgerTarget
-    identity: str
-    _raw_list: Callable[[str], Callable[..., Any]]
-    list_objects: Callable[[str], tuple[list[dict], str]]
+    def __init__(
+        self,
+        config: SyncConfig,
+        stats: SyncStats,
+        target: LedgerTarget,
+        identity: str,
+        raw_list: Callable[[str], Callable[..., Any]],
+        list_objects: Callable[[str], tuple[list[dict], str]],
+    ):
+        self.config = config
+        self.stats = stats
+        self.target = target
+        self.identity = identity
+        self._raw_list = raw_list
+        self.list_objects = list_objects
 
     def pods_carrying(self, ids: list[str]) -> set[str]:
         """Which reservation ids a stored pod carries, asked of the API itself rather than the watch."""

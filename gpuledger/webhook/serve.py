@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sync = None
     if api_client is not None and not args.no_sync:
-        from gpuledger.sync.cluster_sync import ClusterSync, RayLedgerTarget
+        from gpuledger.sync.cluster_sync import ClusterSync
+        from gpuledger.sync.targets import RayLedgerTarget
 
         target: Any = RayLedgerTarget(handle)
         if config.ledger_channel != "off":  # the sync's per-pod calls off Ray too (gpuledger.sync.channel)

@@ -335,7 +335,9 @@ def test_the_sync_asks_for_orders_after_each_batch_and_hands_refusals_back(apise
     the refusals back at its next call."""
     from devcluster.cluster import WEBHOOK_USER
     from gpuledger.service.ledger_service import LedgerConfig, LedgerService
-    from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+    from gpuledger.sync.cluster_sync import ClusterSync
+    from gpuledger.sync.config import SyncConfig
+    from gpuledger.sync.targets import LocalLedgerTarget
 
     class Target(LocalLedgerTarget):
         def __init__(self, service, orders: OrdersTarget):
@@ -440,7 +442,9 @@ def test_the_ledgers_own_plan_is_carried_out_and_the_preemptor_placed_on_the_nod
         decode_placement,
         encode_waiting,
     )
-    from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+    from gpuledger.sync.cluster_sync import ClusterSync
+    from gpuledger.sync.config import SyncConfig
+    from gpuledger.sync.targets import LocalLedgerTarget
 
     tag = uuid.uuid4().hex[:6]
     nodes = [make_node(f"q-{tag}-{i}", "s-q", f"leaf-q-{tag}") for i in range(2)]

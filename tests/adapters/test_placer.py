@@ -38,8 +38,10 @@ from gpuledger.service.ledger_service import (
     decode_placement,
     encode_waiting,
 )
-from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+from gpuledger.sync.cluster_sync import ClusterSync
+from gpuledger.sync.config import SyncConfig
 from gpuledger.sync.placer import placement_patch, required_node
+from gpuledger.sync.targets import LocalLedgerTarget
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,8 @@ from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node, patch_node
 from gpuledger.names import RESERVATION_ID_KEY
 from gpuledger.service.sync_writer import SyncFenced, SyncWriter
-from gpuledger.sync.cluster_sync import ClusterSync, SyncConfig, slim
+from gpuledger.sync.cluster_sync import ClusterSync, slim
+from gpuledger.sync.config import SyncConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -296,7 +297,7 @@ def test_expiry_confirms_stored_pods_and_releases_the_rest(apiserver, core, plai
     # as a started sync's lease thread and first list would
     target.writer.acquire(sync.identity, target.clock)
     target.writer.listed_by(sync.identity, target.clock)
-    confirmed, released = sync.check_expiry(time.time())
+    confirmed, released = sync.expiry.check_expiry(time.time())
     assert confirmed == [stored] and target.confirmed == [stored]
     assert released == ["r-never-stored", "id with spaces"] == target.released
 

@@ -3,7 +3,8 @@ Warning Event on the pod; one that goes and comes back is new again."""
 
 from __future__ import annotations
 
-from gpuledger.sync.cluster_sync import ClusterSync, conflict_event
+from gpuledger.sync.cluster_sync import ClusterSync
+from gpuledger.sync.conflicts import conflict_event
 
 
 class RecordingCore:
@@ -31,21 +32,21 @@ def test_each_new_conflict_is_counted_and_posted_once():
         "r1",
         "metadata.namespace 'plain' is not the namespace the placement was issued for",
     ]
-    assert sync.report_conflicts([copy]) == [tuple(copy)]
-    assert sync.report_conflicts([copy]) == []
+    assert sync.conflicts.report([copy]) == [tuple(copy)]
+    assert sync.conflicts.report([copy]) == []
     assert sync.stats.conflicts == 1 and sync.stats.conflict_events == 1
     namespace, body = core.events[0]
     assert namespace == "plain" and body["involvedObject"]["name"] == "copy"
     assert body["reason"] == "PlacementConflict" and body["type"] == "Warning"
     assert "r1" in body["message"] and "metadata.namespace" in body["message"]
-    assert sync.report_conflicts([]) == []
-    assert sync.report_conflicts([copy]) == [tuple(copy)]  # it went and came back
+    assert sync.conflicts.report([]) == []
+    assert sync.conflicts.report([copy]) == [tuple(copy)]  # it went and came back
     assert sync.stats.conflicts == 2
 
 
 def test_a_failed_event_post_never_stops_the_sync():
     sync = sync_with(RecordingCore(fail=True))
-    assert len(sync.report_conflicts([["a/b", "r", "why"], ["uid:123", "r", "nameless"]])) == 2
+    assert len(sync.conflicts.report([["a/b", "r", "why"], ["uid:123", "r", "nameless"]])) == 2
     assert sync.stats.conflicts == 2 and sync.stats.conflict_events == 0
 
 

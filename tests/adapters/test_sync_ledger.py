@@ -19,7 +19,9 @@ from gpuledger.core.model import Placement, Request
 from gpuledger.core.pods.objects import encode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.ledger_service import AdmitCall, LedgerService
-from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig
+from gpuledger.sync.cluster_sync import ClusterSync
+from gpuledger.sync.config import SyncConfig
+from gpuledger.sync.targets import LocalLedgerTarget
 
 pytestmark = pytest.mark.e2e
 
@@ -131,7 +133,7 @@ def test_expiry_asks_the_api_before_releasing(apiserver, world):
     )
     core = client.CoreV1Api(apiserver.api_client())
     core.create_namespaced_pod(namespace, pod("slow-to-be-seen", placement=stored))
-    confirmed, released = sync.check_expiry(now + service.config.reservation_ttl_s + 1)
+    confirmed, released = sync.expiry.check_expiry(now + service.config.reservation_ttl_s + 1)
     assert confirmed == [stored.id] and released == [lost.id]
     assert service.lookup([stored.id])[0].confirmed
     assert service.lookup([lost.id]) == [None]

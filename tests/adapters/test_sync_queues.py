@@ -15,8 +15,8 @@ import pytest
 
 from devcluster.cluster import WEBHOOK_USER
 from gpuledger.names import GPUQUEUE_PLURAL, QUEUE_API_VERSION, QUEUE_LABEL
-from gpuledger.sync.cluster_sync import ClusterSync, SyncConfig, slim
-from gpuledger.sync.config import KINDS
+from gpuledger.sync.cluster_sync import ClusterSync, slim
+from gpuledger.sync.config import KINDS, SyncConfig
 from tests.adapters.test_sync import RecordingTarget
 
 pytestmark = pytest.mark.e2e

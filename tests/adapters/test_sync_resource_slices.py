@@ -22,7 +22,9 @@ from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Request
 from gpuledger.names import RESOURCE_SLICE_PLURAL
 from gpuledger.service.ledger_service import AdmitCall, LedgerService
-from gpuledger.sync.cluster_sync import ClusterSync, LocalLedgerTarget, SyncConfig, slim
+from gpuledger.sync.cluster_sync import ClusterSync, slim
+from gpuledger.sync.config import SyncConfig
+from gpuledger.sync.targets import LocalLedgerTarget
 from tests.core.nodes.test_resource_slices import gpu_slice
 
 pytestmark = pytest.mark.e2e

@@ -678,7 +678,7 @@ def test_a_resource_quota_on_gpus_is_still_respected(apiserver, stack, kubelet, 
     # quota is checked): the reservation expires with no pod carrying it (the sync's expiry check, at a clock
     # past the reservation's time to live)
     assert held_gpus(stack) == 16
-    stack.sync.check_expiry(time.time() + stack.config.reservation_ttl_s + 1)
+    stack.sync.expiry.check_expiry(time.time() + stack.config.reservation_ttl_s + 1)
     assert held_gpus(stack) == 8  # the first pod's, nothing for the second
     assert gpus_placed(stack, team) == 8
     assert not double_booked(stack, team)
