@@ -61,7 +61,7 @@ from gpuledger.webhook.admission.patch import (
 )
 from gpuledger.webhook.admission.review import Decision, Review
 from gpuledger.webhook.admission.shapes import PodShapes
-from gpuledger.webhook.admission.validation import Validating
+from gpuledger.webhook.admission.validation import Validator
 from gpuledger.webhook.config import WebhookConfig
 from gpuledger.webhook.kube import events
 from gpuledger.webhook.ledger import batcher
@@ -89,7 +89,7 @@ def reservation_ids() -> Callable[[], str]:
     return lambda: f"{prefix}{next(counter):016x}"
 
 
-class AdmissionHandler(Validating):
+class AdmissionHandler:
     def __init__(
         self,
         config: WebhookConfig,
@@ -107,6 +107,7 @@ class AdmissionHandler(Validating):
         self.metrics = metrics or WebhookMetrics()
         self.key = config.placement_key() if key is None else key
         self.new_id = id_factory or reservation_ids()
+        self.validator = Validator(config, ledger, self.key, self.metrics, self._unavailable)
         self.parse_config = PodRequestConfig(gpu_resource=config.gpu_resource)
         self.shapes = PodShapes()
         self.prefetch: PlacementPrefetch | None = None
@@ -119,6 +120,10 @@ class AdmissionHandler(Validating):
             )
             prefetch = self.prefetch
             self.metrics.prefetch_held.set_function(lambda: prefetch.held)
+
+    async def validate(self, review: Review) -> Decision:
+        """The validating webhook's answer (gpuledger.webhook.admission.validation)."""
+        return await self.validator.validate(review)
 
     # ------------------------------------------------------------------ mutate
     async def mutate(self, review: Review) -> Decision:

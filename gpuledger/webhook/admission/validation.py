@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from gpuledger.names import (
     LEDGER_PREFIX,
@@ -44,17 +44,28 @@ from gpuledger.webhook.metrics import WebhookMetrics
 log = logging.getLogger("gpuledger.webhook")
 
 
-class Validating:
-    """AdmissionHandler's validating half (a mixin: it reads the handler's config, ledger, key, metrics)."""
+# the answer when the ledger cannot be asked (fail open or closed): the handler's, as on the mutating side
+UnavailableAnswer = Callable[[dict, dict, list[str], str], Decision]
 
-    config: WebhookConfig
-    ledger: LedgerClient
-    key: bytes
-    metrics: WebhookMetrics
 
-    if TYPE_CHECKING:  # the fail-open/closed answer is the handler's, shared with the mutating side
+class Validator:
+    """The validating admission of pods: a placed pod's placement claimed from the ledger, updates that
+    would change what the ledger placed refused. The handler makes one with its config, ledger client,
+    placement key and metrics, and the answer it gives when the ledger cannot be asked."""
 
-        def _unavailable(self, pod: dict, work: dict, warnings: list[str], why: str) -> Decision: ...
+    def __init__(
+        self,
+        config: WebhookConfig,
+        ledger: LedgerClient,
+        key: bytes,
+        metrics: WebhookMetrics,
+        unavailable: UnavailableAnswer,
+    ):
+        self.config = config
+        self.ledger = ledger
+        self.key = key
+        self.metrics = metrics
+        self._unavailable = unavailable
 
     async def validate(self, review: Review) -> Decision:
         try:
