@@ -53,6 +53,9 @@ class EmptyCluster:
     def namespaces(self) -> list[dict]:
         return []
 
+    def resource_slices(self) -> list[dict]:
+        return []
+
 
 @pytest.fixture
 def cluster(monkeypatch):
