@@ -6,7 +6,8 @@ the webhook's tests, `explain` and production run the same admission code. Pure:
 (and the clock that times rebuilds is an argument). The live settings (gpuledger.service.settings: default
 strategy,
 scoring weights, gang limits, label keys) change here, through `apply_config` or `set_default_strategy`, and
-every change is recorded (who, when, what): that half lives in gpuledger.service.live_settings (LiveSettings).
+every change is recorded (who, when, what): the service's `LiveSettings` (gpuledger.service.live_settings)
+holds them.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from gpuledger.core.queues.queue_rule import plan as queue_plan
 from gpuledger.core.queues.waiting import device_annotations, wants
 from gpuledger.core.steps import Steps, drain
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
-from gpuledger.service.live_settings import SETTINGS_HISTORY, LiveSettings
+from gpuledger.service.live_settings import LiveSettings
 from gpuledger.service.preemption_orders import Eviction, EvictionRefused, PreemptionOrder
 from gpuledger.service.queue_standing import standing_of, status_body
 from gpuledger.service.settings import (
@@ -236,7 +237,7 @@ class ServiceStats(LedgerStats):
         return d
 
 
-class LedgerService(LiveSettings):
+class LedgerService:
     """The ledger behind the service's batched calls, and the two tables the service keeps beside it.
 
     Of what concerns reservations it keeps only these two, and reads the rest from the ledger; they hold what
@@ -269,19 +270,13 @@ class LedgerService(LiveSettings):
         incarnation: str = "",
     ):
         # `settings` (when given) win over the config's default strategy, weights and label keys
-        self.settings = settings or LedgerSettings.from_config(config)
-        self.config = self.settings.applied_to(config)
+        self.live = LiveSettings(settings or LedgerSettings.from_config(config), config, now, self)
         self.source = source_from_spec(source_spec)
         self.ledger = Ledger(self.config)
         self.synced = False
         self.rebuilds = 0
         self.timer, self.incarnation = timer, incarnation
         self._recent_recoveries: deque[float] = deque(maxlen=RECENT_RECOVERIES)
-        # the config last pushed (apply_config): a replica pushing the same config again changes nothing, so a
-        # runtime change (set_default_strategy) lasts until the config itself changes
-        self._config_fingerprint = self.settings.fingerprint()
-        self.changed_by, self.changed_at = "config (ledger start)", now
-        self._history: deque[dict] = deque([self._record(now, self.changed_by, {})], maxlen=SETTINGS_HISTORY)
         # requests of reservations not yet seen on a stored pod: replayed when a resync rebuilds the ledger
         # (the service's own: the books keep no request; the class's docstring says why)
         self._pending: dict[str, Request] = {}
@@ -295,6 +290,52 @@ class LedgerService(LiveSettings):
         # (gpuledger.core.queues.queue_rule)
         self.backfill_window_s = DEFAULT_BACKFILL_WINDOW_S
         self.rebuild_from_source(now)
+
+    # ---------------------------------------------------------------- live settings
+    @property
+    def settings(self) -> LedgerSettings:
+        return self.live.settings
+
+    @property
+    def config(self) -> LedgerConfig:
+        """The ledger config in force: the one given at the start with the live settings applied."""
+        return self.live.config
+
+    @property
+    def changed_by(self) -> str:
+        return self.live.changed_by
+
+    @property
+    def changed_at(self) -> float:
+        return self.live.changed_at
+
+    def apply_config(self, settings: LedgerSettings, who: str, now: float) -> dict:
+        """A replica's config (gpuledger.service.live_settings.LiveSettings.apply_config)."""
+        return self.live.apply_config(settings, who, now)
+
+    def set_default_strategy(self, name: str, who: str, now: float) -> dict:
+        """The runtime switch (gpuledger.service.live_settings.LiveSettings.set_default_strategy)."""
+        return self.live.set_default_strategy(name, who, now)
+
+    def get_settings(self) -> dict[str, Any]:
+        return self.live.get_settings()
+
+    def settings_applied(
+        self, config: LedgerConfig, relabel: bool, external_changed: bool, now: float
+    ) -> None:
+        """New settings are live: new label keys file every node anew (a rebuild now from a readable source;
+        a ledger fed from the API turns unsynced, so the cluster sync resyncs it, admissions answering
+        Unavailable until then); anything else the ledger reads at its next decision."""
+        if relabel:
+            if not self.rebuild_from_source(now):
+                self.synced = False
+                log.warning(
+                    "leaf/spine label keys changed: the ledger waits for a full resync from the cluster sync"
+                )
+            return
+        self.ledger.config = config
+        if external_changed:
+            self.ledger.renew_external()
 
     # ---------------------------------------------------------------- sources
     def rebuild_from_source(self, now: float) -> bool:

@@ -1,20 +1,18 @@
 """How the service's live settings change: a replica's pushed config or the runtime strategy switch, each
 change recorded (who, when, what) and read by the ledger at its next decision.
 
-A mixin of gpuledger.service.ledger_service.LedgerService (moved out of it verbatim); it never decides an
-admission and
-never imports an I/O package.
+The service holds one `LiveSettings` and is told through `SettingsUser` when a change must reach its
+ledger; it never decides an admission and never imports an I/O package.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
-from gpuledger.core.ledger import Ledger, LedgerConfig
+from gpuledger.core.ledger import LedgerConfig
 from gpuledger.service.settings import LedgerSettings, check_strategy
 
 log = logging.getLogger("gpuledger.service")
@@ -22,21 +20,33 @@ log = logging.getLogger("gpuledger.service")
 SETTINGS_HISTORY = 20  # settings changes kept (who, when, what) for get_settings()
 
 
+class SettingsUser(Protocol):
+    """What `LiveSettings` asks of the service that holds it when settings change."""
+
+    def settings_applied(
+        self, config: LedgerConfig, relabel: bool, external_changed: bool, now: float
+    ) -> None:
+        """`config` is live: the ledger reads it from its next decision on (`relabel`: new leaf/spine label
+        keys, which file every node anew; `external_changed`: the external memory threshold changed)."""
+
+
+def _record(now: float, who: str, changes: dict) -> dict:
+    return {"at": now, "by": who, "changes": changes}
+
+
 class LiveSettings:
-    """The settings half of `LedgerService`: the attributes below are the service's (set in its __init__)."""
+    """The live settings and the config they make, who changed them last and when, and the recent changes.
+    `config` is the ledger config given at the start with the settings applied."""
 
-    settings: LedgerSettings
-    config: LedgerConfig
-    ledger: Ledger
-    synced: bool
-    changed_by: str
-    changed_at: float
-    _config_fingerprint: str
-    _history: deque[dict]
-    rebuild_from_source: Callable[[float], bool]
-
-    def _record(self, now: float, who: str, changes: dict) -> dict:
-        return {"at": now, "by": who, "changes": changes}
+    def __init__(self, settings: LedgerSettings, config: LedgerConfig, now: float, user: SettingsUser):
+        self.settings = settings
+        self.config = settings.applied_to(config)
+        self._user = user
+        # the config last pushed (apply_config): a replica pushing the same config again changes nothing, so a
+        # runtime change (set_default_strategy) lasts until the config itself changes
+        self._config_fingerprint = settings.fingerprint()
+        self.changed_by, self.changed_at = "config (ledger start)", now
+        self._history: deque[dict] = deque([_record(now, self.changed_by, {})], maxlen=SETTINGS_HISTORY)
 
     def _use(self, settings: LedgerSettings, who: str, now: float) -> dict:
         """Make `settings` live (the ledger reads them at its next decision) and record who and when."""
@@ -45,30 +55,16 @@ class LiveSettings:
         relabel = settings.labels != self.settings.labels
         self.settings = settings
         self.config = settings.applied_to(self.config)
-        if relabel:
-            self._rebuild_for_labels(now)
-        else:
-            self.ledger.config = self.config  # read at each decision: live from the next admission
-            if "external_memory_threshold_mib" in changes:
-                self.ledger.renew_external()
+        self._user.settings_applied(self.config, relabel, "external_memory_threshold_mib" in changes, now)
         if changes:
             self.changed_by, self.changed_at = who, now
-            self._history.append(self._record(now, who, changes))
+            self._history.append(_record(now, who, changes))
             log.info(
                 "ledger settings changed by %s: %s",
                 who,
                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()),
             )
         return changes
-
-    def _rebuild_for_labels(self, now: float) -> None:
-        """New label keys file every node anew: rebuild now from a readable source; a ledger fed from the API
-        turns unsynced, so the cluster sync resyncs it (admissions answer Unavailable until then)."""
-        if not self.rebuild_from_source(now):
-            self.synced = False
-            log.warning(
-                "leaf/spine label keys changed: the ledger waits for a full resync from the cluster sync"
-            )
 
     def apply_config(self, settings: LedgerSettings, who: str, now: float) -> dict:
         """A replica's config (at its start, or reloaded): applied unless it is the config applied last, so a
