@@ -1,6 +1,8 @@
 """The ledger's books: the nodes, and every record of what is held on them (holdings, reservations, gangs,
 counted pods), changed only through `hold`/`unhold` so a node's free state equals what its holders use.
-Shared by every part of the ledger; the books never decide a placement, read a clock or parse an object.
+Shared by every part of the ledger, which reads the tables and writes them only through `Books`' methods
+(one writer: a test reads the core's source for any other); the books never decide a placement, read a
+clock or parse an object.
 What the parts above must hear of (a holding gone, a node's device truth changed) they are told through
 `BookEvents`, given at construction: the books import none of them.
 """
@@ -8,6 +10,7 @@ What the parts above must hear of (a holding gone, a node's device truth changed
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -111,7 +114,7 @@ class BookEvents(Protocol):
 
 
 class Books:
-    """The state every part of the ledger shares. Holders are keyed by the caller's id."""
+    """The state every part of the ledger shares, and its one writer. Holders are keyed by the caller's id."""
 
     def __init__(self, config: LedgerConfig, events: BookEvents):
         self.config = config
@@ -254,12 +257,118 @@ class Books:
         self._events.freed(h.node, hid)
         return h
 
+    # ------------------------------------------------------------------------------------------ reservations
+    def record_reserved(self, placement: Placement, now: float) -> None:
+        """Record `placement` reserved at `now`, unconfirmed: it expires unless a stored pod confirms it."""
+        self.reservations[placement.id] = Reservation(placement, ReservationState.RESERVED, now)
+        self.pending[placement.id] = now
+
+    def record_confirmed(self, placement: Placement, now: float) -> None:
+        """Record `placement` as a stored pod's, confirmed at `now` (adopted: it never expires)."""
+        self.reservations[placement.id] = Reservation(placement, ReservationState.CONFIRMED, now)
+        self.pending.pop(placement.id, None)
+
+    def confirm(self, rid: str) -> bool:
+        """A stored pod carrying `rid` was seen: its reservation no longer expires. False if there is none."""
+        res = self.reservations.get(rid)
+        if res is None:
+            return False
+        res.state = ReservationState.CONFIRMED
+        self.pending.pop(rid, None)
+        return True
+
+    def forget_reservation(self, rid: str) -> Reservation | None:
+        """Forget the reservation `rid` (what it holds stays held: `unhold`); the one forgotten, if any."""
+        res = self.reservations.pop(rid, None)
+        self.pending.pop(rid, None)
+        return res
+
+    def record_move(self, res: Reservation, was: Placement, moved: Placement) -> None:
+        """`res`, still pending, moved from `was` to `moved` off a device its node's agent says another pod
+        holds; it keeps the placement admission first issued (`issued`), which the pod carries."""
+        res.issued = res.issued or was
+        res.placement = moved
+        self.pending_moved += 1
+
+    def record_round_robin(self, node: str) -> None:
+        """The strategy `round_robin` placed its latest pod on `node`: its next turn starts after it."""
+        self.rr_cursor = node
+
+    # ------------------------------------------------------------------------------------------ gangs
+    def record_group(self, group: GroupState) -> None:
+        """Record a gang (replacing any of its key)."""
+        self.groups[group.key] = group
+
+    def keep_group(self, group: GroupState) -> None:
+        """Record `group` unless a gang of its key is recorded (its own slots that gave way may have dropped
+        it)."""
+        self.groups.setdefault(group.key, group)
+
+    def record_group_slot(self, group: GroupState, slot: GroupSlot) -> None:
+        """Record (or replace) one slot of `group`'s plan."""
+        group.slots[slot.slot] = slot
+
+    def record_slot_claim(self, group: GroupState, slot: int, rid: str | None) -> None:
+        """Record who claims a slot of `group`: the reservation id `rid`, or None (unclaimed, held for it)."""
+        group.claims[slot] = rid
+
+    def record_slot_holder(self, hid: str, group: str, slot: int) -> None:
+        """Record that the holder `hid` (a claimer's reservation id, or an unclaimed slot's `slot_hid`) holds
+        `slot` of the gang `group`."""
+        self.slot_of[hid] = (group, slot)
+
+    def forget_slot_holder(self, hid: str) -> tuple[str, int] | None:
+        """Forget which gang slot `hid` holds; (group, slot) it held, if any."""
+        return self.slot_of.pop(hid, None)
+
     def drop_slot(self, group: GroupState, slot: int) -> None:
         """Forget a slot of a gang; a gang left without slots is forgotten."""
         group.slots.pop(slot, None)
         group.claims.pop(slot, None)
         if not group.slots:
             del self.groups[group.key]
+
+    # ------------------------------------------------------------------------------------------ counted pods
+    def record_counted_pod(self, key: str, hid: str) -> None:
+        """Record that the pod `key` is counted by its requests (or as GPUs of unknown identity) under the
+        holder id `hid`."""
+        self.pods[key] = hid
+
+    def forget_counted_pod(self, key: str) -> str | None:
+        """Forget that the pod `key` is counted (what it holds stays held: `unhold`); its holder id if any."""
+        return self.pods.pop(key, None)
+
+    def record_pod_gpus(self, key: str, gpus: int) -> None:
+        """Record the GPUs the pod `key`, counted by its requests, asks for."""
+        self.pod_gpus[key] = gpus
+
+    def forget_pod_gpus(self, key: str) -> None:
+        """Forget the GPUs the pod `key` asks for (it is no longer counted by its requests)."""
+        self.pod_gpus.pop(key, None)
+
+    # ---------------------------------------------------------------------------------------- time, problems
+    def note_time(self, now: float) -> None:
+        """The latest time a caller gave (it never goes back): what the books' parts take for now between
+        calls that give none."""
+        self.last_now = max(self.last_now, now)
+
+    def record_problem(self, problem: str) -> None:
+        """Record malformed cluster data seen (the oldest forgotten past `problems`' length)."""
+        self.problems.append(problem)
+
+    def record_problems(self, problems: Iterable[str]) -> None:
+        """`record_problem` of each of `problems`, in order."""
+        self.problems.extend(problems)
+
+    def filter_verdicts(self, signature: tuple, limit: int) -> StaticVerdicts:
+        """The cached static filter verdicts for one request shape (`signature`), for the filters to fill; an
+        empty table for a shape not cached, every shape's dropped first when `limit` are."""
+        cache = self.filter_cache.get(signature)
+        if cache is None:
+            if len(self.filter_cache) >= limit:
+                self.filter_cache.clear()
+            cache = self.filter_cache[signature] = {}
+        return cache
 
     # ------------------------------------------------------------------------------------------ views
     def snapshot(self) -> dict:
