@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable
 
-from gpuledger.core.books.books import TRUTH, Books, GroupState, LedgerConfig, Reservation, slot_hid
+from gpuledger.core.books.books import TRUTH, Books, GroupState, LedgerConfig, slot_hid
 from gpuledger.core.books.claims import Claim, Claims, bound_claim_of_pod, claim_of
 from gpuledger.core.books.leases import Leases
 from gpuledger.core.books.truth import Truth
@@ -82,7 +82,7 @@ class Adoption:
     def apply_object(self, obj: dict, now: float) -> None:
         """An ADDED/MODIFIED Node or Pod (or a List of them)."""
         books = self.books
-        books.last_now = max(books.last_now, now)
+        books.note_time(now)
         for item in kube.iter_objects(obj):
             self.apply_one(item, now)
 
@@ -135,14 +135,14 @@ class Adoption:
                 if not info.name:
                     raise ValueError("metadata.name is missing")
                 books.upsert_node(info)
-                books.problems.extend(problems)
+                books.record_problems(problems)
             elif kind == RESOURCE_SLICE_KIND:
                 read = read_slice(item)
                 self.published.apply(read)
-                books.problems.extend(read.problems)
+                books.record_problems(read.problems)
         except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
             # one malformed object must not stop the ledger from following the cluster
-            books.problems.append(
+            books.record_problem(
                 f"ignored a malformed {type(item).__name__} object: {type(err).__name__}: {err}"
             )
 
@@ -158,11 +158,11 @@ class Adoption:
                 elif kind == RESOURCE_SLICE_KIND:
                     self.published.delete(str((item.get("metadata") or {}).get("name", "")))
             except (TypeError, AttributeError, ValueError, KeyError, IndexError) as err:
-                books.problems.append(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
+                books.record_problem(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
 
     def forget_pod(self, key: str) -> None:
-        self.books.pod_gpus.pop(key, None)
-        hid = self.books.pods.pop(key, None)
+        self.books.forget_pod_gpus(key)
+        hid = self.books.forget_counted_pod(key)
         if hid is not None:
             self.leases.release(hid)
         if self.claims.claim_of(key) is not None:
@@ -178,7 +178,7 @@ class Adoption:
         problems: list[str] = []
         usage = kube.pod_usage(obj, books.config.placement_key, problems, lazy=True)
         if problems:
-            books.problems.extend(problems)
+            books.record_problems(problems)
         if usage.terminal:
             self.forget_pod(usage.key)
             return
@@ -209,12 +209,12 @@ class Adoption:
             hid, usage.node, cpu_milli=usage.cpu_milli, memory_mib=usage.memory_mib, unknown_gpus=unknown
         )
         if prev == hid and books.holdings.get(hid) == h:
-            books.pod_gpus[usage.key] = usage.gpus
+            books.record_pod_gpus(usage.key, usage.gpus)
             return
         if prev is not None:
             self.forget_pod(usage.key)
-        books.pods[usage.key] = hid
-        books.pod_gpus[usage.key] = usage.gpus
+        books.record_counted_pod(usage.key, hid)
+        books.record_pod_gpus(usage.key, usage.gpus)
         books.hold(h)
 
     def _adopt_at_once(self, claim: Claim, now: float) -> bool:
@@ -242,8 +242,7 @@ class Adoption:
         if not self.claims.own_at_once(claim):
             return False
         books.hold_unopposed(Holding(rid, where, p.devices, p.shares, p.cpu_milli, p.memory_mib), state)
-        books.reservations[rid] = Reservation(p, ReservationState.CONFIRMED, now)
-        books.pending.pop(rid, None)
+        books.record_confirmed(p, now)
         return True
 
     def adopt(
@@ -264,7 +263,7 @@ class Adoption:
                 return
             if p.slot in group.slots and who is None and slot_hid(p.group, p.slot) in books.holdings:
                 books.unhold(slot_hid(p.group, p.slot))
-                books.slot_of.pop(slot_hid(p.group, p.slot), None)
+                books.forget_slot_holder(slot_hid(p.group, p.slot))
             if not self.make_room(p):
                 self.count_instead(key, p)
                 if p.slot in group.slots and group.claims.get(p.slot) is None:
@@ -272,21 +271,20 @@ class Adoption:
                 return
             # the gang's own unclaimed slots that gave way may have taken it with them (the kubelet gave this
             # pod a device another slot was planned on): the pod's gang lives on with this slot
-            books.groups.setdefault(group.key, group)
+            books.keep_group(group)
             planned = recorded or p
-            group.slots[p.slot] = GroupSlot(
-                p.slot, planned.node, planned.devices, planned.uuids, planned.shares
+            books.record_group_slot(
+                group, GroupSlot(p.slot, planned.node, planned.devices, planned.uuids, planned.shares)
             )
-            group.claims[p.slot] = p.id
-            books.slot_of[p.id] = (p.group, p.slot)
+            books.record_slot_claim(group, p.slot, p.id)
+            books.record_slot_holder(p.id, p.group, p.slot)
         elif displaced or not self.make_room(p):
             self.count_instead(key, p, displaced)
             if not displaced:  # another holding has its devices: revisited in claim order (claims.contend)
                 self.claims.bump(key, p.node)
             return
         books.hold(Holding(p.id, p.node, p.devices, p.shares, p.cpu_milli, p.memory_mib))
-        books.reservations[p.id] = Reservation(p, ReservationState.CONFIRMED, now)
-        books.pending.pop(p.id, None)
+        books.record_confirmed(p, now)
 
     def restore_group(self, p: Placement, now: float) -> GroupState:
         books = self.books
@@ -300,7 +298,7 @@ class Adoption:
             memory_mib=p.memory_mib,
             strategy=p.strategy,
         )
-        books.groups[group.key] = group
+        books.record_group(group)
         if deadline > now:
             for s in p.group_plan:
                 if s.slot == p.slot:
@@ -308,10 +306,10 @@ class Adoption:
                 node = books.index.nodes.get(s.node)
                 if node is not None and node.conflicts(s.devices, s.shares) - {TRUTH + s.node}:
                     continue  # (the node's "truth:" holding gives way to the plan: books.hold)
-                group.slots[s.slot] = s
-                group.claims[s.slot] = None
+                books.record_group_slot(group, s)
+                books.record_slot_claim(group, s.slot, None)
                 hid = slot_hid(group.key, s.slot)
-                books.slot_of[hid] = (group.key, s.slot)
+                books.record_slot_holder(hid, group.key, s.slot)
                 books.hold(Holding(hid, s.node, s.devices, s.shares, p.cpu_milli, p.memory_mib))
         return group
 
@@ -341,12 +339,12 @@ class Adoption:
         """A placement that collides with a confirmed one (or, `why`, with what the node's kubelet says
         another pod holds): count the pod as GPUs of unknown identity."""
         books = self.books
-        books.problems.append(
+        books.record_problem(
             f"pod {key}: placement {p.id} on {p.node} collides with another pod{f' ({why})' if why else ''}; "
             f"counted as {len(p.devices)} GPU(s) of unknown identity"
         )
         hid = "pod:" + key
-        books.pods[key] = hid
+        books.record_counted_pod(key, hid)
         books.hold(
             Holding(
                 hid,

@@ -203,7 +203,7 @@ class Claims:
             return
         old = self._claim_of.pop(key, None)
         if old is None and claim is not None:
-            counted = books.pods.pop(key, None)  # it was counted by its requests until now
+            counted = books.forget_counted_pod(key)  # it was counted by its requests until now
             if counted is not None:
                 self.leases.release(counted)
         nodes: set[str] = set()
@@ -342,7 +342,7 @@ class Claims:
                 or owner.displaced != old.displaced
             ):
                 del self._owner_of[rid]
-                counted = books.pods.pop(old.key, None)
+                counted = books.forget_counted_pod(old.key)
                 if counted is not None:
                     self.leases.release(counted)
                 if owner is None or owner.placement != old.placement:
@@ -438,7 +438,7 @@ class Claims:
         try:
             self._bumped.pop(node, None)
             for c in contest:  # all out, then back in claim order (adopting counts a loser instead again)
-                counted = books.pods.pop(c.key, None)
+                counted = books.forget_counted_pod(c.key)
                 if counted is not None:
                     self.leases.release(counted)
                 self.leases.release(c.rid)

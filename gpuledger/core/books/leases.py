@@ -5,9 +5,9 @@ Time is always an argument; leases never decide where anything goes.
 
 from __future__ import annotations
 
-from gpuledger.core.books.books import TRUTH, Books, Reservation, slot_hid
+from gpuledger.core.books.books import TRUTH, Books, slot_hid
 from gpuledger.core.books.group_slots import ClaimTable
-from gpuledger.core.model import GroupSlot, Placement, ReservationState
+from gpuledger.core.model import GroupSlot, Placement
 from gpuledger.core.nodes.node_state import Holding
 
 
@@ -31,10 +31,9 @@ class Leases:
                 placement.memory_mib,
             )
         )
-        books.reservations[placement.id] = Reservation(placement, ReservationState.RESERVED, now)
-        books.pending[placement.id] = now
+        books.record_reserved(placement, now)
         if placement.strategy == "round_robin":
-            books.rr_cursor = placement.node
+            books.record_round_robin(placement.node)
         return placement
 
     def in_the_way(self, s: GroupSlot) -> bool:
@@ -46,13 +45,8 @@ class Leases:
     def confirm(self, id: str, now: float) -> bool:
         """A stored pod carrying `id` was seen: the reservation no longer expires."""
         books = self.books
-        books.last_now = max(books.last_now, now)
-        res = books.reservations.get(id)
-        if res is None:
-            return False
-        res.state = ReservationState.CONFIRMED
-        books.pending.pop(id, None)
-        return True
+        books.note_time(now)
+        return books.confirm(id)
 
     def release(self, id: str) -> bool:
         """Free what `id` holds (a reservation, an unclaimed group slot id, or a counted pod). Idempotent.
@@ -62,9 +56,8 @@ class Leases:
         are freed. When the last pod of a group goes, its unclaimed slots go too: only pods carry the plan, so
         this is what a rebuild would see."""
         books = self.books
-        res = books.reservations.pop(id, None)
-        books.pending.pop(id, None)
-        slot = books.slot_of.pop(id, None)
+        res = books.forget_reservation(id)
+        slot = books.forget_slot_holder(id)
         held = books.unhold(id)
         if slot is not None:
             key, n = slot
@@ -81,9 +74,9 @@ class Leases:
                     and not self.in_the_way(group.slots[n])
                 ):
                     s = group.slots[n]
-                    group.claims[n] = None
+                    books.record_slot_claim(group, n, None)
                     hid = slot_hid(key, n)
-                    books.slot_of[hid] = (key, n)
+                    books.record_slot_holder(hid, key, n)
                     books.hold(Holding(hid, s.node, s.devices, s.shares, group.cpu_milli, group.memory_mib))
                 else:
                     books.drop_slot(group, n)
@@ -110,7 +103,7 @@ class Leases:
 
     def expire(self, now: float) -> list[str]:
         books = self.books
-        books.last_now = max(books.last_now, now)
+        books.note_time(now)
         ids = self.expiry_candidates(now)
         for rid in ids:
             self.release(rid)

@@ -225,9 +225,7 @@ class Truth:
             )
             books.unhold(owner)
             books.hold(Holding(owner, p.node, devices, p.shares, p.cpu_milli, p.memory_mib))
-            res.issued = res.issued or p
-            res.placement = moved
-            books.pending_moved += 1
+            books.record_move(res, p, moved)
 
     # ------------------------------------------------------------------------------------------ views
     def corrections(self) -> list[list]:
