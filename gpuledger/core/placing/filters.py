@@ -55,14 +55,7 @@ class Filters:
         return hit
 
     def static_cache(self, req: Request) -> StaticVerdicts:
-        sig = static_signature(req)
-        filter_cache = self.books.filter_cache
-        cache = filter_cache.get(sig)
-        if cache is None:
-            if len(filter_cache) >= FILTER_CACHE_LIMIT:
-                filter_cache.clear()
-            cache = filter_cache[sig] = {}
-        return cache
+        return self.books.filter_verdicts(static_signature(req), FILTER_CACHE_LIMIT)
 
     def static_uncached(self, node: NodeState, req: Request) -> tuple[Reason | None, tuple[Taint, ...]]:
         info = node.info

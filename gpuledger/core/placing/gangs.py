@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpuledger.core.books.books import Books, GroupState, Reservation, slot_hid
+from gpuledger.core.books.books import Books, GroupState, slot_hid
 from gpuledger.core.books.group_slots import ClaimTable
 from gpuledger.core.books.topology import plan_leaves
 from gpuledger.core.model import (
@@ -18,7 +18,6 @@ from gpuledger.core.model import (
     Placement,
     Reason,
     Request,
-    ReservationState,
     Taint,
 )
 from gpuledger.core.nodes.node_state import Holding, LeafKey
@@ -156,16 +155,15 @@ class Gangs:
             cpu_milli=req.cpu_milli,
             memory_mib=req.memory_mib,
             strategy=gp.strategy,
+            slot_taints={i: c.taints for i, c in gp.slots},
         )
-        books.groups[gp.key] = group
-        group.slot_taints = {i: c.taints for i, c in gp.slots}
+        books.record_group(group)
         for s in first.group_plan:
             hid = req.id if s.slot == 0 else slot_hid(gp.key, s.slot)
-            group.claims[s.slot] = req.id if s.slot == 0 else None
-            books.slot_of[hid] = (gp.key, s.slot)
+            books.record_slot_claim(group, s.slot, req.id if s.slot == 0 else None)
+            books.record_slot_holder(hid, gp.key, s.slot)
             books.hold(Holding(hid, s.node, s.devices, s.shares, req.cpu_milli, req.memory_mib))
-        books.reservations[req.id] = Reservation(first, ReservationState.RESERVED, now)
-        books.pending[req.id] = now
+        books.record_reserved(first, now)
         return first
 
     def taints_for(self, group: GroupState, slot: int) -> tuple[Taint, ...]:
@@ -269,16 +267,17 @@ class Gangs:
         placed = self.claim_placement(claim, req)
         if claim.new is None:
             books.unhold(slot_hid(group.key, claim.slot))
-            books.slot_of.pop(slot_hid(group.key, claim.slot), None)
+            books.forget_slot_holder(slot_hid(group.key, claim.slot))
         else:
-            group.slots[claim.slot] = placed.group_plan[[s.slot for s in placed.group_plan].index(claim.slot)]
-        group.claims[claim.slot] = req.id
-        books.slot_of[req.id] = (group.key, claim.slot)
+            books.record_group_slot(
+                group, placed.group_plan[[s.slot for s in placed.group_plan].index(claim.slot)]
+            )
+        books.record_slot_claim(group, claim.slot, req.id)
+        books.record_slot_holder(req.id, group.key, claim.slot)
         books.hold(
             Holding(req.id, placed.node, placed.devices, placed.shares, group.cpu_milli, group.memory_mib)
         )
-        books.reservations[req.id] = Reservation(placed, ReservationState.RESERVED, now)
-        books.pending[req.id] = now
+        books.record_reserved(placed, now)
         return placed
 
 

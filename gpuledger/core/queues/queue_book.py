@@ -167,7 +167,7 @@ class QueueBook:
                 elif kind == "PodDisruptionBudget":
                     self.budgets.pop(f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}", None)
             except (TypeError, AttributeError, ValueError, KeyError) as err:
-                self.books.problems.append(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
+                self.books.record_problem(f"ignored a malformed deleted object: {type(err).__name__}: {err}")
 
     def passing(self, objects: Iterable[dict]) -> Iterator[dict]:
         """The objects of a rebuild, each observed on its way through; the queue set is made at the end."""
@@ -202,7 +202,7 @@ class QueueBook:
                 else:
                     self._observe_budget(item, meta)
         except (TypeError, AttributeError, ValueError, KeyError, QueueError) as err:
-            self.books.problems.append(f"ignored a malformed {kind_of(item) or 'object'}: {err}")
+            self.books.record_problem(f"ignored a malformed {kind_of(item) or 'object'}: {err}")
 
     def _renew_queues(self) -> None:
         if self._deferred:
@@ -218,7 +218,7 @@ class QueueBook:
             self.declared = frozenset(q.name for q in parsed)
         except QueueError as exc:
             kept = "none is honoured" if self.queues is None else "the last good set stays"
-            self.books.problems.append(f"GPUQueues cannot be honoured as a whole ({kept}): {exc}")
+            self.books.record_problem(f"GPUQueues cannot be honoured as a whole ({kept}): {exc}")
 
     def _observe_budget(self, item: dict, meta: dict) -> None:
         namespace = str(meta.get("namespace") or "default")

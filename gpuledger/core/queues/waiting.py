@@ -327,7 +327,7 @@ class WaitingLine:
                         (self.forget_pod if ended else self._drop)(pod_key_of(meta))
                 return
         except (TypeError, AttributeError, ValueError, KeyError) as err:
-            self.books.problems.append(f"ignored a malformed waiting pod: {type(err).__name__}: {err}")
+            self.books.record_problem(f"ignored a malformed waiting pod: {type(err).__name__}: {err}")
             return
         old = self.waiters.get(w.key)
         if old == w:
