@@ -162,7 +162,8 @@ def print_table(rows: list[Row], out=sys.stdout) -> None:
 
 
 def run_workloads(kube: KubeClient, namespace: str, key: bytes, user: str | None) -> list[Row]:
-    from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, decode_placement
+    from gpuledger.core.pods.placement_codec import decode_placement
+    from gpuledger.names import PLACEMENT_ANNOTATION
 
     nodes = {
         n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in kube.get_json("nodes")["items"]

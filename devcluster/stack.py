@@ -22,7 +22,8 @@ from devcluster.binaries import free_port
 from devcluster.kubeclient import KubeClient
 from devcluster.users import WEBHOOK_USER
 from gpuledger.certs import pki
-from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, decode_placement
+from gpuledger.core.pods.placement_codec import decode_placement
+from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.sync.cluster_sync import ClusterSync
 from gpuledger.sync.config import SyncConfig
 from gpuledger.sync.targets import RayLedgerTarget

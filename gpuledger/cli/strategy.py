@@ -153,7 +153,7 @@ def with_strategy(text: str, name: str) -> str:
 
 def canonical(name: str) -> str:
     """The registered name of `name` (aliases accepted), or a usage error listing the accepted names."""
-    from gpuledger.service.ledger_service import check_strategy
+    from gpuledger.service.settings import check_strategy
 
     try:
         return check_strategy(name, "strategy")
@@ -172,7 +172,7 @@ def validate(text: str) -> None:
 
 
 def strategy_names() -> list[str]:
-    from gpuledger.service.ledger_service import strategy_names as names
+    from gpuledger.service.settings import strategy_names as names
 
     return list(names())
 

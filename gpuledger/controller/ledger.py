@@ -13,15 +13,9 @@ from typing import Any, Protocol
 
 from gpuledger.controller.mapping import sample_pod
 from gpuledger.controller.queue import Verdict
-from gpuledger.service.ledger_service import (
-    AdmitCall,
-    AnnotationError,
-    Denial,
-    Held,
-    Placement,
-    PodRequestConfig,
-    request_from_pod,
-)
+from gpuledger.core.model import Denial, Placement
+from gpuledger.core.pods.request import AnnotationError, PodRequestConfig, request_from_pod
+from gpuledger.service.ledger_service import AdmitCall, Held
 
 INVALID = "InvalidSpec"
 UNAVAILABLE = "LedgerUnavailable"

@@ -5,11 +5,6 @@ backfill window. Pure: `plan` takes time as an argument and whether each workloa
 
 from __future__ import annotations
 
-from gpuledger.service.ledger_service import DEFAULT_BACKFILL_WINDOW_S
-from gpuledger.service.ledger_service import QueueEntry as Entry
-from gpuledger.service.ledger_service import QueuePlan as Plan
-from gpuledger.service.ledger_service import QueueVerdict as Verdict
-from gpuledger.service.ledger_service import queue_order as order
-from gpuledger.service.ledger_service import queue_plan as plan
+from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S, Entry, Plan, Verdict, order, plan
 
 __all__ = ["DEFAULT_BACKFILL_WINDOW_S", "Entry", "Plan", "Verdict", "order", "plan"]

@@ -25,18 +25,11 @@ from typing import Any
 
 import ray
 
+from gpuledger.core.ledger import LedgerConfig
 from gpuledger.ray.channel import ChannelInfo, ChannelServer, channel_host
-from gpuledger.service.ledger_service import (
-    RESYNC_STEP,
-    AdmitCall,
-    LedgerConfig,
-    LedgerService,
-    LedgerSettings,
-    ServedCalls,
-    ServiceStats,
-    SyncLeaseAnswer,
-)
-from gpuledger.service.sync_writer import DEFAULT_TERM_S
+from gpuledger.service.ledger_service import RESYNC_STEP, AdmitCall, LedgerService, ServedCalls, ServiceStats
+from gpuledger.service.settings import LedgerSettings
+from gpuledger.service.sync_writer import DEFAULT_TERM_S, SyncLeaseAnswer
 
 ACTOR_NAME = "gpu-ledger"
 RAY_NAMESPACE = "gpuledger"

@@ -22,7 +22,6 @@ from typing import Any
 from gpuledger import strategies  # noqa: F401  (registers the built-in strategies with the core's registry)
 from gpuledger.core.ledger import Ledger, LedgerConfig, LedgerStats, LineEntry, Waiting
 from gpuledger.core.model import (
-    BindingMode,
     Denial,
     Explanation,
     PinnedDevices,
@@ -33,29 +32,9 @@ from gpuledger.core.model import (
 )
 from gpuledger.core.pods.objects import (
     Binding,
-    binding_mismatch,
-    binding_of,
-    decode_bound,
-    decode_placement,
     encode_placement,
-    iter_objects,
 )
-from gpuledger.core.pods.request import (
-    AnnotationError,
-    PodRequestConfig,
-    controller_owner,
-    for_another_pod,
-    pod_name,
-    request_from_pod,
-    seed_for,
-)
-from gpuledger.core.pods.waiting_codec import WaitTicket, decode_waiting, encode_waiting, ticket_for
 from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
-from gpuledger.core.queues.queue_rule import Entry as QueueEntry
-from gpuledger.core.queues.queue_rule import Plan as QueuePlan
-from gpuledger.core.queues.queue_rule import Verdict as QueueVerdict
-from gpuledger.core.queues.queue_rule import order as queue_order
-from gpuledger.core.queues.queue_rule import plan as queue_plan
 from gpuledger.core.queues.waiting import device_annotations, wants
 from gpuledger.core.steps import Steps, drain
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
@@ -63,79 +42,21 @@ from gpuledger.service.live_settings import LiveSettings
 from gpuledger.service.preemption_orders import Eviction, EvictionRefused, PreemptionOrder
 from gpuledger.service.queue_standing import standing_of, status_body
 from gpuledger.service.settings import (
-    DEFAULT_SCORING_WEIGHTS,
     LedgerSettings,
-    check_external_threshold,
-    check_label_key,
-    check_leaf_limit,
-    check_scoring_weights,
-    check_strategy,
-    strategy_names,
 )
 from gpuledger.service.sources import ExternalSource, reservation_ids, source_from_spec
-from gpuledger.service.sync_writer import DEFAULT_TERM_S, SyncFenced, SyncLeaseAnswer, SyncWriter
+from gpuledger.service.sync_writer import DEFAULT_TERM_S, SyncLeaseAnswer, SyncWriter
 
-# The service's public surface: the adapters (webhook, Ray actor, sync) import these names from here, never
-# from a core module, so the core can be rearranged without touching them.
 __all__ = [
-    "DEFAULT_BACKFILL_WINDOW_S",
-    "DEFAULT_SCORING_WEIGHTS",
-    "PLACEMENT_ANNOTATION",
-    "RESERVATION_ID_KEY",
     "RESYNC_STEP",
     "AdmitCall",
-    "AnnotationError",
-    "Binding",
-    "BindingMode",
-    "Denial",
-    "Eviction",
-    "EvictionRefused",
-    "Explanation",
     "Held",
-    "LedgerConfig",
     "LedgerService",
-    "LedgerSettings",
     "PlacedPod",
-    "Placement",
-    "PodRequestConfig",
-    "PreemptionOrder",
-    "QueueEntry",
-    "QueuePlan",
-    "QueueVerdict",
     "Recoveries",
-    "Request",
     "ServedCalls",
     "ServiceStats",
-    "SyncFenced",
-    "SyncLeaseAnswer",
-    "Taint",
     "Unavailable",
-    "WaitTicket",
-    "Waiting",
-    "binding_mismatch",
-    "binding_of",
-    "check_external_threshold",
-    "check_label_key",
-    "check_leaf_limit",
-    "check_scoring_weights",
-    "check_strategy",
-    "controller_owner",
-    "decode_bound",
-    "decode_placement",
-    "decode_waiting",
-    "drain",
-    "encode_placement",
-    "encode_waiting",
-    "for_another_pod",
-    "iter_objects",
-    "pod_name",
-    "queue_order",
-    "queue_plan",
-    "request_from_pod",
-    "seed_for",
-    "strategy_names",
-    "ticket_for",
-    "wants",
 ]
 
 log = logging.getLogger("gpuledger.service")

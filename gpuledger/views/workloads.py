@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpuledger.core.pods.waiting_codec import WaitTicket, decode_waiting
+from gpuledger.core.queues.queue_rule import Entry as QueueEntry
+from gpuledger.core.queues.queue_rule import order as queue_order
+from gpuledger.core.queues.waiting import wants
 from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION
-from gpuledger.service.ledger_service import QueueEntry, WaitTicket, decode_waiting, queue_order, wants
 from gpuledger.views.placement import placement_of_pod
 
 # the operator's phases, in the order a workload normally passes them

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from gpuledger.core.ledger import LedgerConfig
+from gpuledger.core.model import BindingMode
 from gpuledger.names import (
     GPU_RESOURCE,
     HOSTNAME_LABEL,
@@ -26,10 +28,8 @@ from gpuledger.names import (
     WHEN_FULL_WAIT,
 )
 from gpuledger.ray.channel import CHANNEL_MODES
-from gpuledger.service.ledger_service import (
+from gpuledger.service.settings import (
     DEFAULT_SCORING_WEIGHTS,
-    BindingMode,
-    LedgerConfig,
     LedgerSettings,
     check_external_threshold,
     check_label_key,

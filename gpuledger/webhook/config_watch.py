@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gpuledger.service.ledger_service import LedgerSettings
+from gpuledger.service.settings import LedgerSettings
 from gpuledger.webhook.config import LIVE_KEYS, WebhookConfig
 
 log = logging.getLogger("gpuledger.config")

@@ -19,8 +19,10 @@ from typing import Any
 
 import yaml
 
+from gpuledger.core.pods.objects import iter_objects
+from gpuledger.core.pods.waiting_codec import decode_waiting
 from gpuledger.names import JOB_COMPLETION_INDEX, POD_INDEX_LABEL, WAITING_ANNOTATION
-from gpuledger.service.ledger_service import LedgerService, decode_waiting, iter_objects
+from gpuledger.service.ledger_service import LedgerService
 from gpuledger.service.sources import load_objects
 from gpuledger.views.preemption import parse_preemption, preemption_lines
 from gpuledger.webhook.admission.handler import AdmissionHandler

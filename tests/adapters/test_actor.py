@@ -18,10 +18,11 @@ import pytest
 import ray
 
 from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
+from gpuledger.core.model import Request
 from gpuledger.core.pods.objects import decode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION
 from gpuledger.ray.actor import get_or_create_ledger, wait_ready
-from gpuledger.service.ledger_service import AdmitCall, Request
+from gpuledger.service.ledger_service import AdmitCall
 from gpuledger.webhook.admission.review import decode_patch, make_review
 from gpuledger.webhook.config import WebhookConfig
 from gpuledger.webhook.config_watch import ConfigWatcher, ray_push

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from gpuledger.core.model import GroupSpec, Placement, Request
-from gpuledger.service.ledger_service import AdmitCall, LedgerService, LedgerSettings, Recoveries, Unavailable
+from gpuledger.service.ledger_service import AdmitCall, LedgerService, Recoveries, Unavailable
+from gpuledger.service.settings import LedgerSettings
 from tests.webhook.webhook_support import cluster, config
 
 NOW = 1000.0
@@ -364,7 +365,7 @@ def test_a_stepped_resync_answers_admissions_from_the_ledger_it_replaces():
 def test_an_admission_during_a_stepped_resync_loses_devices_the_list_shows_taken():
     """The ledger being replaced may be stale (that is why it is resynced): a reservation it granted on
     devices that the list shows a stored pod holding is lost at the swap, not double-booked."""
-    from gpuledger.service.ledger_service import drain
+    from gpuledger.core.steps import drain
 
     nodes = cluster(1, 8)
     s = svc(nodes)
@@ -388,7 +389,7 @@ def test_the_actor_serves_admissions_during_a_resync_and_queues_the_clusters_wri
     import asyncio
 
     from gpuledger.ray.actor import LedgerActor
-    from gpuledger.service.ledger_service import SyncFenced
+    from gpuledger.service.sync_writer import SyncFenced
 
     async def scenario() -> None:
         source = {"kind": "kubernetes"}
@@ -426,7 +427,7 @@ def test_the_actor_serves_admissions_during_a_resync_and_queues_the_clusters_wri
 def test_admissions_during_the_first_stepped_resync_are_unavailable_not_placed_on_the_empty_ledger():
     """A ledger fed from the API starts empty and unsynced: while its first list is being built, admissions
     between the steps answer Unavailable (fail closed), as before the list arrived."""
-    from gpuledger.service.ledger_service import drain
+    from gpuledger.core.steps import drain
 
     s = LedgerService(config().ledger_config(), {"kind": "kubernetes"}, now=NOW)
     steps = s.resync_in_steps(cluster(2, 8), NOW, step=1)
@@ -444,7 +445,7 @@ def test_a_resync_with_nothing_pending_reads_the_pods_once(monkeypatch):
     are) a resync reads the pods for its build alone, not once more for their reservation ids; with one
     pending, the pass is made (stepped as the build is) and the stored pod's reservation is confirmed."""
     import gpuledger.service.ledger_service as service_module
-    from gpuledger.service.ledger_service import drain
+    from gpuledger.core.steps import drain
 
     passes: list[int] = []
     real = service_module.reservation_ids

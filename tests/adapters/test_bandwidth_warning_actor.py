@@ -8,8 +8,9 @@ import uuid
 import pytest
 
 from devcluster.nodes import make_node
+from gpuledger.core.model import Placement, Request
 from gpuledger.ray.actor import get_or_create_ledger, wait_ready
-from gpuledger.service.ledger_service import AdmitCall, Placement, Request
+from gpuledger.service.ledger_service import AdmitCall
 from gpuledger.webhook.ledger.client import RayLedgerClient
 from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import config

@@ -334,7 +334,8 @@ def test_the_sync_asks_for_orders_after_each_batch_and_hands_refusals_back(apise
     (a real `LedgerService` in this process, the orders handed out by the test) right after a batch, and hands
     the refusals back at its next call."""
     from devcluster.cluster import WEBHOOK_USER
-    from gpuledger.service.ledger_service import LedgerConfig, LedgerService
+    from gpuledger.core.ledger import LedgerConfig
+    from gpuledger.service.ledger_service import LedgerService
     from gpuledger.sync.cluster_sync import ClusterSync
     from gpuledger.sync.config import SyncConfig
     from gpuledger.sync.targets import LocalLedgerTarget
@@ -421,7 +422,11 @@ def test_the_ledgers_own_plan_is_carried_out_and_the_preemptor_placed_on_the_nod
     the placer writes the preemptor's placement on the node it freed. The queues' status shows it."""
     from devcluster.cluster import WEBHOOK_USER
     from devcluster.nodes import create_nodes, make_node
-    from gpuledger.core.pods.placement_codec import Binding, encode_placement
+    from gpuledger.core.ledger import LedgerConfig
+    from gpuledger.core.model import Placement, Request
+    from gpuledger.core.pods.placement_codec import Binding, decode_placement, encode_placement
+    from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting
+    from gpuledger.core.queues.waiting import Waiting
     from gpuledger.names import (
         GPU_RESOURCE,
         PLACEMENT_ANNOTATION,
@@ -431,17 +436,7 @@ def test_the_ledgers_own_plan_is_carried_out_and_the_preemptor_placed_on_the_nod
         SCHEDULING_GATE,
         WAITING_ANNOTATION,
     )
-    from gpuledger.service.ledger_service import (
-        AdmitCall,
-        LedgerConfig,
-        LedgerService,
-        Placement,
-        Request,
-        Waiting,
-        WaitTicket,
-        decode_placement,
-        encode_waiting,
-    )
+    from gpuledger.service.ledger_service import AdmitCall, LedgerService
     from gpuledger.sync.cluster_sync import ClusterSync
     from gpuledger.sync.config import SyncConfig
     from gpuledger.sync.targets import LocalLedgerTarget

@@ -14,9 +14,10 @@ import uuid
 import pytest
 import ray
 
+from gpuledger.core.model import Placement, Request
 from gpuledger.ray.actor import get_or_create_ledger, wait_ready
 from gpuledger.ray.channel import NONCE_BYTES, ChannelError, channel_host, frame, read_frame
-from gpuledger.service.ledger_service import AdmitCall, Placement, Request
+from gpuledger.service.ledger_service import AdmitCall
 from gpuledger.service.sync_writer import SyncFenced
 from gpuledger.sync.channel import ChannelLedgerTarget, ray_channel_opener
 from gpuledger.sync.targets import RayLedgerTarget
@@ -178,7 +179,8 @@ async def test_channel_off_uses_ray_calls_only(tmp_path):
 
 def placed_pod(name: str, placement: Placement) -> dict:
     """A stored pod carrying `placement`, as the cluster sync's watch reports it."""
-    from gpuledger.service.ledger_service import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY, encode_placement
+    from gpuledger.core.pods.placement_codec import encode_placement
+    from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 
     annotation = encode_placement(placement, config().hmac_key)
     return {

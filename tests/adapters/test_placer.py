@@ -16,6 +16,11 @@ import pytest
 
 from devcluster.nodes import create_nodes, make_node
 from devcluster.scheduler import KubeScheduler
+from gpuledger.core.ledger import LedgerConfig
+from gpuledger.core.model import Placement, Request
+from gpuledger.core.pods.placement_codec import Binding, decode_placement
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting
+from gpuledger.core.queues.waiting import Waiting
 from gpuledger.names import (
     DEVICE_INDICES_ANNOTATION,
     GPU_RESOURCE,
@@ -25,19 +30,7 @@ from gpuledger.names import (
     VISIBLE_DEVICES_ANNOTATION,
     WAITING_ANNOTATION,
 )
-from gpuledger.service.ledger_service import (
-    AdmitCall,
-    Binding,
-    LedgerConfig,
-    LedgerService,
-    Placement,
-    Request,
-    ReservationState,
-    Waiting,
-    WaitTicket,
-    decode_placement,
-    encode_waiting,
-)
+from gpuledger.service.ledger_service import AdmitCall, LedgerService, ReservationState
 from gpuledger.sync.cluster_sync import ClusterSync
 from gpuledger.sync.config import SyncConfig
 from gpuledger.sync.placer import placement_patch, required_node

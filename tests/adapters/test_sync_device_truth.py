@@ -3,7 +3,8 @@ device conflict counted once and posted as an Event on its pod; a changed correc
 
 from __future__ import annotations
 
-from gpuledger.service.ledger_service import LedgerConfig, LedgerService
+from gpuledger.core.ledger import LedgerConfig
+from gpuledger.service.ledger_service import LedgerService
 from gpuledger.sync.cluster_sync import ClusterSync
 from gpuledger.sync.device_events import device_event
 from tests.adapters.test_sync_conflicts import RecordingCore, sync_with
@@ -59,7 +60,9 @@ def test_the_external_threshold_is_a_live_setting_checked_by_name():
 
     import pytest
 
-    from gpuledger.service.ledger_service import AdmitCall, LedgerSettings, Request
+    from gpuledger.core.model import Request
+    from gpuledger.service.ledger_service import AdmitCall
+    from gpuledger.service.settings import LedgerSettings
     from tests.core.core_factory import node
 
     service = LedgerService(LedgerConfig(placement_key=b"k"))

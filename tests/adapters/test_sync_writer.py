@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpuledger.core.model import Placement
+from gpuledger.core.pods.placement_codec import binding_of, encode_placement
+from gpuledger.core.pods.request import request_from_pod
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
-from gpuledger.service.ledger_service import (
-    AdmitCall,
-    LedgerService,
-    Placement,
-    SyncFenced,
-    binding_of,
-    encode_placement,
-    request_from_pod,
-)
-from gpuledger.service.sync_writer import SyncWriter, check_term, is_fenced
+from gpuledger.service.ledger_service import AdmitCall, LedgerService
+from gpuledger.service.sync_writer import SyncFenced, SyncWriter, check_term, is_fenced
 from tests.webhook.webhook_support import cluster, config, gpu_pod, service
 
 T = 1000.0

@@ -63,8 +63,8 @@ def mutate_steps(handler, loads, dumps, parse, encode, n: int = 20000) -> dict[s
     import logging
     from types import SimpleNamespace
 
+    from gpuledger.core.model import Placement
     from gpuledger.core.pods.placement_codec import binding_of, encode_placement
-    from gpuledger.service.ledger_service import Placement
     from gpuledger.webhook.admission import env_guard
     from gpuledger.webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
     from gpuledger.webhook.logs import admission_fields, configure, log_admission

@@ -15,8 +15,10 @@ import uuid
 import pytest
 
 from gpuledger import client
+from gpuledger.core.model import Request
+from gpuledger.core.pods.placement_codec import Binding
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting
 from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION
-from gpuledger.service.ledger_service import Binding, Request, WaitTicket, encode_waiting
 from tests.cli.test_cli_e2e import placed_pods
 
 pytestmark = pytest.mark.e2e

@@ -14,8 +14,8 @@ from devcluster.nodes import make_node
 from gpuledger.cli import strategy
 from gpuledger.cli.common import CommandError
 from gpuledger.controller import gpunodes
-from gpuledger.core.model import DeviceShare
-from gpuledger.service.ledger_service import Placement, encode_placement
+from gpuledger.core.model import DeviceShare, Placement
+from gpuledger.core.pods.placement_codec import encode_placement
 from gpuledger.views import freshness, health, inventory
 from gpuledger.views.placement import parse_placement, placement_of_pod
 from gpuledger.views.workloads import age, priority_value, queue, workload_row, workload_rows

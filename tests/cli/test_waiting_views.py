@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from gpuledger.cli.snapshot import Snapshot
 from gpuledger.cli.status import status_data
+from gpuledger.core.model import Request
+from gpuledger.core.pods.placement_codec import Binding
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting
 from gpuledger.names import SCHEDULING_GATE, WAITING_ANNOTATION
-from gpuledger.service.ledger_service import Binding, Request, WaitTicket, encode_waiting
 from gpuledger.views.workloads import WAITING, waiting_line, workload_rows
 
 

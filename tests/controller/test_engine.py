@@ -13,6 +13,9 @@ from gpuledger.controller.controller import Engine, EngineSettings, NotLeader
 from gpuledger.controller.kube import Conflict
 from gpuledger.controller.mapping import parse_time
 from gpuledger.controller.queue import Verdict
+from gpuledger.core.model import Request
+from gpuledger.core.pods.placement_codec import Binding
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting
 from gpuledger.names import (
     ADMISSION_LABEL,
     PLACEMENT_ANNOTATION,
@@ -21,7 +24,6 @@ from gpuledger.names import (
     WHEN_FULL,
     WORKLOAD_UID_LABEL,
 )
-from gpuledger.service.ledger_service import Binding, Request, WaitTicket, encode_waiting
 from tests.controller.support import agentaflow, warp
 
 NOW = parse_time("2027-01-15T08:05:00Z")

@@ -7,7 +7,7 @@ import pytest
 from gpuledger.controller import crds, mapping
 from gpuledger.controller.mapping import SpecError, from_object, job_manifest, job_name, webhook_annotations
 from gpuledger.names import AGENTAFLOW_GROUP, WARP_GROUP, WORKLOAD_UID_LABEL
-from gpuledger.service.ledger_service import strategy_names
+from gpuledger.service.settings import strategy_names
 from tests.controller.support import agentaflow, warp
 
 

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuledger.core.model import DeviceShare
+from gpuledger.core.model import BindingMode, DeviceShare, Placement, Request, Taint
 from gpuledger.names import SCHEDULING_GATE
-from gpuledger.service.ledger_service import BindingMode, PlacedPod, Placement, Request, Taint
+from gpuledger.service.ledger_service import PlacedPod
 from gpuledger.sync.placer import placement_patch, required_node
 from gpuledger.webhook.admission import env_guard
 from gpuledger.webhook.admission.patch import (

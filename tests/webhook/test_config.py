@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuledger.service.ledger_service import AdmitCall, LedgerService, LedgerSettings, Placement, Request
+from gpuledger.core.model import Placement, Request
+from gpuledger.service.ledger_service import AdmitCall, LedgerService
+from gpuledger.service.settings import LedgerSettings
 from gpuledger.webhook.admission.handler import AdmissionHandler
 from gpuledger.webhook.admission.owners import StaticOwners
 from gpuledger.webhook.config import WebhookConfig

@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.pods.request import ANNOTATIONS
-from gpuledger.names import PLACEMENT_ANNOTATION, SCHEDULING_MAP
-from gpuledger.service.ledger_service import (
+from gpuledger.core.pods.placement_codec import decode_bound
+from gpuledger.core.pods.request import (
+    ANNOTATIONS,
     AnnotationError,
     PodRequestConfig,
-    decode_bound,
     for_another_pod,
     pod_name,
     request_from_pod,
 )
+from gpuledger.names import PLACEMENT_ANNOTATION, SCHEDULING_MAP
 from gpuledger.webhook.admission.handler import AdmissionHandler
 from gpuledger.webhook.admission.owners import StaticOwners
 from gpuledger.webhook.admission.shapes import LAST_APPLIED, PodShapes

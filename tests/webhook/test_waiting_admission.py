@@ -9,6 +9,7 @@ import copy
 
 import pytest
 
+from gpuledger.core.pods.waiting_codec import decode_waiting
 from gpuledger.names import (
     PLACEMENT_ANNOTATION,
     RESERVATION_ID_KEY,
@@ -16,7 +17,6 @@ from gpuledger.names import (
     WAITING_ANNOTATION,
     WHEN_FULL,
 )
-from gpuledger.service.ledger_service import decode_waiting
 from gpuledger.webhook.admission.patch import DEVICE_INDICES_FROM, VISIBLE_DEVICES_FROM
 from gpuledger.webhook.config import WebhookConfig
 from tests.webhook.webhook_support import HMAC_KEY, apply_patch, cluster, config, gpu_pod, handler, review

@@ -272,7 +272,7 @@ def test_the_patch_turns_the_pod_into_the_mutated_pod_exactly(
     applying it to the original gives the mutated pod, and the original is never touched."""
     import jsonpatch
 
-    from gpuledger.service.ledger_service import BindingMode, Placement, Taint
+    from gpuledger.core.model import BindingMode, Placement, Taint
     from gpuledger.webhook.admission import scheduler_name
     from gpuledger.webhook.admission.patch import apply_placement, patch_of, shallow_pod, strip_ledger_keys
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuledger.core.model import Placement
 from gpuledger.names import LEDGER_PREFIX, SCHEDULING_GATE
-from gpuledger.service.ledger_service import Placement
 from gpuledger.webhook.admission.patch import _dict_at
 from gpuledger.webhook.admission.review import Decision, Review
 

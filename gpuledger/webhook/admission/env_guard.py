@@ -14,6 +14,9 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator
 
+from gpuledger.core.model import Placement, Request
+from gpuledger.core.pods.placement_codec import decode_bound
+from gpuledger.core.pods.waiting_codec import decode_waiting
 from gpuledger.names import PLACEMENT_ANNOTATION, WAITING_ANNOTATION
 from gpuledger.podwrite import visibility
 from gpuledger.podwrite.containers import CONTAINER_KINDS, gpu_containers, others
@@ -21,7 +24,6 @@ from gpuledger.podwrite.copy_on_write import dict_at as _dict_at
 from gpuledger.podwrite.copy_on_write import list_at as _list_at
 from gpuledger.podwrite.visibility.runtime_uuids import VISIBLE_DEVICES_FROM
 from gpuledger.podwrite.visibility.variables import CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
-from gpuledger.service.ledger_service import Placement, Request, decode_bound, decode_waiting
 from gpuledger.webhook.config import WebhookConfig
 
 ALL_KINDS = (*CONTAINER_KINDS, "ephemeralContainers")

@@ -12,6 +12,11 @@ import time
 import uuid
 from collections.abc import Callable
 
+from gpuledger.core.model import Denial, Placement, Request
+from gpuledger.core.pods.placement_codec import binding_mismatch, binding_of, decode_bound, encode_placement
+from gpuledger.core.pods.request import AnnotationError, PodRequestConfig, pod_name, request_from_pod
+from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting, ticket_for
+from gpuledger.core.queues.waiting import Waiting
 from gpuledger.names import (
     LEDGER_PREFIX,
     PLACEMENT_ANNOTATION,
@@ -21,25 +26,7 @@ from gpuledger.names import (
     WHEN_FULL_REFUSE,
     WHEN_FULL_WAIT,
 )
-from gpuledger.service.ledger_service import (
-    AdmitCall,
-    AnnotationError,
-    Denial,
-    Placement,
-    PodRequestConfig,
-    Request,
-    Unavailable,
-    Waiting,
-    WaitTicket,
-    binding_mismatch,
-    binding_of,
-    decode_bound,
-    encode_placement,
-    encode_waiting,
-    pod_name,
-    request_from_pod,
-    ticket_for,
-)
+from gpuledger.service.ledger_service import AdmitCall, Unavailable
 from gpuledger.webhook.admission import chain, env_guard, scheduler_name
 from gpuledger.webhook.admission.common import (
     MISSING_OBJECT,

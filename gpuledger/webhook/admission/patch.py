@@ -8,6 +8,7 @@ then compares only the members written.
 
 from __future__ import annotations
 
+from gpuledger.core.model import BindingMode, Placement, Request
 from gpuledger.names import (
     GPU_RESOURCE,
     HOSTNAME_LABEL,
@@ -25,7 +26,6 @@ from gpuledger.podwrite.gate import index_of
 from gpuledger.podwrite.gate import is_ours as is_our_gate
 from gpuledger.podwrite.visibility.host_indices import DEVICE_INDICES_FROM as DEVICE_INDICES_FROM
 from gpuledger.podwrite.visibility.runtime_uuids import VISIBLE_DEVICES_FROM as VISIBLE_DEVICES_FROM
-from gpuledger.service.ledger_service import BindingMode, Placement, Request
 
 # what the admission modules (and tests) read through this module, by the names they had here
 _dict_at = dict_at

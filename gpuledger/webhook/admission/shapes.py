@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from gpuledger.service.ledger_service import Request, for_another_pod
+from gpuledger.core.model import Request
+from gpuledger.core.pods.request import for_another_pod
 from gpuledger.webhook.admission.scheduler_name import SchedulerChoice
 
 # metadata that names one pod, never read for its request, guard or scheduler (request_from_pod reads the

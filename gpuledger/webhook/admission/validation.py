@@ -10,6 +10,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from gpuledger.core.model import Placement
+from gpuledger.core.pods.placement_codec import binding_mismatch, decode_bound
+from gpuledger.core.pods.waiting_codec import ticket_for
 from gpuledger.names import (
     LEDGER_PREFIX,
     PLACEMENT_ANNOTATION,
@@ -17,13 +20,7 @@ from gpuledger.names import (
     SCHEDULING_GATE,
     WAITING_ANNOTATION,
 )
-from gpuledger.service.ledger_service import (
-    Placement,
-    Unavailable,
-    binding_mismatch,
-    decode_bound,
-    ticket_for,
-)
+from gpuledger.service.ledger_service import Unavailable
 from gpuledger.webhook.admission import env_guard
 from gpuledger.webhook.admission.common import (
     MISSING_OBJECT,

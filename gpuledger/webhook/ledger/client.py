@@ -12,18 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpuledger.core.model import Denial, Explanation, Placement, Request
+from gpuledger.core.queues.waiting import Waiting
 from gpuledger.ray.channel import CHANNEL_METHODS, CHANNEL_MODES, ChannelError, check_reachable
-from gpuledger.service.ledger_service import (
-    AdmitCall,
-    Denial,
-    Explanation,
-    Held,
-    LedgerService,
-    Placement,
-    Request,
-    Unavailable,
-    Waiting,
-)
+from gpuledger.service.ledger_service import AdmitCall, Held, LedgerService, Unavailable
 from gpuledger.webhook.ledger.batcher import Batcher
 from gpuledger.webhook.ledger.channel import LedgerChannel
 

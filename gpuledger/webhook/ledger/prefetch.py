@@ -28,7 +28,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuledger.service.ledger_service import AdmitCall, Denial, Placement, Request, for_another_pod
+from gpuledger.core.model import Denial, Placement, Request
+from gpuledger.core.pods.request import for_another_pod
+from gpuledger.service.ledger_service import AdmitCall
 from gpuledger.webhook.ledger.client import LedgerClient
 
 log = logging.getLogger("gpuledger.prefetch")

@@ -7,16 +7,11 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.core.ledger import LedgerConfig
-from gpuledger.service.ledger_service import (
-    AdmitCall,
-    Denial,
-    EvictionRefused,
-    LedgerService,
-    PreemptionOrder,
-    Request,
-    SyncFenced,
-    Waiting,
-)
+from gpuledger.core.model import Denial, Request
+from gpuledger.core.queues.waiting import Waiting
+from gpuledger.service.ledger_service import AdmitCall, LedgerService
+from gpuledger.service.preemption_orders import EvictionRefused, PreemptionOrder
+from gpuledger.service.sync_writer import SyncFenced
 from gpuledger.sync.targets import LocalLedgerTarget
 from gpuledger.views.queues import queues_view
 from tests.core.passes.test_held_plans import KEY, NOW, T0, World
