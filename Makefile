@@ -100,16 +100,24 @@ test: venv apiserver helm runtime
 K8S_VERSIONS ?= 1.35.4 1.36.3 1.37.2 1.38.0-beta.0
 VERSION_TESTS ?= tests/e2e tests/devcluster tests/adapters tests/cli
 VERSIONS_LOG_DIR ?= $(GPULEDGER_CACHE)/test-versions
-KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy
+# VERSION=NODE_VERSION: a version whose kubelet and kube-proxy run at NODE_VERSION (a skew Kubernetes supports:
+# the kubelet up to three minors older). 1.38.0-beta.0's node components need sigs.k8s.io/iptables-wrappers
+# v1.0.0, which the module proxy here refuses, so its control plane runs with the 1.37.2 kubelet.
+K8S_NODE_VERSIONS ?= 1.38.0-beta.0=1.37.2
+CONTROL_PLANE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler
+NODE_COMPONENTS := kubelet kube-proxy
 test-versions: venv helm runtime $(COREDNS)
 	@mkdir -p $(VERSIONS_LOG_DIR); rm -f $(VERSIONS_LOG_DIR)/results; \
 	for v in $(K8S_VERSIONS); do \
 	  log=$(VERSIONS_LOG_DIR)/$$v.log; start=$$SECONDS; \
-	  echo "== Kubernetes $$v (output: $$log)"; \
-	  if ! env K8S_VERSION=$$v COMPONENTS="$(KUBE_COMPONENTS)" bash devcluster/build_kube_components.sh >$$log 2>&1; then \
+	  node=$$(echo " $(K8S_NODE_VERSIONS) " | sed -n "s/.* $$v=\([^ ]*\) .*/\1/p"); node=$${node:-$$v}; \
+	  echo "== Kubernetes $$v, kubelet and kube-proxy $$node (output: $$log)"; \
+	  if ! { env K8S_VERSION=$$v COMPONENTS="$(CONTROL_PLANE_COMPONENTS)" bash devcluster/build_kube_components.sh && \
+	         env K8S_VERSION=$$node COMPONENTS="$(NODE_COMPONENTS)" bash devcluster/build_kube_components.sh; } >$$log 2>&1; then \
 	    result="build failed"; \
 	  else \
-	    env -u KUBE_APISERVER -u KUBE_CONTROLLER_MANAGER -u KUBELET -u KUBE_SCHEDULER -u KUBE_PROXY K8S_VERSION=$$v \
+	    env -u KUBE_APISERVER -u KUBE_CONTROLLER_MANAGER -u KUBE_SCHEDULER K8S_VERSION=$$v \
+	      KUBELET=$(GPULEDGER_CACHE)/kubelet-v$$node KUBE_PROXY=$(GPULEDGER_CACHE)/kube-proxy-v$$node \
 	      GPULEDGER_REQUIRE_ALL=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m e2e \
 	      $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
 	      $(VERSION_TESTS) $(PYTEST_ARGS) >>$$log 2>&1; rc=$$?; \
@@ -117,6 +125,7 @@ test-versions: venv helm runtime $(COREDNS)
 	    if [ $$rc -eq 0 ]; then result="pass"; else result="FAIL (exit $$rc)"; fi; \
 	    result="$$result  $$summary"; \
 	  fi; \
+	  if [ "$$node" != "$$v" ]; then result="$$result (kubelet, kube-proxy $$node)"; fi; \
 	  printf '%-16s %-6s %s\n' "$$v" "$$((SECONDS - start))s" "$$result" >> $(VERSIONS_LOG_DIR)/results; \
 	  tail -1 $(VERSIONS_LOG_DIR)/results; \
 	done; \
