@@ -98,7 +98,7 @@ test: venv apiserver helm runtime
 # (devcluster/build_kube_components.sh, cached like the default's), then a pass/fail table. A version whose
 # build fails reads "build failed"; each run's output is kept in $(VERSIONS_LOG_DIR)/<version>.log.
 K8S_VERSIONS ?= 1.35.4 1.36.3 1.37.2 1.38.0-beta.0
-VERSION_TESTS ?= tests/e2e tests/devcluster tests/adapters tests/cli
+VERSION_TESTS ?= tests/e2e tests/devcluster tests/ray tests/sync tests/node_agent tests/service tests/cli
 VERSIONS_LOG_DIR ?= $(GPULEDGER_CACHE)/test-versions
 # VERSION=NODE_VERSION: a version whose kubelet and kube-proxy run at NODE_VERSION (a skew Kubernetes supports:
 # the kubelet up to three minors older). 1.38.0-beta.0's node components need sigs.k8s.io/iptables-wrappers

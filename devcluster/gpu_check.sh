@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The NVML path on a real GPU, as one prepared run for a GPU machine (the project's lent device machine, or a
 # GPU node): what the driver reports, a raw look at NVML's process list beside a CUDA process of known pid,
-# the agent's printed patch, then tests/adapters/test_nvml_real.py (its XID tests make a CUDA kernel fault on
+# the agent's printed patch, then tests/node_agent/test_nvml_real.py (its XID tests make a CUDA kernel fault on
 # purpose: an application's error, the GPU stays usable). Needs python3 with nvidia-ml-py, PyYAML, pytest,
 # torch and cupy; writes its logs under ${OUT:-/tmp/gpu_check}. `--noconftest`: the suite's conftest
 # imports the control plane's harness (devcluster, certs and their packages), which this module does not use
@@ -54,5 +54,5 @@ PY
   echo "agent --print exit $?"
   cat "$out/agent_patch.json"
 } 2>&1 | tee "$out/facts.log"
-python3 -m pytest -p no:cacheprovider --noconftest -v tests/adapters/test_nvml_real.py 2>&1 | tee "$out/pytest.log"
+python3 -m pytest -p no:cacheprovider --noconftest -v tests/node_agent/test_nvml_real.py 2>&1 | tee "$out/pytest.log"
 exit "${PIPESTATUS[0]}"

@@ -240,7 +240,7 @@ class NvmlProbe(XidInbox):
     def processes(self) -> list[GpuProcess]:
         """Compute and graphics processes per device; a pid in both lists counts once (its larger figure).
 
-        usedGpuMemory is bytes, or None where the driver withholds it. CI has no GPU: tests/adapters/
+        usedGpuMemory is bytes, or None where the driver withholds it. CI has no GPU: tests/node_agent/
         test_nvml_real.py runs this on a real one (docs/node-agent.md, "On a real GPU").
         """
         nvml = self._nvml

@@ -87,8 +87,8 @@ def test_nodes_shows_who_holds_each_device(apiserver, stack, namespace, cli):
 
 
 def test_nodes_shows_the_nodes_whose_gpus_are_published_through_dra(apiserver, cli):
-    from tests.adapters.test_sync_resource_slices import dra_only_node
     from tests.core.nodes.test_resource_slices import gpu_slice
+    from tests.sync.test_sync_resource_slices import dra_only_node
 
     name = f"dra-cli-{uuid.uuid4().hex[:5]}"
     create_nodes(apiserver.api_client(), [dra_only_node(name, "leaf-dra-cli")])

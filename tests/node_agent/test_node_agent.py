@@ -19,7 +19,7 @@ from gpuledger.node_agent.probes import (
     QueryFailed,
     memory_health,
 )
-from tests.adapters.node_store import NodeStore
+from tests.node_agent.node_store import NodeStore
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -10,7 +10,7 @@ from gpuledger.names import AGENT_NETWORK_BANDWIDTH_LABEL, NETWORK_BANDWIDTH_LAB
 from gpuledger.node_agent.agent import NodeAgent, node_patch
 from gpuledger.node_agent.bandwidth import label_value, node_bandwidth_gbps
 from gpuledger.node_agent.probes import FakeProbe
-from tests.adapters.node_store import NodeStore
+from tests.node_agent.node_store import NodeStore
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -25,7 +25,7 @@ from gpuledger.node_agent.holders import DeviceHolders, observe
 from gpuledger.node_agent.pod_resources import Holding, PodResourcesClient, device_index, map_holders
 from gpuledger.node_agent.probes import DeviceReport, FakeProbe, GpuProcess
 from gpuledger.node_agent.processes import external_usage, pod_uid_in
-from tests.adapters.node_store import NodeStore
+from tests.node_agent.node_store import NodeStore
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 UID = "3f0c8a52-1b2d-4e6f-8a9b-0c1d2e3f4a5b"

@@ -2,7 +2,7 @@
 of an XID lives on the Node, so a restarted agent publishes the same health and an operator's clearing holds.
 
 The GPU is the fake probe here (its `report_xid` is what the driver's event does); the real NVML event path is
-tests/adapters/test_nvml_real.py, the real API server tests/e2e/test_node_agent_e2e.py.
+tests/node_agent/test_nvml_real.py, the real API server tests/e2e/test_node_agent_e2e.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpuledger.node_agent.agent import NodeAgent, main, node_patch
 from gpuledger.node_agent.pod_resources import PodResourcesClient
 from gpuledger.node_agent.probes import DeviceReport, FakeProbe, QueryFailed, XidEvent, memory_health
 from gpuledger.node_agent.xids import APPLICATION_XIDS, KEPT_PER_DEVICE, XidLog, parse_ignored, read_boot_id
-from tests.adapters.node_store import NodeStore
+from tests.node_agent.node_store import NodeStore
 
 NOW = datetime(2026, 11, 27, 19, 0, tzinfo=UTC)
 BOOT = "6d2f1c3e-0000-4000-8000-000000000001"

@@ -5,7 +5,7 @@ These run only where NVML answers (a GPU node; the project's lent GPU machine, s
 last run and its figures), on GPUs no other process uses meanwhile (an outside process holding over
 `external_memory_threshold_mib` would keep the ledger off its device). Everywhere else they skip, and the
 same paths are driven through `FakeProbe`, which answers the same `GpuProbe` protocol
-(tests/adapters/test_node_agent*.py, tests/e2e/test_real_node_*).
+(tests/node_agent/test_node_agent*.py, tests/e2e/test_real_node_*).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gpuledger.node_agent.probes import GpuProcess, NvmlProbe, ProbeError
 from gpuledger.node_agent.processes import external_usage
 from gpuledger.node_agent.xids import APPLICATION_XIDS
 from gpuledger.webhook.admission.patch import visibility_env
-from tests.adapters.node_store import NodeStore
+from tests.node_agent.node_store import NodeStore
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import ray
 
 from gpuledger.service.preemption_orders import EvictionRefused, PreemptionOrder
 from gpuledger.sync.targets import RayLedgerTarget
-from tests.adapters.test_actor import new_actor
 from tests.core.passes.test_held_plans import T0, World
+from tests.ray.test_actor import new_actor
 from tests.webhook.webhook_support import HMAC_KEY
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

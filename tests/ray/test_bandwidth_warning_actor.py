@@ -12,7 +12,7 @@ from gpuledger.core.model import Placement, Request
 from gpuledger.ray.actor import get_or_create_ledger, wait_ready
 from gpuledger.service.ledger_service import AdmitCall
 from gpuledger.webhook.ledger.client import RayLedgerClient
-from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
+from tests.ray.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

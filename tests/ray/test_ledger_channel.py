@@ -23,7 +23,7 @@ from gpuledger.sync.channel import ChannelLedgerTarget, ray_channel_opener
 from gpuledger.sync.targets import RayLedgerTarget
 from gpuledger.webhook.ledger.channel import LedgerChannel
 from gpuledger.webhook.ledger.client import RayLedgerClient
-from tests.adapters.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
+from tests.ray.test_actor import ray_local, write_objects  # noqa: F401 - ray_local: a fixture
 from tests.webhook.webhook_support import cluster, config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

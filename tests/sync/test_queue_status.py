@@ -5,7 +5,7 @@ written by a sync that does not lead; a field the ledger no longer states is cle
 The ledger's side here is `StandingTarget`, a small target answering `queue_status(holder)` with what a test
 sets, so each case is exact (the numbers are the ledger's, tested with it:
 tests/core/queues/test_queue_service.py; the real ledger's status written through the sync is in
-tests/adapters/test_evictor.py); time is the writer's clock, and `tick()` is called directly, as the writer's
+tests/sync/test_evictor.py); time is the writer's clock, and `tick()` is called directly, as the writer's
 thread does every interval.
 """
 

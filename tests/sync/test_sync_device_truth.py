@@ -7,7 +7,7 @@ from gpuledger.core.ledger import LedgerConfig
 from gpuledger.service.ledger_service import LedgerService
 from gpuledger.sync.cluster_sync import ClusterSync
 from gpuledger.sync.device_events import device_event
-from tests.adapters.test_sync_conflicts import RecordingCore, sync_with
+from tests.sync.test_sync_conflicts import RecordingCore, sync_with
 
 CORRECTION = ["team/mine", "r1", "n1", [3], [5]]
 CONFLICT = ["team/late", "r2", "the kubelet of n1 says device 0 by pod plain/f (annotation ...)"]

@@ -4,7 +4,7 @@
 as watch events, a change to none of those fields not sent again; a cluster without the GPUQueue CRD has no
 queues, and its queues are forwarded once the CRD is installed, without a crash or a full relist.
 
-The target records the calls, as in tests/adapters/test_sync.py.
+The target records the calls, as in tests/sync/test_sync.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from devcluster.cluster import WEBHOOK_USER
 from gpuledger.names import GPUQUEUE_PLURAL, QUEUE_API_VERSION, QUEUE_LABEL
 from gpuledger.sync.cluster_sync import ClusterSync, slim
 from gpuledger.sync.config import KINDS, SyncConfig
-from tests.adapters.test_sync import RecordingTarget
+from tests.sync.test_sync import RecordingTarget
 
 pytestmark = pytest.mark.e2e
 
