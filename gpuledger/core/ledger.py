@@ -163,7 +163,7 @@ class Ledger:
 
     def _reserve(self, request: Request, now: float) -> Placement | Denial:
         books = self._books
-        books.last_now = max(books.last_now, now)
+        books.note_time(now)
         existing = books.reservations.get(request.id)
         if existing is not None:
             return existing.placement
@@ -197,7 +197,7 @@ class Ledger:
         """Place the waiting pods that fit now, in line order (each reserved, RESERVED, under its ticket
         id)."""
         books = self._books
-        books.last_now = max(books.last_now, now)
+        books.note_time(now)
         self._settle_plans()
         placed: list[Placed] = []
         for wid in self._plans.ready():  # every victim gone: the preemptor takes the nodes kept for it
@@ -374,7 +374,7 @@ class Ledger:
         """`rebuild`, pausing after every `step` objects; the ledger is the generator's return value. Lets a
         caller keep serving from the ledger this one replaces while it is built."""
         ledger = cls(config)
-        ledger._books.last_now = now
+        ledger._books.note_time(now)
         passing = ledger._queues.passing(ledger._waiting.passing(objects))
         yield from ledger._adoption.load_in_steps(passing, now, step)
         book = ledger._queues

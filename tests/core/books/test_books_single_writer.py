@@ -24,12 +24,11 @@ MUTATING |= {"__delitem__", "popitem", "extend", "appendleft", "extendleft", "in
 RECORDS = {"GroupState", "Reservation"}  # the mutable records the books' tables hold
 BOOKS_NAMES = {"books", "_books"}
 
-# The ledger's facade (gpuledger/core/ledger.py) still writes these itself, by line content; the facade work
-# moves them into the books' methods, and each line then leaves this list.
+# The ledger's facade (gpuledger/core/ledger.py) writes this one itself, by line content: the setter of the
+# properties it shares with the books (config, index, performance, ...: `_shared`), which replace the whole
+# attribute, as an operator's new settings do
 LEDGER_WRITES = {
-    "books.last_now = max(books.last_now, now)",
-    "ledger._books.last_now = now",
-    "setattr(self._books, name, value)",  # the properties config, index, performance, ... (`_shared`)
+    "setattr(self._books, name, value)",
 }
 
 
