@@ -14,7 +14,9 @@ from typing import Any, Protocol
 from gpuledger.controller.mapping import sample_pod
 from gpuledger.controller.queue import Verdict
 from gpuledger.core.model import Denial, Placement
-from gpuledger.core.pods.request import AnnotationError, PodRequestConfig, request_from_pod
+from gpuledger.core.pods.annotation_values import AnnotationError
+from gpuledger.core.pods.pod_spec import PodRequestConfig
+from gpuledger.core.pods.request import request_from_pod
 from gpuledger.service.ledger_service import AdmitCall, Held
 
 INVALID = "InvalidSpec"

@@ -30,10 +30,7 @@ from gpuledger.core.model import (
     ReservationState,
     Taint,
 )
-from gpuledger.core.pods.objects import (
-    Binding,
-    encode_placement,
-)
+from gpuledger.core.pods.placement_codec import Binding, encode_placement
 from gpuledger.core.queues.queue_rule import DEFAULT_BACKFILL_WINDOW_S
 from gpuledger.core.queues.waiting import device_annotations, wants
 from gpuledger.core.steps import Steps, drain

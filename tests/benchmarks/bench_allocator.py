@@ -34,6 +34,7 @@ if ROOT not in sys.path:
 from gpuledger.core.ledger import Ledger, LedgerConfig  # noqa: E402
 from gpuledger.core.model import Denial, Device, GroupSpec, NodeInfo, Placement, Request  # noqa: E402
 from gpuledger.core.pods import objects as kube  # noqa: E402
+from gpuledger.core.pods import placement_codec  # noqa: E402
 from gpuledger.service.ledger_service import AdmitCall  # noqa: E402
 from gpuledger.strategies import Strategy  # noqa: E402
 
@@ -296,10 +297,10 @@ def _pod(name: str, p: Placement) -> dict:
                 "controller": True,
             }
         ]
-        binding = kube.Binding("bench", generate_name=name[0], owner_uid=f"u-{owner}")
+        binding = placement_codec.Binding("bench", generate_name=name[0], owner_uid=f"u-{owner}")
     else:
-        binding = kube.Binding("bench", name)
-    meta["annotations"] = {kube.PLACEMENT_ANNOTATION: kube.encode_placement(p, KEY, binding)}
+        binding = placement_codec.Binding("bench", name)
+    meta["annotations"] = {kube.PLACEMENT_ANNOTATION: placement_codec.encode_placement(p, KEY, binding)}
     return {
         "kind": "Pod",
         "metadata": meta,

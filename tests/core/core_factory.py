@@ -6,6 +6,7 @@ import json
 
 from gpuledger.core.model import Placement
 from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import placement_codec
 
 
 def node(
@@ -72,7 +73,7 @@ def pod(
         limits["nvidia.com/gpu"] = str(gpus)
     ann = dict(annotations or {})
     if placement is not None:
-        ann[kube.PLACEMENT_ANNOTATION] = kube.encode_placement(placement, key)
+        ann[kube.PLACEMENT_ANNOTATION] = placement_codec.encode_placement(placement, key)
         node_name = node_name or placement.node
     spec: dict = {
         "containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": limits}}]

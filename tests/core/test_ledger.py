@@ -6,7 +6,7 @@ import pytest
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, Placement, Reason, Request, ReservationState
-from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import placement_codec
 from tests.core.core_factory import node, pod
 
 KEY = b"test-key"
@@ -135,4 +135,4 @@ def test_explain_reserves_nothing():
 
 @pytest.mark.parametrize("text", ["", "{}", "[]", "not json", '{"id": 1, "node": "a"}'])
 def test_decode_placement_rejects_garbage(text):
-    assert kube.decode_placement(text, KEY) is None
+    assert placement_codec.decode_placement(text, KEY) is None

@@ -383,8 +383,11 @@ def run(node_specs, ops, checks: bool = True):
 
 def _decode(pod_obj):
     from gpuledger.core.pods import objects as kube
+    from gpuledger.core.pods import placement_codec
 
-    return kube.decode_placement(pod_obj["metadata"]["annotations"][kube.PLACEMENT_ANNOTATION], KEY)
+    return placement_codec.decode_placement(
+        pod_obj["metadata"]["annotations"][kube.PLACEMENT_ANNOTATION], KEY
+    )
 
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ import pytest
 from devcluster.cluster import ALICE, ControlPlane
 from devcluster.nodes import create_nodes, make_sample_cluster
 from devcluster.serve_process import HMAC_KEY, GpuledgerServe
-from gpuledger.core.pods.objects import decode_placement
+from gpuledger.core.pods.placement_codec import decode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION
 from tests.conftest import require_binaries
 from tests.e2e.conftest import gpu_pod_yaml

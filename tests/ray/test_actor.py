@@ -19,7 +19,7 @@ import ray
 
 from gpuledger.certs.pki import make_ca, make_serving_cert, write_bundle
 from gpuledger.core.model import Request
-from gpuledger.core.pods.objects import decode_placement
+from gpuledger.core.pods.placement_codec import decode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION
 from gpuledger.ray.actor import get_or_create_ledger, wait_ready
 from gpuledger.service.ledger_service import AdmitCall

@@ -16,7 +16,7 @@ from devcluster.cluster import WEBHOOK_USER
 from devcluster.nodes import create_nodes, make_node
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Placement, Request
-from gpuledger.core.pods.objects import encode_placement
+from gpuledger.core.pods.placement_codec import encode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.service.ledger_service import AdmitCall, LedgerService
 from gpuledger.sync.cluster_sync import ClusterSync

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.core.model import BindingMode, Placement
-from gpuledger.core.pods.objects import encode_placement
+from gpuledger.core.pods.placement_codec import encode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION
 from gpuledger.webhook.admission import env_guard
 from gpuledger.webhook.admission.patch import apply_placement, shallow_pod, strip_ledger_keys

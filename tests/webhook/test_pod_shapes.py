@@ -10,15 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuledger.core.pods.annotation_values import ANNOTATIONS, AnnotationError
 from gpuledger.core.pods.placement_codec import decode_bound
-from gpuledger.core.pods.request import (
-    ANNOTATIONS,
-    AnnotationError,
-    PodRequestConfig,
-    for_another_pod,
-    pod_name,
-    request_from_pod,
-)
+from gpuledger.core.pods.pod_spec import PodRequestConfig
+from gpuledger.core.pods.request import for_another_pod, pod_name, request_from_pod
 from gpuledger.names import PLACEMENT_ANNOTATION, SCHEDULING_MAP
 from gpuledger.webhook.admission.handler import AdmissionHandler
 from gpuledger.webhook.admission.owners import StaticOwners

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gpuledger.core.pods.objects import decode_placement
+from gpuledger.core.pods.placement_codec import decode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION
 from gpuledger.webhook.config import WebhookConfig
 from gpuledger.webhook.ledger.prefetch import PrefetchSettings

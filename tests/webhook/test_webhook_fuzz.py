@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.pods.request import ANNOTATIONS, AnnotationError, request_from_pod
+from gpuledger.core.pods.annotation_values import ANNOTATIONS, AnnotationError
+from gpuledger.core.pods.request import request_from_pod
 from gpuledger.webhook.admission.review import make_review
 from gpuledger.webhook.ledger.client import InProcessLedgerClient
 from gpuledger.webhook.transport.app import create_app

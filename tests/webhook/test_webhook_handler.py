@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpuledger.core.model import BindingMode, Placement
-from gpuledger.core.pods.objects import decode_placement, encode_placement
+from gpuledger.core.pods.placement_codec import decode_placement, encode_placement
 from gpuledger.names import PLACEMENT_ANNOTATION, RESERVATION_ID_KEY
 from gpuledger.webhook.admission.handler import AdmissionHandler
 from gpuledger.webhook.admission.owners import StaticOwners

@@ -20,7 +20,7 @@ from gpuledger.core.model import DeviceTruth, GroupSlot, NodeInfo, Placement, Re
 from gpuledger.core.nodes.inventory import ClusterIndex
 from gpuledger.core.nodes.node_state import Holding, NodeState
 from gpuledger.core.plugins.plugin import DEFAULT_BALANCED_WEIGHTS
-from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import placement_codec
 
 
 @dataclass
@@ -394,7 +394,7 @@ class Books:
             if n.info.truth is not None:
                 node_view["truth"] = truth_view(n.info.truth, n.external)
         reservations = {
-            rid: [res.state.value, kube.placement_to_dict(res.placement)]
+            rid: [res.state.value, placement_codec.placement_to_dict(res.placement)]
             for rid, res in sorted(self.reservations.items())
         }
         groups = {

@@ -27,6 +27,7 @@ from gpuledger.core.books.leases import Leases
 from gpuledger.core.model import DeviceShare, Placement, ReservationState
 from gpuledger.core.nodes.node_state import Holding
 from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import placement_codec
 from gpuledger.core.pods.allocated import resized
 from gpuledger.core.slots_init import slots_init
 
@@ -109,7 +110,7 @@ def bound_claim_of_pod(pod: dict, key: bytes | str) -> Claim | None:
     uid = meta.get("uid") or ""
     if type(node) is not str or type(created) is not str or type(uid) is not str:
         return None
-    placement = kube.decode_issued_for(text, key, pod)
+    placement = placement_codec.decode_issued_for(text, key, pod)
     if placement is None:
         return None
     pod_key = kube.pod_key_of(meta)

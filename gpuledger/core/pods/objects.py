@@ -18,29 +18,15 @@ from typing import Any, NamedTuple
 from gpuledger.core.model import Device, NodeInfo, Placement, Taint
 from gpuledger.core.pods.allocated import allocated_sizes, resized
 from gpuledger.core.pods.device_truth import parse_device_holders
-
-# Moved to their own modules; re-exported because callers import them from here
-# (`from gpuledger.core import objects as kube`; gpuledger.service.ledger_service; gpuledger.service.sources).
-from gpuledger.core.pods.placement_codec import (  # noqa: F401
-    LEGACY_VERSION,
-    PLACEMENT_VERSION,
-    Binding,
+from gpuledger.core.pods.placement_codec import (
     binding_mismatch,
-    binding_of,
     decode_bound,
-    decode_issued_for,
-    decode_placement,
-    encode_placement,
-    placement_from_dict,
-    placement_to_dict,
 )
-from gpuledger.core.pods.quantity import (  # noqa: F401
-    QuantityError,
+from gpuledger.core.pods.quantity import (
     ascii_int,
     count,
     cpu_milli,
     memory_mib,
-    parse_quantity,
 )
 from gpuledger.core.pods.quantity import parse_or_default as _lenient  # the lenient policy: record, default
 from gpuledger.names import (

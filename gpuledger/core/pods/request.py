@@ -15,26 +15,14 @@ from typing import Any
 from gpuledger.core.model import GroupSpec, PinnedDevices, Request
 from gpuledger.core.plugins import registry as strategies
 from gpuledger.core.pods import pod_spec
-
-# The value readers live in annotation_values (the keys in gpuledger.names); each is re-exported here
-# because callers (gpuledger.service.ledger_service, the tests) import them from gpuledger.core.pods.request.
-from gpuledger.core.pods.annotation_values import (  # noqa: F401
-    ANNOTATIONS,
+from gpuledger.core.pods.annotation_values import (
     DNS_LABELISH,
-    FALSE_WORDS,
     MAX_GPUS_PER_POD,
-    MAX_GROUP_SIZE,
-    NETWORK_BANDWIDTHS,
     TOPOLOGY_STRATEGIES,
-    TRUE_WORDS,
     AnnotationError,
-    as_list,
     controller_owner,
     mapping,
-    node_bandwidth_gbps,
-    parse_quantity,
     parse_scheduling_map,
-    pod_index,
     read_bool,
     read_gpu_memory_mib,
     read_int,

@@ -13,8 +13,10 @@ import uuid
 from collections.abc import Callable
 
 from gpuledger.core.model import Denial, Placement, Request
+from gpuledger.core.pods.annotation_values import AnnotationError
 from gpuledger.core.pods.placement_codec import binding_mismatch, binding_of, decode_bound, encode_placement
-from gpuledger.core.pods.request import AnnotationError, PodRequestConfig, pod_name, request_from_pod
+from gpuledger.core.pods.pod_spec import PodRequestConfig
+from gpuledger.core.pods.request import pod_name, request_from_pod
 from gpuledger.core.pods.waiting_codec import WaitTicket, encode_waiting, ticket_for
 from gpuledger.core.queues.waiting import Waiting
 from gpuledger.names import (

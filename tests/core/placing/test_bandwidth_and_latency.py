@@ -8,7 +8,8 @@ import pytest
 from gpuledger.core.books.topology import Topology, plan_leaves
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, GroupSpec, Placement, Reason, Request
-from gpuledger.core.pods.request import AnnotationError, node_bandwidth_gbps, request_from_pod
+from gpuledger.core.pods.annotation_values import AnnotationError, node_bandwidth_gbps
+from gpuledger.core.pods.request import request_from_pod
 from gpuledger.names import NETWORK_BANDWIDTH_LABEL
 from tests.core.core_factory import node
 

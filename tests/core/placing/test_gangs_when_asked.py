@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, GroupSpec, Placement, Request
-from gpuledger.core.pods.request import AnnotationError, request_from_pod
+from gpuledger.core.pods.annotation_values import AnnotationError
+from gpuledger.core.pods.request import request_from_pod
 from tests.core.core_factory import leafy_cluster
 
 
@@ -210,8 +211,8 @@ def test_kubeflow_owners_never_crash_the_parser(kind, specs, gang, roles):
 @settings(max_examples=300, deadline=None)
 @given(value=json_values)
 def test_node_bandwidth_and_utilization_readers_never_raise(value):
+    from gpuledger.core.pods.annotation_values import node_bandwidth_gbps
     from gpuledger.core.pods.objects import utilization_pct, utilization_timestamp
-    from gpuledger.core.pods.request import node_bandwidth_gbps
 
     assert node_bandwidth_gbps(value) is None or node_bandwidth_gbps(value) >= 0
     assert utilization_pct(value) is None or 0 <= utilization_pct(value) <= 100

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import DeviceShare, GroupSlot, Placement, Taint
 from gpuledger.core.pods import objects as kube
+from gpuledger.core.pods import placement_codec, quantity
 from tests.core.core_factory import node, pod
 
 
@@ -32,22 +33,26 @@ from tests.core.core_factory import node, pod
     ],
 )
 def test_parse_quantity(text, value):
-    assert kube.parse_quantity(text) == value
+    assert quantity.parse_quantity(text) == value
 
 
 @pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "5 Gi", "1Zi", True])
 def test_bad_quantity_names_value_and_accepted_forms(bad):
-    with pytest.raises(kube.QuantityError) as err:
-        kube.parse_quantity(bad)
+    with pytest.raises(quantity.QuantityError) as err:
+        quantity.parse_quantity(bad)
     assert repr(bad) in str(err.value) and "Gi" in str(err.value)
 
 
 def test_unit_conversions_round_requests_up_and_capacity_down():
-    assert kube.cpu_milli("250m") == 250 and kube.cpu_milli("1.5") == 1500 and kube.cpu_milli("1u") == 1
-    assert kube.memory_mib("1G") == 954  # 1e9 bytes = 953.67 MiB, requests round up
-    assert kube.memory_mib("1G", round_up=False) == 953
-    assert kube.memory_mib("128974848") == 123
-    assert kube.count("2") == 2
+    assert (
+        quantity.cpu_milli("250m") == 250
+        and quantity.cpu_milli("1.5") == 1500
+        and quantity.cpu_milli("1u") == 1
+    )
+    assert quantity.memory_mib("1G") == 954  # 1e9 bytes = 953.67 MiB, requests round up
+    assert quantity.memory_mib("1G", round_up=False) == 953
+    assert quantity.memory_mib("128974848") == 123
+    assert quantity.count("2") == 2
 
 
 def test_pod_requests_sum_containers_max_init_sidecars_and_limits_default():
@@ -168,21 +173,23 @@ PLACEMENT = Placement(
 
 
 def test_placement_annotation_roundtrip_and_signature():
-    text = kube.encode_placement(PLACEMENT, b"key")
+    text = placement_codec.encode_placement(PLACEMENT, b"key")
     assert json.loads(text)["sig"]
-    assert kube.decode_placement(text, b"key") == PLACEMENT
-    assert kube.decode_placement(text, b"other") is None
+    assert placement_codec.decode_placement(text, b"key") == PLACEMENT
+    assert placement_codec.decode_placement(text, b"other") is None
     tampered = text.replace('"n1"', '"n9"', 1)
-    assert kube.decode_placement(tampered, b"key") is None
-    unsigned = kube.encode_placement(PLACEMENT, b"")
+    assert placement_codec.decode_placement(tampered, b"key") is None
+    unsigned = placement_codec.encode_placement(PLACEMENT, b"")
     assert "sig" not in json.loads(unsigned)
-    assert kube.decode_placement(unsigned, b"") == PLACEMENT
-    assert kube.decode_placement(unsigned, b"key") is None  # a signing ledger refuses unsigned placements
+    assert placement_codec.decode_placement(unsigned, b"") == PLACEMENT
+    assert (
+        placement_codec.decode_placement(unsigned, b"key") is None
+    )  # a signing ledger refuses unsigned placements
 
 
 def test_share_placement_roundtrip():
     p = Placement(id="s", node="n", shares=(DeviceShare(1, 300, 2048),))
-    assert kube.decode_placement(kube.encode_placement(p, b"k"), b"k") == p
+    assert placement_codec.decode_placement(placement_codec.encode_placement(p, b"k"), b"k") == p
 
 
 @pytest.mark.parametrize("key", [b"k", "text-key", b"\x00" * 64, b"\xff" * 65, bytes(range(200)), b"x" * 32])
@@ -409,7 +416,7 @@ def test_every_placement_field_survives_the_annotation():
     identity = [f for f in dataclasses.fields(Placement) if f.compare]
     assert [f.name for f in dataclasses.fields(Placement) if not f.compare] == ["warnings"]
     assert all(getattr(full, f.name) != f.default for f in identity)
-    back = kube.decode_placement(kube.encode_placement(full, b"k"), b"k")
+    back = placement_codec.decode_placement(placement_codec.encode_placement(full, b"k"), b"k")
     for f in identity:
         assert getattr(back, f.name) == getattr(full, f.name), f.name
 
@@ -439,7 +446,7 @@ def test_integers_past_64_bits_survive_the_annotation():
     big = dataclasses.replace(
         PLACEMENT, cpu_milli=10**22, memory_mib=2**70 + 1, shares=(DeviceShare(1, 2**64, 2**63 + 7),)
     )
-    back = kube.decode_placement(kube.encode_placement(big, b"k"), b"k")
+    back = placement_codec.decode_placement(placement_codec.encode_placement(big, b"k"), b"k")
     assert back == big
     assert type(back.cpu_milli) is int and back.memory_mib == 2**70 + 1
 
@@ -530,7 +537,7 @@ def test_decode_issued_for_is_decode_bound_then_binding_mismatch(binding):
 
     pod = {"metadata": {"name": "p-1" if binding and len(binding) > 2 else "p", "namespace": "ns"}}
     pod["metadata"]["ownerReferences"] = [{"uid": "u-1", "controller": True}]
-    text = kube.encode_placement(PLACEMENT, b"k", Binding(*binding) if binding else None)
+    text = placement_codec.encode_placement(PLACEMENT, b"k", Binding(*binding) if binding else None)
     placement, signed = decode_bound(text, b"k")
     expected = placement if signed is None or not binding_mismatch(signed, pod) else None
     assert decode_issued_for(text, b"k", pod) == expected

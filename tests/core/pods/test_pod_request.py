@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from gpuledger.core.model import GroupSpec, PinnedDevices
-from gpuledger.core.pods.request import (
+from gpuledger.core.pods.annotation_values import (
     AnnotationError,
     parse_quantity,
     parse_scheduling_map,
     pod_index,
-    request_from_pod,
 )
+from gpuledger.core.pods.request import request_from_pod
 
 
 def pod(annotations=None, limits=None, name="p", labels=None, owner=None, **spec_extra):

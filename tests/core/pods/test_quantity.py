@@ -8,9 +8,9 @@ from fractions import Fraction
 import pytest
 
 from gpuledger.core.pods import objects as kube
-from gpuledger.core.pods import quantity
-from gpuledger.core.pods.request import AnnotationError
-from gpuledger.core.pods.request import parse_quantity as read_quantity
+from gpuledger.core.pods import placement_codec, quantity
+from gpuledger.core.pods.annotation_values import AnnotationError
+from gpuledger.core.pods.annotation_values import parse_quantity as read_quantity
 from tests.core.core_factory import node
 
 # digits that Python's int(), float(), Decimal() and re's \d all read as numbers
@@ -89,7 +89,10 @@ def test_exponents_are_bounded_so_a_huge_one_is_refused_not_computed():
 
 
 def test_both_callers_share_the_one_parser():
-    assert kube.parse_quantity is quantity.parse_quantity and kube.QuantityError is quantity.QuantityError
+    assert (
+        quantity.parse_quantity is quantity.parse_quantity
+        and quantity.QuantityError is quantity.QuantityError
+    )
     for text in ("500m", "2Gi", "1e3", "1.", ".5", "128974848"):
         assert read_quantity("f", text) == quantity.parse_quantity(text)
     for text in ("1e3Gi", "٢", "lots", "-1"):
@@ -101,7 +104,7 @@ def test_both_callers_share_the_one_parser():
 def test_strict_reader_refuses_negative_quantities_the_lenient_one_records_nothing_for_them():
     with pytest.raises(AnnotationError, match="non-negative"):
         read_quantity("f", "-1")
-    assert kube.cpu_milli("-1") == -1000  # cluster objects: as before, the ledger reads what it is given
+    assert quantity.cpu_milli("-1") == -1000  # cluster objects: as before, the ledger reads what it is given
 
 
 def test_lenient_policy_records_the_problem_and_returns_the_default():
@@ -172,12 +175,14 @@ def test_device_annotations_that_used_to_crash_the_node_parser_are_reported(text
 
 def test_placements_with_foreign_digits_or_deep_nesting_do_not_decode():
     good = json.loads(
-        kube.encode_placement(kube.placement_from_dict({"id": "r", "node": "n", "devices": [1]}))
+        placement_codec.encode_placement(
+            placement_codec.placement_from_dict({"id": "r", "node": "n", "devices": [1]})
+        )
     )
-    assert kube.decode_placement(json.dumps(good)).devices == (1,)
+    assert placement_codec.decode_placement(json.dumps(good)).devices == (1,)
     for field, value in (("devices", ["٣"]), ("cpu", "１"), ("score", "١.٥"), ("cpu", float("inf"))):  # noqa: RUF001
-        assert kube.decode_placement(json.dumps({**good, field: value})) is None
-    assert kube.decode_placement("[" * 100_000) is None
+        assert placement_codec.decode_placement(json.dumps({**good, field: value})) is None
+    assert placement_codec.decode_placement("[" * 100_000) is None
 
 
 def test_natural_key_reads_ascii_digits_only():

@@ -7,8 +7,8 @@ import pytest
 
 from gpuledger.core.ledger import Ledger, LedgerConfig
 from gpuledger.core.model import Denial, GroupSpec, PinnedDevices, Placement, Reason, Request
-from gpuledger.core.pods.annotation_values import PRIORITY_WORDS, scheduling_map_index
-from gpuledger.core.pods.request import AnnotationError, request_from_pod
+from gpuledger.core.pods.annotation_values import PRIORITY_WORDS, AnnotationError, scheduling_map_index
+from gpuledger.core.pods.request import request_from_pod
 from tests.core.core_factory import node
 
 AKS_MAP = """0=aks-workerpool-25338008-vmss000000:0,1

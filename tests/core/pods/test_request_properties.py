@@ -12,9 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuledger.core.pods import objects as kube
-from gpuledger.core.pods import quantity
-from gpuledger.core.pods.annotation_values import PRIORITY_WORDS, scheduling_map_index
-from gpuledger.core.pods.request import ANNOTATIONS, AnnotationError, request_from_pod
+from gpuledger.core.pods import placement_codec, quantity
+from gpuledger.core.pods.annotation_values import (
+    ANNOTATIONS,
+    PRIORITY_WORDS,
+    AnnotationError,
+    scheduling_map_index,
+)
+from gpuledger.core.pods.request import request_from_pod
 from gpuledger.names import (
     GPU_COUNT,
     GPU_MEMORY,
@@ -112,7 +117,7 @@ def test_node_parser_never_raises_and_reports_what_it_ignored(field, value, labe
 @settings(max_examples=300, deadline=None)
 @given(text=values, key=st.sampled_from([b"", b"k"]))
 def test_placement_decoder_never_raises(text, key):
-    assert kube.decode_placement(text, key) is None or isinstance(text, str)
+    assert placement_codec.decode_placement(text, key) is None or isinstance(text, str)
 
 
 @settings(max_examples=600, deadline=None)
