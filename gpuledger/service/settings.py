@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from gpuledger import strategies  # noqa: F401  (registers the built-in strategies check_strategy accepts)
 from gpuledger.core.ledger import LedgerConfig
 from gpuledger.core.plugins.plugin import DEFAULT_BALANCED_WEIGHTS
 from gpuledger.core.plugins.registry import canonical_name, strategy_names
